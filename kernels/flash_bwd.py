@@ -1,0 +1,263 @@
+"""FlashAttention-2 backward (Algorithm 4) as three launches, no atomics, bitwise deterministic.
+
+1. ``delta = rowsum(dO * O)`` per query row.
+2. dK/dV pass: one program per key block of one (batch, KV head). It walks every query block of
+   every query head in its GQA group, recomputes P^T = exp(s K Q^T - L) from the saved
+   logsumexp, and accumulates dV += P^T dO and dK += s dS^T Q with dS = P * (dP - delta).
+3. dQ pass: one program per query block of one (batch, query head), walking the key blocks and
+   accumulating dQ += s dS K.
+
+Splitting dQ into its own pass costs two extra matmuls (recomputing S and dP) but each output is
+owned by one program, so there are no atomics and the result does not depend on scheduling.
+
+Masking is cheap here: out-of-range query rows load L = +inf (so P = 0 and they add nothing),
+out-of-range keys load K = V = 0 (their dK/dV rows are never stored, and in the dQ pass a zero
+K row adds nothing to dS K), so only the causal diagonal needs explicit masks. A fully masked
+row has L = -inf from the forward; it is read as +inf so its P is 0, not NaN.
+"""
+import triton
+import triton.language as tl
+
+from .outputs import new_output
+from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale_log2, split_scale
+from .tuning import cfg, config_list, pruner, seq_bucket
+
+
+@triton.jit
+def _load_lse_log2(LSE_head, offs_m, N_Q):
+    lse = tl.load(LSE_head + offs_m, mask=offs_m < N_Q, other=float("inf"))
+    return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+
+
+@triton.jit
+def flash_bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                                N_Q, HEAD_DIM, H_Q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                                ACC_DTYPE: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    bh = tl.program_id(1)
+    b = (bh // H_Q).to(tl.int64)
+    h = (bh % H_Q).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), axis=1)
+    tl.store(DELTA + (b * H_Q + h) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _dkdv_query_block(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
+                      m0, offs_n, offs_d, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
+                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
+    do = tl.load(DO_head + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
+    lse_log2 = _load_lse_log2(LSE_head, offs_m, N_Q)
+    delta = tl.load(DELTA_head + offs_m, mask=offs_m < N_Q, other=0.0)
+    # Transposed tiles ([keys, queries]) so dK and dV come out of the dots without a transpose.
+    s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
+    p_t = tl.math.exp2(s_t - lse_log2[None, :])
+    if MASKED:
+        p_t = tl.where(offs_m[None, :] + causal_offset >= offs_n[:, None], p_t, 0.0)
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    return dk, dv
+
+
+def _dkdv_shared_bytes(config, element_size, block_d):
+    kw = config.kwargs
+    return (2 * kw["BLOCK_N"] * block_d + config.num_stages * 2 * kw["BLOCK_M"] * block_d) * element_size
+
+
+_DKDV_CONFIGS = config_list(
+    [
+        cfg(4, 3, BLOCK_M=32, BLOCK_N=128),
+        cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
+    ],
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
+)
+
+
+@triton.autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "GROUP"],
+                 prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes)})
+@triton.jit
+def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+                          stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                          stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                          stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                          N_Q, N_K, HEAD_DIM, H_Q, H_KV, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
+                          BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)
+    b = (bhk // H_KV).to(tl.int64)
+    hk = (bhk % H_KV).to(tl.int64)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
+
+    # Query rows that see any of these keys start at i = n0 - causal_offset; query blocks from
+    # full_lo on see every key of the block, the ones before it straddle the diagonal.
+    if CAUSAL:
+        lo = tl.maximum(n0 - causal_offset, 0) // BLOCK_M * BLOCK_M
+        full_lo = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 - causal_offset, BLOCK_M) * BLOCK_M, lo), N_Q)
+    else:
+        lo = 0
+        full_lo = 0
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        Q_head = Q + b * stride_qb + h * stride_qh
+        DO_head = DO + b * stride_dob + h * stride_doh
+        LSE_head = LSE + (b * H_Q + h) * N_Q
+        DELTA_head = DELTA + (b * H_Q + h) * N_Q
+        for m0 in range(lo, full_lo, BLOCK_M):
+            dk, dv = _dkdv_query_block(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
+                                       m0, offs_n, offs_d, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
+                                       BLOCK_M, True, ACC_DTYPE, DOT_PRECISION)
+        for m0 in range(full_lo, N_Q, BLOCK_M):
+            dk, dv = _dkdv_query_block(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
+                                       m0, offs_n, offs_d, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
+                                       BLOCK_M, False, ACC_DTYPE, DOT_PRECISION)
+
+    # dS was formed from base-2 scores divided back by log2(e) implicitly: dK = scale * dS^T Q.
+    dk = dk * (qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE))
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
+                  N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    else:
+        kv_mask = offs_d[None, :] < HEAD_DIM
+    k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
+    p = tl.math.exp2(s - lse_log2[:, None])
+    if MASKED and CAUSAL:  # keys past N_K need no mask: their K rows load as 0 and add nothing
+        p = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_offset, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    return dq
+
+
+def _dq_shared_bytes(config, element_size, block_d):
+    kw = config.kwargs
+    return (2 * kw["BLOCK_M"] * block_d + config.num_stages * 2 * kw["BLOCK_N"] * block_d) * element_size
+
+
+_DQ_CONFIGS = config_list(
+    [
+        cfg(4, 3, BLOCK_M=128, BLOCK_N=32),
+        cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+    ],
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
+)
+
+
+@triton.autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
+                 prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes)})
+@triton.jit
+def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+                        stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                        stride_dqb, stride_dqh, stride_dqn,
+                        N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
+                        BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = (bh // H_Q).to(tl.int64)
+    h = bh % H_Q
+    hk = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
+    lse_log2 = _load_lse_log2(LSE + (b * H_Q + h) * N_Q, offs_m, N_Q)
+    delta = tl.load(DELTA + (b * H_Q + h) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    K_head = K + b * stride_kb + hk * stride_kh
+    V_head = V + b * stride_vb + hk * stride_vh
+    qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+
+    if CAUSAL:
+        hi = tl.minimum(tl.maximum(m0 + BLOCK_M + causal_offset, 0), N_K)
+        full_hi = tl.minimum(tl.maximum(m0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
+    else:
+        hi = N_K
+        full_hi = N_K // BLOCK_N * BLOCK_N
+    for n0 in range(0, full_hi, BLOCK_N):
+        dq = _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
+                           N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+    for n0 in range(full_hi, hi, BLOCK_N):
+        dq = _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
+                           N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+
+    dq = dq * (qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE))
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_mask)
+
+
+def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset):
+    """Run the three backward launches on checked inputs; returns (dq, dk, dv)."""
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    acc_dtype = accumulator_dtype(q.dtype)
+    precision = dot_precision(q.dtype)
+    causal = causal_offset is not None
+    offset = int(causal_offset) if causal else 0
+    scale_hi, scale_lo = split_scale(sm_scale)
+    bucket = seq_bucket(max(n_q, n_k))
+
+    delta = new_output((batch, heads_q, n_q), lse.dtype, q.device)
+    dq = new_output(q.shape, q.dtype, q.device)
+    dk = new_output(k.shape, k.dtype, k.device)
+    dv = new_output(v.shape, v.dtype, v.device)
+
+    preprocess_block = 16 if q.device.type == "cpu" else 64
+    flash_bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_block), batch * heads_q)](
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        n_q, head_dim, heads_q, BLOCK_M=preprocess_block, BLOCK_D=block_d, ACC_DTYPE=acc_dtype)
+
+    common = dict(BLOCK_D=block_d, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
+    flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * heads_kv)](
+        q, k, v, do, lse, delta, dk, dv,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        n_q, n_k, head_dim, heads_q, heads_kv, group, offset, scale_hi, scale_lo, bucket, **common)
+    flash_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads_q)](
+        q, k, v, do, lse, delta, dq,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, **common)
+    return dq, dk, dv

@@ -1,0 +1,41 @@
+"""Dtype rules shared by the kernels: accumulators, dot precision, and an fp64-exact scale.
+
+Triton passes Python floats to kernels as fp32, which would cap the fp64 gradcheck path at
+~1e-8. The softmax scale therefore travels as two fp32 halves (hi + lo) that an fp64 kernel adds
+back together, and the kernels' own constants are built in the accumulator dtype.
+"""
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+def split_scale(scale: float) -> tuple[float, float]:
+    hi = float(np.float32(scale))
+    return hi, float(np.float32(scale - hi))
+
+
+@triton.jit
+def softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE: tl.constexpr):
+    """scale * log2(e) in the accumulator dtype (fp64-exact when ACC_DTYPE is fp64)."""
+    if ACC_DTYPE == tl.float64:
+        return (tl.cast(scale_hi, tl.float64) + tl.cast(scale_lo, tl.float64)) * tl.full([], LOG2E, tl.float64)
+    else:
+        return scale_hi * LOG2E
+
+
+def accumulator_dtype(dtype: torch.dtype):
+    """fp64 inputs accumulate in fp64 (the gradcheck path); everything else in fp32."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs use full-precision dots, not TF32: fp32 here is a precision mode, not a speed mode."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -1,0 +1,52 @@
+"""Launch-configuration lists shared by the kernels.
+
+On a GPU each kernel autotunes over a short list of Hopper-friendly configurations, after
+dropping those whose tiles cannot fit in shared memory for the head dimension at hand; the first
+survivor is the default. ``ATTNBENCH_AUTOTUNE=0`` keeps only that default, which the correctness
+gate uses so that tens of shapes do not each pay for a tuning sweep. Under the interpreter the
+blocks are tiny, so that tiny test shapes still span several blocks and hit every masking path.
+"""
+import os
+
+import triton
+
+from . import interpreting
+
+# Hopper gives a block up to 227 KiB of shared memory; leave room for the compiler's own buffers.
+SHARED_MEMORY_BUDGET = 200 * 1024
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get("ATTNBENCH_AUTOTUNE", "1") != "0"
+
+
+def cfg(num_warps: int, num_stages: int, **blocks) -> triton.Config:
+    return triton.Config(dict(blocks), num_warps=num_warps, num_stages=num_stages)
+
+
+def config_list(gpu_configs, interpreter_config):
+    """The configurations a kernel may use on this machine, default first."""
+    return [interpreter_config] if interpreting() else list(gpu_configs)
+
+
+def pruner(shared_bytes):
+    """An ``early_config_prune`` hook keeping configs whose estimated shared memory fits.
+
+    ``shared_bytes(config, element_size, block_d)`` estimates a config's staged tiles.
+    """
+
+    def prune(configs, named_args, **_):
+        if interpreting():
+            return configs
+        element_size = named_args["Q"].element_size()
+        block_d = named_args["BLOCK_D"]
+        fitting = [c for c in configs if shared_bytes(c, element_size, block_d) <= SHARED_MEMORY_BUDGET]
+        fitting = fitting or configs[-1:]  # the last entry is the smallest: always try it
+        return fitting if autotune_enabled() else fitting[:1]
+
+    return prune
+
+
+def seq_bucket(n: int) -> int:
+    """Autotune key for a sequence length: its power-of-two bucket, so odd lengths share a tuning."""
+    return triton.next_power_of_2(max(int(n), 16))
