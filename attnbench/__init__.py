@@ -1,0 +1,12 @@
+"""attnbench: verification and benchmarking of attention-family GPU operators.
+
+    op = attnbench.get("flash")
+    case = op.cases("anchor")[0]
+    x = op.make_inputs(case, device="cuda", seed=0)
+    outputs = op.variants["triton"].prepare(case, x, "bwd")()
+"""
+from . import kernels  # noqa: F401  first: it sets Triton's CPU-interpreter switch before triton loads
+from .registry import Operator, Unsupported, Variant, get, operators, register
+
+__version__ = "0.1.0"
+__all__ = ["Operator", "Unsupported", "Variant", "get", "operators", "register", "__version__"]

@@ -4,13 +4,19 @@ Only ``@triton.jit`` code and the launchers that size grids and allocate outputs
 argument checking, autograd wiring and everything else live in ``attnbench``.
 """
 import os
+import sys
 
 import torch
 
-# Triton runs on a CPU only through its interpreter, and it reads that switch when a kernel is
-# decorated: set it before any kernel module below is imported, so the CPU gate needs no flag.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Triton runs on a CPU only through its interpreter, and it reads that switch when a function is
+# decorated, its own ``tl.zeros`` and friends included: the switch must be set before triton is
+# first imported (``torch.nn.attention`` imports it too), which is why attnbench imports this first.
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+    if "triton.language" in sys.modules:
+        raise ImportError(
+            "triton was imported before attnbench on a machine without CUDA, so its kernels cannot run "
+            "in the interpreter: import attnbench first, or set TRITON_INTERPRET=1 in the environment")
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from .outputs import new_output, poisoned_outputs  # noqa: E402
 

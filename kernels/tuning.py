@@ -35,11 +35,11 @@ def pruner(shared_bytes):
     ``shared_bytes(config, element_size, block_d)`` estimates a config's staged tiles.
     """
 
-    def prune(configs, named_args, **_):
+    def prune(configs, named_args, **constexprs):
         if interpreting():
             return configs
         element_size = named_args["Q"].element_size()
-        block_d = named_args["BLOCK_D"]
+        block_d = constexprs["BLOCK_D"]
         fitting = [c for c in configs if shared_bytes(c, element_size, block_d) <= SHARED_MEMORY_BUDGET]
         fitting = fitting or configs[-1:]  # the last entry is the smallest: always try it
         return fitting if autotune_enabled() else fitting[:1]

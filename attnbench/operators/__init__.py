@@ -1,0 +1,2 @@
+"""Built-in operators; importing a subpackage registers it."""
+from . import flash  # noqa: F401

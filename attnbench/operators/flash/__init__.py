@@ -1,0 +1,284 @@
+"""The ``flash`` operator: FlashAttention-2 forward (O and logsumexp) and backward.
+
+Modes: ``fwd`` -> (o, lse); ``bwd`` -> (dq, dk, dv) given the forward's saved state, timed
+alone; ``fwd_bwd`` -> o and the three gradients, forward and backward together.
+
+Cost model (FlashAttention's convention, so numbers compare with published ones): the forward
+does 4 * B * Hq * D FLOPs per visible (query, key) pair (two matmuls), the backward 2.5x that
+(five matmuls; our dQ pass recomputes two more, which is our cost, not the problem's), and the
+minimum bytes read each input once and write each output once.
+"""
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ...registry import Operator, Unsupported, Variant, register
+from . import peers, reference, split
+from .spec import causal_offset
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+OUTPUTS = {"fwd": ("o", "lse"), "bwd": ("dq", "dk", "dv"), "fwd_bwd": ("o", "dq", "dk", "dv")}
+
+
+@dataclass(frozen=True)
+class FlashCase:
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: str | None = None  # None, "top_left" or "bottom_right"
+    dtype: str = "bfloat16"
+    scale: float | None = None  # None: 1 / sqrt(head_dim)
+
+    @property
+    def torch_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+
+    @property
+    def causal_offset(self):
+        return causal_offset(self.causal, self.seqlen_q, self.seqlen_k)
+
+    @property
+    def visible_pairs(self) -> int:
+        """(query, key) pairs that the mask leaves visible, per batch and head."""
+        off = self.causal_offset
+        if off is None:
+            return self.seqlen_q * self.seqlen_k
+        rows = torch.arange(self.seqlen_q, dtype=torch.int64)
+        return int((rows + off + 1).clamp(0, self.seqlen_k).sum())
+
+    @property
+    def label(self) -> str:
+        heads = f"H{self.heads_q}" if self.heads_q == self.heads_kv else f"H{self.heads_q}/{self.heads_kv}"
+        seq = f"N{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"N{self.seqlen_q}x{self.seqlen_k}"
+        mask = {None: "", "top_left": " causal", "bottom_right": " causal-br"}[self.causal]
+        scale = "" if self.scale is None else f" s{self.scale:g}"
+        return f"B{self.batch} {heads} {seq} D{self.head_dim}{mask}{scale} {SHORT_DTYPE[self.dtype]}"
+
+
+def _shapes(rows, dtypes):
+    return [FlashCase(*row, dtype=dt) for row in rows for dt in dtypes]
+
+
+# Tiny shapes for the CPU gate: lengths that are not block multiples, Nq != Nk both ways, length 1,
+# GQA and MQA, head dims that are not powers of two, both causal alignments, rows that see no key.
+TINY_SHAPES = [
+    (1, 2, 2, 37, 29, 24, None),
+    (2, 4, 2, 33, 17, 16, "top_left"),
+    (1, 2, 1, 40, 23, 80, "bottom_right"),  # Nq > Nk: the first 17 rows see no key
+    (1, 3, 1, 20, 50, 16, "bottom_right"),
+    (1, 2, 2, 1, 70, 64, None),
+    (1, 1, 1, 19, 19, 32, "top_left"),
+]
+# Real sizes for the GPU gate (same coverage at scale, plus D = 256).
+GPU_SHAPES = [
+    (2, 8, 8, 1024, 1024, 64, None),
+    (2, 8, 2, 1000, 777, 128, "bottom_right"),
+    (1, 8, 8, 2048, 2048, 80, "top_left"),
+    (1, 4, 4, 513, 1031, 96, "top_left"),
+    (2, 4, 4, 256, 384, 256, "bottom_right"),
+    (1, 4, 1, 1537, 1537, 24, "top_left"),
+    (3, 8, 8, 1, 1024, 128, None),
+]
+ANCHOR_SHAPES = [
+    (4, 16, 16, 4096, 4096, 64, None),
+    (4, 16, 16, 4096, 4096, 64, "top_left"),
+    (2, 16, 16, 8192, 8192, 128, None),
+    (2, 16, 16, 8192, 8192, 128, "top_left"),
+]
+
+
+def _sweep():
+    cases = []
+    for head_dim in (64, 128):
+        for n in (512, 1024, 2048, 4096, 8192, 16384):
+            for causal in (None, "top_left"):
+                cases.append(FlashCase(max(1, 32768 // n), 16, 16, n, n, head_dim, causal))
+    return cases
+
+
+CASE_SETS = {
+    "tiny": lambda: _shapes(TINY_SHAPES, ("float32", "float16")),
+    "gpu": lambda: _shapes(GPU_SHAPES, ("bfloat16", "float16")),
+    "anchor": lambda: _shapes(ANCHOR_SHAPES, ("bfloat16",)),
+    "sweep": _sweep,
+}
+
+
+def _tensors(x):
+    return x["q"], x["k"], x["v"], x["do"]
+
+
+def manual_variant(fwd, bwd):
+    """prepare() for variants with an explicit backward: fwd(q, k, v) -> (o, lse), bwd(do, q, k, v, o, lse)."""
+
+    def prepare(case, x, mode):
+        q, k, v, do = _tensors(x)
+        if mode == "fwd":
+            return lambda: dict(zip(OUTPUTS["fwd"], fwd(q, k, v)))
+        o, lse = fwd(q, k, v)
+        if mode == "bwd":
+            return lambda: dict(zip(OUTPUTS["bwd"], bwd(do, q, k, v, o, lse)))
+
+        def fwd_bwd():
+            o, lse = fwd(q, k, v)
+            return dict(zip(OUTPUTS["fwd_bwd"], (o, *bwd(do, q, k, v, o, lse))))
+
+        return fwd_bwd
+
+    return prepare
+
+
+def autograd_variant(make_forward):
+    """prepare() for variants differentiated by autograd: make_forward(case, x) -> f(q, k, v) -> o or (o, lse)."""
+
+    def prepare(case, x, mode):
+        forward = make_forward(case, x)
+        q, k, v, do = _tensors(x)
+
+        def named(out):
+            return dict(zip(OUTPUTS["fwd"], out)) if isinstance(out, tuple) else {"o": out}
+
+        if mode == "fwd":
+            def fwd():
+                with torch.no_grad():
+                    return named(forward(q, k, v))
+
+            return fwd
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+        def run_forward():
+            out = forward(*leaves)
+            return out[0] if isinstance(out, tuple) else out
+
+        if mode == "bwd":
+            o = run_forward()
+            return lambda: dict(zip(OUTPUTS["bwd"], torch.autograd.grad(o, leaves, do, retain_graph=True)))
+
+        def fwd_bwd():
+            o = run_forward()
+            return dict(zip(OUTPUTS["fwd_bwd"], (o.detach(), *torch.autograd.grad(o, leaves, do))))
+
+        return fwd_bwd
+
+    return prepare
+
+
+def _triton_unavailable(device):
+    from ...kernels import interpreting
+
+    if device.type == "cuda" and not interpreting():
+        return None
+    if device.type == "cpu" and interpreting():
+        return None
+    return "Triton needs a CUDA device here, or TRITON_INTERPRET=1 on a CPU"
+
+
+class FlashOperator(Operator):
+    name = "flash"
+    description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
+    modes = ("fwd", "bwd", "fwd_bwd")
+    baselines = ("sdpa_flash", "reference")
+
+    def __init__(self):
+        super().__init__()
+        self._register_variants()
+
+    def cases(self, set_name):
+        if set_name not in CASE_SETS:
+            raise ValueError(f"flash: case set must be one of {sorted(CASE_SETS)}, got {set_name!r}")
+        return CASE_SETS[set_name]()
+
+    def make_inputs(self, case, device, seed=0):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        def randn(*shape):  # drawn on the CPU so a seed gives the same inputs on every device
+            return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=case.torch_dtype)
+
+        q_shape = (case.batch, case.heads_q, case.seqlen_q, case.head_dim)
+        kv_shape = (case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
+        return {"q": randn(*q_shape), "k": randn(*kv_shape), "v": randn(*kv_shape), "do": randn(*q_shape)}
+
+    def flops(self, case, mode):
+        self.check_mode(mode)
+        forward = 4.0 * case.batch * case.heads_q * case.visible_pairs * case.head_dim
+        return forward * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+
+    def bytes(self, case, mode):
+        self.check_mode(mode)
+        item = case.torch_dtype.itemsize
+        q_like = case.batch * case.heads_q * case.seqlen_q * case.head_dim * item
+        kv_like = case.batch * case.heads_kv * case.seqlen_k * case.head_dim * item
+        rows = case.batch * case.heads_q * case.seqlen_q * (8 if case.dtype == "float64" else 4)
+        return {
+            "fwd": q_like + 2 * kv_like + q_like + rows,  # read q k v, write o lse
+            "bwd": 3 * q_like + 2 * kv_like + rows + q_like + 2 * kv_like,  # read do q o k v lse, write dq dk dv
+            "fwd_bwd": 2 * q_like + 2 * kv_like + 2 * q_like + 2 * kv_like,  # read q k v do, write o dq dk dv
+        }[mode]
+
+    def outputs(self, mode):
+        self.check_mode(mode)
+        return OUTPUTS[mode]
+
+    def oracle(self, case, inputs, dtype=torch.float64):
+        q, k, v, do = _tensors(inputs)
+        return reference.evaluate(q, k, v, do, case.softmax_scale, case.causal_offset, dtype)
+
+    def _register_variants(self):
+        from .triton import flash_bwd as triton_bwd, flash_fwd as triton_fwd
+
+        self.add_variant(Variant(
+            "reference", "reference",
+            autograd_variant(lambda case, x: lambda q, k, v: reference.attention(q, k, v, case.softmax_scale, case.causal_offset)),
+            self.modes, "eager PyTorch math, autograd backward (the oracle, run in the case dtype)"))
+        self.add_variant(Variant(
+            "split", "split",
+            _with_case(lambda case: manual_variant(
+                lambda q, k, v: split.flash_fwd(q, k, v, case.softmax_scale, case.causal_offset),
+                lambda do, q, k, v, o, lse: split.flash_bwd(do, q, k, v, o, lse, case.softmax_scale, case.causal_offset))),
+            self.modes, "FA2 in PyTorch: tiled online-softmax forward, Algorithm-4 backward, no autograd"))
+        self.add_variant(Variant(
+            "triton", "triton",
+            _with_case(lambda case: manual_variant(
+                lambda q, k, v: triton_fwd(q, k, v, scale=case.softmax_scale, causal=case.causal),
+                lambda do, q, k, v, o, lse: triton_bwd(do, q, k, v, o, lse, scale=case.softmax_scale, causal=case.causal))),
+            self.modes, "Triton: fused forward saving LSE; delta + dK/dV + dQ backward, no atomics",
+            _triton_unavailable))
+        for name, backend in peers.SDPA_BACKENDS.items():
+            self.add_variant(Variant(
+                name, "peer", _probed(functools.partial(peers.sdpa_forward, backend)), self.modes,
+                f"torch SDPA pinned to the {backend} backend",
+                functools.partial(peers.sdpa_unavailable, backend)))
+        self.add_variant(Variant(
+            "flex", "peer", _probed(lambda case, offset: peers.flex_forward(case, offset, "cuda")), self.modes,
+            "torch.compile(flex_attention) with a causal block mask", peers.flex_unavailable))
+
+
+def _with_case(make_prepare):
+    return lambda case, x, mode: make_prepare(case)(case, x, mode)
+
+
+def _probed(make_forward):
+    """An autograd variant whose forward is tried once first, so unsupported cases say why."""
+
+    def make(case, x):
+        try:
+            forward = make_forward(case, case.causal_offset)
+        except (RuntimeError, ValueError, NotImplementedError) as exc:
+            raise Unsupported(str(exc).splitlines()[0]) from None
+        peers.probe(forward, x)
+        return forward
+
+    return autograd_variant(make)
+
+
+FLASH = register(FlashOperator())

@@ -1,0 +1,100 @@
+"""Third-party flash implementations measured beside ours: SDPA's four backends and FlexAttention.
+
+Each SDPA backend is pinned with ``sdpa_kernel`` so that a backend that cannot run a case fails
+loudly (reported as unsupported) instead of silently falling back to another one.
+"""
+import functools
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from ...registry import Unsupported
+
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+except ImportError:  # pragma: no cover - torch >= 2.11 is required, this guards odd builds
+    SDPBackend = sdpa_kernel = causal_lower_right = None
+
+SDPA_BACKENDS = {
+    "sdpa_math": "MATH",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+}
+
+
+def sdpa_unavailable(backend_name, device):
+    if SDPBackend is None:
+        return "torch.nn.attention.sdpa_kernel is not importable"
+    if backend_name != "MATH" and device.type != "cuda":
+        return "needs a CUDA device"
+    return None
+
+
+def sdpa_forward(backend_name, case, offset):
+    backend = getattr(SDPBackend, backend_name)
+    gqa = case.heads_q != case.heads_kv
+    kwargs = dict(scale=case.softmax_scale, enable_gqa=gqa)
+    if offset == 0 or (offset is not None and case.seqlen_q == case.seqlen_k):
+        kwargs["is_causal"] = True  # top-left, which is also bottom-right when Nq == Nk
+    elif offset is not None:
+        with warnings.catch_warnings():  # its NaN-rows warning: probe() reports NaN as unsupported
+            warnings.simplefilter("ignore", UserWarning)
+            kwargs["attn_mask"] = causal_lower_right(case.seqlen_q, case.seqlen_k)
+
+    def forward(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    return forward
+
+
+def probe(forward, x):
+    """Run a peer once so an unsupported case raises Unsupported with the backend's own reason."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.no_grad():
+                out = forward(x["q"], x["k"], x["v"])
+        except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
+            reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
+            raise Unsupported(f"{str(exc).splitlines()[0]}{' (' + reasons + ')' if reasons else ''}") from None
+    if torch.isnan(out).any():
+        raise Unsupported("returns NaN on this case")
+
+
+def flex_unavailable(device):
+    if device.type != "cuda":
+        return "compiled FlexAttention needs a CUDA device"
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError as exc:  # pragma: no cover
+        return f"flex_attention not importable: {exc}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_forward(case, offset, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    block_mask = None
+    if offset is not None:
+        def visible(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+
+        block_mask = create_block_mask(visible, None, None, case.seqlen_q, case.seqlen_k, device=device)
+    flex = _compiled_flex()
+    gqa = case.heads_q != case.heads_kv
+
+    def forward(q, k, v):
+        return flex(q, k, v, block_mask=block_mask, scale=case.softmax_scale, enable_gqa=gqa)
+
+    return forward

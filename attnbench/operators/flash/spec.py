@@ -1,0 +1,89 @@
+"""What the flash operator computes, shared by every variant: argument checking and the mask.
+
+``causal`` is None (no mask), ``"top_left"`` (query i sees keys j <= i, SDPA's ``is_causal``) or
+``"bottom_right"`` (query i sees keys j <= i + Nk - Nq, FlashAttention-2's convention for Nq != Nk).
+``True`` means top-left only when Nq == Nk, where the two agree; otherwise it is ambiguous and
+rejected, because picking one silently is the classic wrong answer.
+"""
+import math
+
+import torch
+
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+def causal_offset(causal, seqlen_q: int, seqlen_k: int):
+    """The diagonal offset: query row i sees keys j <= i + offset, or None for no mask."""
+    if causal is None or causal is False:
+        return None
+    if causal is True:
+        if seqlen_q != seqlen_k:
+            raise ValueError(
+                f"causal=True is ambiguous when seqlen_q ({seqlen_q}) != seqlen_k ({seqlen_k}): pass "
+                "causal='top_left' (SDPA's is_causal) or causal='bottom_right' (FlashAttention-2)")
+        return 0
+    if causal == "top_left":
+        return 0
+    if causal == "bottom_right":
+        return seqlen_k - seqlen_q
+    raise ValueError(f"causal must be None, False, True, 'top_left' or 'bottom_right'; got {causal!r}")
+
+
+def causal_mask(seqlen_q: int, seqlen_k: int, offset, device):
+    """Boolean [Nq, Nk] visibility matrix, or None when nothing is masked."""
+    if offset is None:
+        return None
+    rows = torch.arange(seqlen_q, device=device)[:, None]
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    return cols <= rows + offset
+
+
+def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
+    """Validate flash inputs before anything runs; returns (softmax scale, causal offset)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name_prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name_prefix}{name} must have 4 dimensions [batch, heads, seqlen, head_dim]; "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name_prefix}{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got q {q.device}, k {k.device}, v {v.device}")
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[0] != batch:
+        raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch})")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"k head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
+    heads_kv = k.shape[1]
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ValueError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv}) (GQA/MQA)")
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {head_dim} is unsupported: flash needs {MIN_HEAD_DIM} <= head_dim <= {MAX_HEAD_DIM}")
+    if seqlen_q == 0 or k.shape[2] == 0 or batch == 0 or heads_q == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return float(scale), causal_offset(causal, seqlen_q, k.shape[2])
+
+
+def check_like(name, t, like, shape=None, dtype=None):
+    """Validate a backward input against the tensor it must match."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    want_shape = tuple(like.shape) if shape is None else tuple(shape)
+    if tuple(t.shape) != want_shape:
+        raise ValueError(f"{name} must have shape {want_shape}; got {tuple(t.shape)}")
+    want_dtype = like.dtype if dtype is None else dtype
+    if t.dtype != want_dtype:
+        raise TypeError(f"{name} must have dtype {want_dtype}; got {t.dtype}")
+    if t.device != like.device:
+        raise ValueError(f"{name} must be on {like.device}; got {t.device}")

@@ -1,0 +1,82 @@
+"""The Triton flash operator's public API: manual-gradient calls and an autograd Function.
+
+``flash_fwd(q, k, v) -> (o, lse)`` and ``flash_bwd(do, q, k, v, o, lse) -> (dq, dk, dv)`` let a
+training loop stitch gradients by hand; ``flash_attention(q, k, v)`` plugs the same kernels into
+autograd. Every argument is checked here, before any kernel launches.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from ...kernels import interpreting
+from ...kernels.flash_bwd import flash_bwd_launch
+from ...kernels.flash_fwd import flash_fwd_launch
+from ...kernels.precision import lse_dtype
+from .spec import check_like, check_qkv
+
+
+def _check_device(q):
+    if q.device.type == "cuda":
+        if interpreting():
+            raise ValueError("TRITON_INTERPRET=1 runs kernels on the CPU; move q, k, v to the CPU or unset it")
+        return
+    if q.device.type == "cpu" and interpreting():
+        return
+    raise ValueError(f"the Triton flash kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); "
+                     f"got tensors on {q.device}")
+
+
+def _unit_stride(t):
+    """The kernels take any batch/head/sequence strides but need a contiguous head dimension."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _checked(q, k, v, scale, causal):
+    scale, offset = check_qkv(q, k, v, scale=scale, causal=causal)
+    _check_device(q)
+    return scale, offset
+
+
+def flash_fwd(q, k, v, *, scale=None, causal=None):
+    """Attention forward on [B, H, N, D] tensors. Returns (o, lse); lse is [B, Hq, Nq] float32
+    (float64 for float64 inputs), natural log, -inf for rows that see no key."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
+
+
+def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None):
+    """Gradients (dq, dk, dv) of <do, o> given the forward's saved o and lse (Algorithm 4)."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    check_like("do", do, q)
+    check_like("o", o, q)
+    check_like("lse", lse, q, shape=q.shape[:3], dtype=lse_dtype(q.dtype))
+    return flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse.contiguous(), scale, offset)
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Autograd wiring of the kernels; lse is returned but not differentiable."""
+
+    @staticmethod
+    def forward(q, k, v, scale, offset):
+        return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, scale, offset = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.scale, ctx.offset = scale, offset
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    @once_differentiable  # second order is the jvp_attention operator's job
+    def backward(ctx, do, _unused_dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse, ctx.scale, ctx.offset)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q, k, v, *, scale=None, causal=None, return_lse=False):
+    """softmax(scale Q K^T + causal mask) V with gradients through autograd."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    o, lse = FlashAttentionFunction.apply(q, k, v, scale, offset)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,108 @@
+"""The machine's own ceilings, and how close a measurement comes to them.
+
+Datasheet peaks are leads, not ceilings: ``calibrate`` measures a large bf16 matmul (TF/s) and a
+large device-to-device copy (GB/s, bytes read plus bytes written) on random data, once per GPU
+and software stack, cached in ``~/.cache/attnbench`` (``ATTNBENCH_CACHE_DIR`` moves it).
+
+% of roofline = the time the faster of the two ceilings allows (max of FLOPs / peak TF/s and
+bytes / peak GB/s) over the measured time: 100% means nothing is left on the table.
+"""
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .timing import Timing, measure
+
+
+def machine_info(device) -> dict:
+    """What every result records: the device and the software that produced the numbers."""
+    import numpy
+    import triton
+
+    device = torch.device(device)
+    info = {
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "triton_interpreter": os.environ.get("TRITON_INTERPRET", "0") == "1",
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(multiprocessors=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
+    return info
+
+
+def machine_slug(device) -> str:
+    """A file-system-safe machine name from the GPU name, e.g. 'nvidia-h200' (asv's machine name)."""
+    name = machine_info(device)["device_name"].lower()
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-").replace("--", "-") or "cpu"
+
+
+@dataclass
+class Ceilings:
+    device_name: str
+    matmul_tflops: float  # bf16, 8192^3, random data
+    copy_gbps: float  # device-to-device, bytes read + written
+    torch: str
+    triton: str
+
+
+def _cache_path() -> Path:
+    root = Path(os.environ.get("ATTNBENCH_CACHE_DIR", Path.home() / ".cache" / "attnbench"))
+    return root / "ceilings.json"
+
+
+def calibrate(device, size: int = 8192, copy_bytes: int = 2 << 30) -> Ceilings:
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("ceilings are calibrated on a CUDA device; CPU timings are interpreter timings")
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=gen)
+    matmul = measure(lambda: a @ b, device, rep_ms=300)
+    src = torch.randn(copy_bytes // 4, device=device, generator=gen)
+    dst = torch.empty_like(src)
+    copy = measure(lambda: dst.copy_(src), device, rep_ms=300)
+    info = machine_info(device)
+    return Ceilings(info["device_name"], 2 * size**3 / matmul.median_ms / 1e9,
+                    2 * src.numel() * src.element_size() / copy.median_ms / 1e6, info["torch"], info["triton"])
+
+
+def ceilings(device, refresh: bool = False) -> Ceilings | None:
+    """The cached ceilings of this GPU and stack, measured on first use; None on a CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    info = machine_info(device)
+    key = f"{info['device_name']}|torch {info['torch']}|triton {info['triton']}"
+    path = _cache_path()
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if refresh or key not in cache:
+        cache[key] = asdict(calibrate(device))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cache, indent=2))
+    return Ceilings(**cache[key])
+
+
+@dataclass
+class Achieved:
+    tflops: float
+    gbps: float
+    roofline_pct: float | None  # None without ceilings (CPU)
+
+
+def achieved(flops: float, nbytes: float, timing: Timing, ceil: Ceilings | None) -> Achieved:
+    seconds = timing.median_ms / 1e3
+    tflops, gbps = flops / seconds / 1e12, nbytes / seconds / 1e9
+    if ceil is None or not timing.is_gpu:
+        return Achieved(tflops, gbps, None)
+    floor_s = max(flops / (ceil.matmul_tflops * 1e12), nbytes / (ceil.copy_gbps * 1e9))
+    return Achieved(tflops, gbps, 100.0 * floor_s / seconds)

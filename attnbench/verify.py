@@ -1,0 +1,169 @@
+"""Verification core: is a variant's output the same function as the float64 oracle?
+
+Metric: ||out - oracle|| / ||oracle|| over the finite entries of every output and gradient, with
+non-finite entries (an LSE of -inf for a row that sees no key) required to match exactly. Two bars,
+both must hold:
+
+1. a per-dtype bound (``BOUNDS``);
+2. FlashAttention's rule: at most 2x the error of the eager reference evaluated in the same low
+   dtype, or the dtype's ``FLOORS`` entry when the reference happens to be nearly exact.
+
+NaN never passes. Outputs are NaN-poisoned before the kernels write them, so an element a kernel
+forgot to write shows up as NaN rather than as a plausible zero.
+"""
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .kernels import poisoned_outputs
+from .registry import Unsupported
+
+# Relative-error ceilings. Measured worst cases (the reason for each number): CPU interpreter,
+# tiny set: fp32 3.5e-7, fp16 4.5e-4, fp64 1.3e-15; H200, anchor and gpu sets: bf16 3.1e-3 (o against
+# SDPA FLASH, grads 1.5e-3). Each bound leaves ~5-30x headroom for longer rows and other seeds, and is
+# still an order of magnitude below what a wrong mask or a dropped block produces (>= 1e-2 at these
+# sizes, usually O(1)).
+BOUNDS = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# Floor of the 2x rule: when the reference in that dtype is itself nearly exact (fp64 against the
+# fp64 oracle is exactly 0; fp32 is ~1e-7), a few units of rounding must still pass.
+FLOORS = {torch.float64: 1e-13, torch.float32: 2e-6, torch.float16: 2e-4, torch.bfloat16: 2e-3}
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 over finite ref entries; inf if out has NaN or a
+    non-finite pattern different from ref's."""
+    out = out.detach().to(torch.float64)
+    ref = ref.detach().to(torch.float64)
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
+    if torch.isnan(out).any():
+        return math.inf
+    finite = torch.isfinite(ref)
+    if not torch.equal(out[~finite], ref[~finite]) or not torch.isfinite(out[finite]).all():
+        return math.inf
+    diff = (out[finite] - ref[finite]).norm().item()
+    scale = ref[finite].norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+@dataclass
+class MismatchReport:
+    """Where two tensors disagree beyond |out - ref| <= atol + rtol |ref| (liger-kernel style)."""
+
+    count: int
+    total: int
+    first_indices: list
+    nan: int
+    inf: int
+    max_abs: float
+
+    def __str__(self):
+        if not self.count:
+            return f"all {self.total} elements match"
+        return (f"{self.count}/{self.total} elements mismatch (NaN: {self.nan}, inf: {self.inf}, "
+                f"max |diff| {self.max_abs:.3g}); first at {self.first_indices}")
+
+
+def mismatch_report(out, ref, rtol: float, atol: float = 0.0, first: int = 5) -> MismatchReport:
+    out = out.detach().to(torch.float64).cpu()
+    ref = ref.detach().to(torch.float64).cpu()
+    same_nonfinite = (out == ref) & ~torch.isfinite(ref)
+    diff = (out - ref).abs()
+    bad = ~(diff <= atol + rtol * ref.abs()) & ~same_nonfinite
+    idx = bad.nonzero()[:first].tolist()
+    finite_diff = diff[torch.isfinite(diff)]
+    return MismatchReport(int(bad.sum()), out.numel(), [tuple(i) for i in idx], int(torch.isnan(out).sum()),
+                          int((torch.isinf(out) & ~same_nonfinite).sum()),
+                          float(finite_diff.max()) if finite_diff.numel() else math.nan)
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    error: float
+    reference_error: float  # the eager reference in the same low dtype, against the oracle
+    bound: float
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class CheckResult:
+    op: str
+    variant: str
+    case: str
+    mode: str
+    outputs: list = field(default_factory=list)
+    skipped: str = ""  # the reason, when the variant cannot run this case
+
+    @property
+    def passed(self) -> bool:
+        return not self.skipped and all(o.passed for o in self.outputs)
+
+    @property
+    def max_error(self) -> float:
+        return max((o.error for o in self.outputs), default=math.nan)
+
+    def as_dict(self):
+        d = asdict(self)
+        d["passed"] = self.passed
+        return d
+
+
+def judge(name, out, oracle, reference_lowp, dtype) -> OutputCheck:
+    """Apply both bars to one output."""
+    err = relative_error(out, oracle)
+    ref_err = relative_error(reference_lowp, oracle) if reference_lowp is not None else math.nan
+    bound = BOUNDS[dtype]
+    relative_bar = max(2 * ref_err, FLOORS[dtype]) if math.isfinite(ref_err) else bound
+    passed = err <= bound and err <= relative_bar
+    detail = ""
+    if not passed:
+        detail = str(mismatch_report(out, oracle, rtol=max(relative_bar, 1e-12)))
+    return OutputCheck(name, err, ref_err, min(bound, relative_bar), passed, detail)
+
+
+def check_outputs(op, variant, case, mode, outputs, oracle, reference_lowp) -> CheckResult:
+    result = CheckResult(op.name, variant, case.label, mode)
+    for name in op.outputs(mode):
+        if name in outputs:
+            lowp = reference_lowp.get(name) if reference_lowp else None
+            result.outputs.append(judge(name, outputs[name], oracle[name], lowp, case.torch_dtype))
+    if not result.outputs:
+        result.skipped = "produced none of the outputs of this mode"
+    return result
+
+
+def run_poisoned(op, variant_name, case, inputs, mode):
+    """Prepare and run a variant once with NaN-poisoned outputs; raises Unsupported if it cannot."""
+    with poisoned_outputs():
+        return op.variants[variant_name].prepare(case, inputs, mode)()
+
+
+def check_variant(op, variant_name, case, mode, inputs, oracle, reference_lowp) -> CheckResult:
+    """Run one variant on one case and judge every output it produces against the oracle."""
+    try:
+        outputs = run_poisoned(op, variant_name, case, inputs, mode)
+    except Unsupported as exc:
+        return CheckResult(op.name, variant_name, case.label, mode, skipped=str(exc))
+    return check_outputs(op, variant_name, case, mode, outputs, oracle, reference_lowp)
+
+
+def bitwise_equal_runs(fn, runs: int = 2) -> bool:
+    """True when ``runs`` calls of fn return bitwise-identical tensors (dicts or tuples of them)."""
+    def as_bytes(out):
+        vals = out.values() if isinstance(out, dict) else out
+        return [t.detach().contiguous().view(torch.uint8).clone() for t in vals]
+
+    first = as_bytes(fn())
+    return all(all(torch.equal(a, b) for a, b in zip(first, as_bytes(fn()))) for _ in range(runs - 1))
+
+
+def gradcheck(fn, inputs, *, fast_mode=True, **kwargs) -> bool:
+    """torch.autograd.gradcheck in float64 (fails loudly on lower precision: finite differences
+    need it). Random-projection fast mode keeps interpreter cases in seconds."""
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+            raise TypeError(f"gradcheck input {i} has dtype {t.dtype}; finite differences need float64")
+    return torch.autograd.gradcheck(fn, inputs, fast_mode=fast_mode, **kwargs)
