@@ -16,7 +16,8 @@ from .roofline import ceilings, machine_info
 from .runner import bench, check
 from .verify import BOUNDS
 
-DEFAULT_SETS = {"check": ("tiny", "gpu"), "bench": ("tiny", "anchor")}  # (cpu, cuda)
+# Default case set per command, as (on CPU, on CUDA). ``run`` checks and times the same cases.
+DEFAULT_SETS = {"check": ("tiny", "gpu"), "bench": ("tiny", "anchor"), "run": ("tiny", "anchor")}
 RATIO_PEERS = ("sdpa_flash", "sdpa_cudnn", "flex")
 
 
@@ -117,10 +118,10 @@ def _header(device):
     return line
 
 
-def _run_checks(args, device, report):
+def _run_checks(args, device, report, kind="check"):
     failures = 0
     for op in _ops(args.op):
-        cases = _cases(op, args.cases, device, "check")
+        cases = _cases(op, args.cases, device, kind)
         results = check(op, cases, device, args.variant, args.mode, args.seed, not args.quiet)
         report.setdefault("checks", []).extend(r.as_dict() for r in results)
         print(f"\n## check {op.name} ({len(cases)} cases)\n" + check_table(results))
@@ -128,10 +129,10 @@ def _run_checks(args, device, report):
     return failures
 
 
-def _run_bench(args, device, report):
+def _run_bench(args, device, report, kind="bench"):
     over_bound = 0
     for op in _ops(args.op):
-        cases = _cases(op, args.cases, device, "bench")
+        cases = _cases(op, args.cases, device, kind)
         rows = bench(op, cases, device, args.variant, args.mode, args.seed, args.baseline, args.graphs,
                      progress=not args.quiet)
         report.setdefault("bench", []).extend(r.as_dict() for r in rows)
@@ -179,8 +180,8 @@ def cmd_run(args):
     device = _device(args.device)
     print(_header(device))
     report = {}
-    failures = _run_checks(args, device, report)
-    failures += _run_bench(args, device, report)
+    failures = _run_checks(args, device, report, "run")
+    failures += _run_bench(args, device, report, "run")
     return _finish(args, device, report, failures)
 
 
@@ -203,7 +204,7 @@ def build_parser():
         p.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
         if with_cases:
             p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep (default: tiny on CPU; "
-                                           "check: gpu, bench: anchor on CUDA)")
+                                           "on CUDA check: gpu, bench and run: anchor)")
             p.add_argument("--variant", action="append", help="variant (repeatable; default: all available)")
             p.add_argument("--mode", action="append", help="mode (repeatable; default: all)")
             p.add_argument("--seed", type=int, default=0)

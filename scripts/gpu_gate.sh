@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU gate in one call: install, calibrate, run the GPU-marked tests (with pytest-benchmark
+# timings), benchmark the anchor cases, and record an asv run; every artefact lands in $OUT.
+#
+#   scripts/gpu_gate.sh [tests] [bench] [asv]      (default: all three)
+#
+# On the lent GPU machine (offline) first build wheels here with ../shared/device/wheelhouse.sh
+# .wheelhouse and carry .wheelhouse; then bring the artefacts home with scripts/collect_gpu_results.sh.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+stages=${*:-tests bench asv}
+export PYTHONUNBUFFERED=1
+status=0
+
+if compgen -G ".wheelhouse/*.whl" >/dev/null; then
+  python3 -m pip install --no-index --no-deps -q .wheelhouse/*.whl 2>&1 | grep -v "^WARNING" || true
+fi
+python3 -m pip install --no-deps --no-build-isolation -q -e . 2>&1 | grep -v "^WARNING" || true
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia-smi.csv"
+machine=$(python3 -c "from attnbench.roofline import machine_slug; print(machine_slug('cuda'))")
+echo "machine: $machine"
+attnbench calibrate | tee "$OUT/calibration.txt"
+
+if [[ " $stages " == *" tests "* ]]; then
+  # Correctness at the default launch configs (no tuning sweep per shape); the perf gate tunes.
+  ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider \
+      --junitxml "$OUT/gpu-tests.xml" --benchmark-json "$OUT/pytest-benchmark.json" \
+      --benchmark-timer attnbench.timing.cuda_synchronized_clock 2>&1 | tee "$OUT/gpu-tests.log"
+  status=$((status | $?))
+fi
+if [[ " $stages " == *" bench "* ]]; then
+  attnbench run --json "$OUT/flash-$machine.json" 2>"$OUT/flash-progress.log" | tee "$OUT/flash-$machine.txt"
+  status=$((status | $?))
+fi
+if [[ " $stages " == *" asv "* ]]; then
+  git config --global --add safe.directory "$PWD" 2>/dev/null
+  asv machine --yes --machine "$machine" >/dev/null
+  asv run -E existing:python3 --set-commit-hash "$(git rev-parse HEAD)" --machine "$machine" \
+      --launch-method spawn --show-stderr 2>&1 | tail -n 40 | tee "$OUT/asv-run.log"
+  tar czf "$OUT/asv-results.tgz" results/asv
+fi
+exit $status

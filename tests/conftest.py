@@ -1,0 +1,27 @@
+"""Test gate wiring: GPU-marked tests skip without CUDA; interpreter tests skip on a GPU machine.
+
+The CPU gate (CI) runs Triton kernels through TRITON_INTERPRET=1, which ``import attnbench``
+switches on by itself when torch sees no CUDA device. The GPU gate runs ``pytest -m gpu``.
+"""
+import pytest
+import torch
+
+import attnbench  # noqa: F401  first: sets the interpreter switch before triton is imported
+from attnbench.kernels import interpreting
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run scripts/gpu_gate.sh on one")
+    no_interp = pytest.mark.skip(reason="interpreter test: runs where Triton uses TRITON_INTERPRET=1 (the CPU gate)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(no_gpu)
+        if "interpreter" in item.keywords and not interpreting():
+            item.add_marker(no_interp)
+
+
+@pytest.fixture
+def flash():
+    return attnbench.get("flash")

@@ -1,0 +1,33 @@
+"""Quick per-change timings with pytest-benchmark (GPU only; asv keeps the history).
+
+    pytest -m gpu tests/test_bench_flash.py --benchmark-json out.json
+
+pytest-benchmark's own rounds use a host clock that synchronizes the GPU first
+(``attnbench.timing.cuda_synchronized_clock``); each entry also carries the timing core's
+CUDA-event median and IQR (L2 flushed), TF/s and the case, in ``extra_info``.
+"""
+import pytest
+
+import attnbench
+from attnbench.roofline import achieved, ceilings
+from attnbench.timing import cuda_synchronized_clock, measure
+
+pytestmark = pytest.mark.gpu
+
+OP = attnbench.get("flash")
+CASES = OP.cases("anchor")[:2]
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+@pytest.mark.parametrize("variant", ["triton", "sdpa_flash"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_flash_latency(benchmark, case, variant, mode):
+    x = OP.make_inputs(case, "cuda", 0)
+    fn = OP.variants[variant].prepare(case, x, mode)
+    timing = measure(fn, "cuda")  # also the warm-up: compilation and autotuning happen here
+    perf = achieved(OP.flops(case, mode), OP.bytes(case, mode), timing, ceilings("cuda"))
+    benchmark.extra_info.update(case=case.label, cuda_event_median_ms=timing.median_ms,
+                                cuda_event_iqr_ms=timing.iqr_ms, tflops=perf.tflops, roofline_pct=perf.roofline_pct)
+    benchmark._timer = cuda_synchronized_clock
+    benchmark.pedantic(fn, rounds=20, warmup_rounds=3)
+    assert timing.median_ms > 0

@@ -1,0 +1,72 @@
+"""Bad input gets a clear error naming the argument, before any kernel launches."""
+import pytest
+import torch
+
+import attnbench.operators.flash.triton as api
+from attnbench.operators.flash.triton import flash_attention, flash_bwd, flash_fwd
+
+
+@pytest.fixture(autouse=True)
+def no_kernel_may_run(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("a kernel was launched before the inputs were checked")
+
+    monkeypatch.setattr(api, "flash_fwd_launch", boom)
+    monkeypatch.setattr(api, "flash_bwd_launch", boom)
+
+
+def qkv(b=1, hq=2, hk=2, nq=8, nk=8, d=16, dtype=torch.float32):
+    return (torch.randn(b, hq, nq, d).to(dtype), torch.randn(b, hk, nk, d).to(dtype),
+            torch.randn(b, hk, nk, d).to(dtype))
+
+
+@pytest.mark.parametrize("make,exc,words", [
+    (lambda: (torch.randn(2, 8, 16), *qkv()[1:]), ValueError, "q must have 4 dimensions"),
+    (lambda: (*qkv()[:2], [1.0]), TypeError, "v must be a torch.Tensor"),
+    (lambda: qkv(dtype=torch.int32), TypeError, "q has dtype torch.int32"),
+    (lambda: (qkv()[0].half(), *qkv()[1:]), TypeError, "must share a dtype"),
+    (lambda: (qkv()[0], qkv()[1], qkv(nk=9)[2]), ValueError, "k and v must have the same shape"),
+    (lambda: (qkv()[0], *qkv(b=2)[1:]), ValueError, "k batch (2) must equal q batch (1)"),
+    (lambda: (qkv()[0], *qkv(d=32)[1:]), ValueError, "k head_dim (32) must equal q head_dim (16)"),
+    (lambda: qkv(hq=3, hk=2), ValueError, "q heads (3) must be a multiple of k/v heads (2)"),
+    (lambda: qkv(d=8), ValueError, "head_dim 8 is unsupported"),
+    (lambda: qkv(d=320), ValueError, "head_dim 320 is unsupported"),
+    (lambda: qkv(nq=0), ValueError, "empty input"),
+])
+def test_bad_qkv_is_rejected_by_name(make, exc, words):
+    for fn in (flash_fwd, flash_attention):
+        with pytest.raises(exc, match=words.replace("(", r"\(").replace(")", r"\)")):
+            fn(*make())
+
+
+def test_ambiguous_causal_is_rejected():
+    with pytest.raises(ValueError, match="causal=True is ambiguous"):
+        flash_fwd(*qkv(nq=8, nk=12), causal=True)
+    with pytest.raises(ValueError, match="causal must be"):
+        flash_fwd(*qkv(), causal="diagonal")
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.1"])
+def test_bad_scale_is_rejected(scale):
+    with pytest.raises(ValueError, match="scale must be a positive finite number"):
+        flash_fwd(*qkv(), scale=scale)
+
+
+def test_backward_inputs_are_checked_against_q():
+    q, k, v = qkv()
+    o, do = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(1, 2, 8)
+    with pytest.raises(ValueError, match=r"do must have shape \(1, 2, 8, 16\)"):
+        flash_bwd(do[:, :1], q, k, v, o, lse)
+    with pytest.raises(TypeError, match="o must have dtype torch.float32"):
+        flash_bwd(do, q, k, v, o.double(), lse)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 8\)"):
+        flash_bwd(do, q, k, v, o, lse[..., :4])
+    with pytest.raises(TypeError, match="lse must have dtype torch.float32"):
+        flash_bwd(do, q, k, v, o, lse.half())
+
+
+def test_cpu_tensors_without_interpreter_are_rejected(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="need CUDA tensors"):
+        flash_fwd(*qkv())

@@ -1,0 +1,145 @@
+"""CPU gate for the flash operator: split-PyTorch and Triton (interpreter) against the float64 oracle.
+
+Tiny shapes cover lengths that are not block multiples (the interpreter uses 16x16 blocks),
+Nq != Nk both ways, length 1, GQA/MQA, head dims that are not powers of two, both causal
+alignments and rows that see no key; fp32, fp16 and fp64.
+"""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from attnbench import verify
+from attnbench.operators.flash import TINY_SHAPES, FlashCase
+from attnbench.operators.flash.triton import flash_attention, flash_bwd, flash_fwd
+
+pytestmark = pytest.mark.interpreter
+
+CASES = [FlashCase(*shape, dtype=dt) for shape in TINY_SHAPES for dt in ("float32", "float16", "float64")]
+
+
+@pytest.fixture(scope="module")
+def oracles():
+    """Oracle and low-precision reference per (case, seed), computed once for all variants and modes."""
+    import attnbench
+
+    op = attnbench.get("flash")
+    cache = {}
+
+    def get(case, seed):
+        if (case, seed) not in cache:
+            x = op.make_inputs(case, "cpu", seed)
+            cache[case, seed] = (x, op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype))
+        return cache[case, seed]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", ["split", "triton"])
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd_bwd"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_variant_matches_float64_oracle(flash, oracles, case, mode, variant):
+    x, oracle, lowp = oracles(case, 0)
+    result = verify.check_variant(flash, variant, case, mode, x, oracle, lowp)
+    assert not result.skipped, result.skipped
+    assert result.passed, [o for o in result.outputs if not o.passed]
+    assert {o.name for o in result.outputs} == set(flash.outputs(mode))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_other_seeds_and_custom_scale(flash, oracles, seed):
+    case = replace(FlashCase(2, 4, 2, 45, 31, 40, "bottom_right", "float32"), scale=0.37)
+    x, oracle, lowp = oracles(case, seed)
+    for mode in flash.modes:
+        assert verify.check_variant(flash, "triton", case, mode, x, oracle, lowp).passed
+
+
+@pytest.mark.parametrize("variant", ["split", "triton"])
+def test_rows_that_see_no_key_give_zero_and_minus_inf(flash, variant):
+    """Bottom-right causal with Nq > Nk: rows i < Nq - Nk see no key. O = 0, LSE = -inf, grads finite."""
+    case = FlashCase(1, 2, 1, 40, 23, 32, "bottom_right", "float32")
+    x = flash.make_inputs(case, "cpu", 0)
+    out = verify.run_poisoned(flash, variant, case, x, "fwd")
+    blind = 40 - 23
+    assert torch.all(out["o"][:, :, :blind] == 0)
+    assert torch.all(torch.isneginf(out["lse"][:, :, :blind]))
+    assert torch.isfinite(out["lse"][:, :, blind:]).all()
+    grads = verify.run_poisoned(flash, variant, case, x, "bwd")
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert torch.all(grads["dq"][:, :, :blind] == 0)
+
+
+def _fp64(*shape, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("shape,causal", [
+    ((1, 2, 2, 9, 7, 16), None),
+    ((1, 2, 1, 12, 5, 24), "bottom_right"),  # GQA, and 7 rows that see no key
+    ((2, 1, 1, 17, 17, 16), True),
+    ((1, 3, 1, 6, 19, 16), "top_left"),
+])
+def test_gradcheck_autograd_wrapper_fp64(shape, causal):
+    b, hq, hk, nq, nk, d = shape
+    q = _fp64(b, hq, nq, d, seed=1).requires_grad_()
+    k = _fp64(b, hk, nk, d, seed=2).requires_grad_()
+    v = _fp64(b, hk, nk, d, seed=3).requires_grad_()
+    assert verify.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal=causal), (q, k, v), atol=1e-8, rtol=1e-6)
+
+
+def test_manual_api_equals_autograd_api():
+    q, k, v, do = (_fp64(1, 2, 21, 16, seed=s) for s in range(4))
+    o, lse = flash_fwd(q, k, v, causal=True)
+    dq, dk, dv = flash_bwd(do, q, k, v, o, lse, causal=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o2, lse2 = flash_attention(*leaves, causal=True, return_lse=True)
+    o2.backward(do)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    for manual, auto in zip((dq, dk, dv), leaves):
+        assert torch.equal(manual, auto.grad)
+
+
+def test_causal_true_means_top_left_when_lengths_match():
+    q, k, v = (_fp64(1, 1, 13, 16, seed=s) for s in range(3))
+    assert torch.equal(flash_fwd(q, k, v, causal=True)[0], flash_fwd(q, k, v, causal="top_left")[0])
+    assert torch.equal(flash_fwd(q, k, v, causal="bottom_right")[0], flash_fwd(q, k, v, causal="top_left")[0])
+
+
+def test_strided_inputs_match_contiguous():
+    """A [B, N, H, D] tensor viewed as [B, H, N, D] has non-unit sequence strides: same answer."""
+    q, k, v, do = (_fp64(2, 19, 3, 16, seed=s).transpose(1, 2) for s in range(4))
+    o, lse = flash_fwd(q, k, v)
+    o_c, lse_c = flash_fwd(q.contiguous(), k.contiguous(), v.contiguous())
+    assert torch.equal(o, o_c) and torch.equal(lse, lse_c)
+    grads = flash_bwd(do, q, k, v, o, lse)
+    grads_c = flash_bwd(do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o_c, lse_c)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_c))
+
+
+def test_backward_is_bitwise_deterministic(flash):
+    case = FlashCase(1, 4, 2, 37, 29, 24, "top_left", "float32")
+    x = flash.make_inputs(case, "cpu", 0)
+    assert verify.bitwise_equal_runs(flash.variants["triton"].prepare(case, x, "bwd"), runs=2)
+
+
+def test_poisoning_exposes_an_unwritten_output(flash, monkeypatch):
+    """If a launcher skipped a block, poisoned outputs would hold NaN and the check must fail."""
+    import attnbench.operators.flash.triton as api
+
+    case = FlashCase(1, 1, 1, 20, 20, 16, None, "float32")
+    x = flash.make_inputs(case, "cpu", 0)
+    oracle, lowp = flash.oracle(case, x), flash.oracle(case, x, dtype=torch.float32)
+    real = api.flash_fwd_launch
+
+    def forgetful(*args):
+        o, lse = real(*args)
+        from attnbench.kernels import new_output
+
+        o[:, :, -3:] = new_output(o[:, :, -3:].shape, o.dtype, o.device)  # as if never written
+        return o, lse
+
+    monkeypatch.setattr(api, "flash_fwd_launch", forgetful)
+    result = verify.check_variant(flash, "triton", case, "fwd", x, oracle, lowp)
+    assert not result.passed
+    assert "NaN: 48" in [o for o in result.outputs if o.name == "o"][0].detail

@@ -1,0 +1,179 @@
+"""Timing statistics, CPU measurement, roofline arithmetic, machine info and progress lines."""
+import io
+import time
+
+import numpy
+import pytest
+import torch
+import triton
+
+from attnbench.kernels import interpreting
+from attnbench.roofline import Ceilings, achieved, calibrate, ceilings, machine_info, machine_slug
+from attnbench.runner import Progress
+from attnbench.timing import Timing, measure, peak_memory_bytes, summarize
+
+
+# ---------------------------------------------------------------- summarize
+
+def test_summarize_median_and_quartiles():
+    t = summarize([5, 1, 4, 2, 3], "cpu-wall")  # order must not matter
+    assert (t.median_ms, t.q1_ms, t.q3_ms) == (3.0, 2.0, 4.0)
+    assert t.samples == 5
+    assert t.method == "cpu-wall"
+    assert t.iqr_ms == 2.0
+
+
+def test_summarize_even_count_interpolates():
+    t = summarize([1.0, 2.0, 3.0, 4.0], "cuda-events")
+    assert t.median_ms == pytest.approx(2.5)
+    assert t.q1_ms == pytest.approx(1.75)
+    assert t.q3_ms == pytest.approx(3.25)
+    assert t.is_gpu
+
+
+def test_summarize_single_sample():
+    t = summarize([7.5], "interpreter")
+    assert (t.median_ms, t.q1_ms, t.q3_ms, t.samples) == (7.5, 7.5, 7.5, 1)
+    assert t.iqr_ms == 0.0
+    assert not t.is_gpu
+
+
+def test_summarize_empty_raises():
+    with pytest.raises(ValueError):
+        summarize([], "cpu-wall")
+
+
+def test_timing_as_dict_has_iqr():
+    d = Timing(2.0, 1.0, 4.0, 9, "cuda-graph").as_dict()
+    assert d == {"median_ms": 2.0, "q1_ms": 1.0, "q3_ms": 4.0, "samples": 9, "method": "cuda-graph", "iqr_ms": 3.0}
+
+
+# ---------------------------------------------------------------- measure
+
+def test_measure_on_cpu_is_an_interpreter_timing():
+    assert interpreting()  # import attnbench switched the interpreter on: no CUDA here
+    calls = []
+    t = measure(lambda: calls.append(None), "cpu", cpu_reps=3)
+    assert t.method == "interpreter"
+    assert not t.is_gpu
+    assert t.samples == 3
+    assert len(calls) == t.samples + 1  # one untimed call first
+
+
+def test_measure_keeps_the_first_call_out_of_the_samples():
+    """The first call (compile, autotune) is slow; none of the samples may contain it."""
+    calls = []
+
+    def fn():
+        calls.append(None)
+        if len(calls) == 1:
+            time.sleep(0.3)
+
+    t = measure(fn, "cpu", cpu_reps=3)
+    assert len(calls) == 4
+    assert t.q3_ms < 150
+
+
+def test_measure_budget_still_gives_one_sample():
+    calls = []
+
+    def slow():
+        calls.append(None)
+        time.sleep(0.02)
+
+    t = measure(slow, torch.device("cpu"), cpu_reps=10, cpu_budget_s=0.001)
+    assert t.samples == 1
+    assert len(calls) == 2
+    assert t.median_ms >= 15
+
+
+def test_peak_memory_is_none_on_cpu():
+    assert peak_memory_bytes(lambda: torch.ones(10), "cpu") is None
+
+
+# ---------------------------------------------------------------- roofline
+
+CEIL = Ceilings("Test GPU", matmul_tflops=100.0, copy_gbps=1000.0, torch="x", triton="y")
+
+
+def test_achieved_compute_bound():
+    timing = Timing(4.0, 3.9, 4.1, 10, "cuda-events")
+    flops, nbytes = 1e11, 5e8  # 1 ms at 100 TF/s, 0.5 ms at 1000 GB/s
+    a = achieved(flops, nbytes, timing, CEIL)
+    assert a.tflops == pytest.approx(25.0)
+    assert a.gbps == pytest.approx(125.0)
+    expected = 100 * max(flops / 100e12, nbytes / 1000e9) / 4e-3
+    assert a.roofline_pct == pytest.approx(expected)
+    assert a.roofline_pct == pytest.approx(25.0)
+
+
+def test_achieved_bandwidth_bound():
+    timing = Timing(4.0, 3.9, 4.1, 10, "cuda-graph")
+    flops, nbytes = 1e10, 2e9  # 0.1 ms of compute, 2 ms of traffic
+    a = achieved(flops, nbytes, timing, CEIL)
+    assert a.tflops == pytest.approx(2.5)
+    assert a.gbps == pytest.approx(500.0)
+    assert a.roofline_pct == pytest.approx(50.0)
+
+
+def test_achieved_without_gpu_timing_has_no_roofline():
+    cpu = Timing(4.0, 3.9, 4.1, 3, "interpreter")
+    a = achieved(1e11, 5e8, cpu, CEIL)
+    assert a.roofline_pct is None
+    assert a.tflops == pytest.approx(25.0)  # throughput is still reported
+    assert achieved(1e11, 5e8, Timing(4.0, 4.0, 4.0, 1, "cuda-events"), None).roofline_pct is None
+
+
+def test_ceilings_and_calibrate_on_cpu():
+    assert ceilings("cpu") is None
+    assert ceilings(torch.device("cpu"), refresh=True) is None
+    with pytest.raises(ValueError):
+        calibrate("cpu")
+
+
+def test_machine_info_cpu():
+    info = machine_info("cpu")
+    for key in ("device", "device_name", "torch", "triton", "cuda", "python", "numpy", "triton_interpreter"):
+        assert key in info
+    assert info["device"] == "cpu"
+    assert info["torch"] == torch.__version__
+    assert info["triton"] == triton.__version__
+    assert info["numpy"] == numpy.__version__
+    assert info["triton_interpreter"] is True
+    assert info["device_name"]
+
+
+def test_machine_slug_is_file_system_safe():
+    slug = machine_slug("cpu")
+    assert slug
+    assert all(c.isalnum() or c == "-" for c in slug)
+    assert not slug.startswith("-") and not slug.endswith("-")
+
+
+# ---------------------------------------------------------------- Progress
+
+def test_progress_prints_numbered_lines():
+    stream = io.StringIO()
+    bar = Progress(2, stream=stream)
+    bar.step("first")
+    bar.step("second")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("[1/2]") and lines[0].endswith("first")
+    assert lines[1].startswith("[2/2]") and lines[1].endswith("second")
+
+
+def test_progress_pads_to_the_total_width():
+    stream = io.StringIO()
+    bar = Progress(10, stream=stream)
+    bar.step("x")
+    assert stream.getvalue().startswith("[ 1/10]")
+
+
+def test_progress_disabled_prints_nothing():
+    stream = io.StringIO()
+    bar = Progress(2, enabled=False, stream=stream)
+    bar.step("first")
+    bar.step("second")
+    assert stream.getvalue() == ""
+    assert bar.done == 2
