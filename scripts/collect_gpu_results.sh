@@ -3,11 +3,10 @@
 #   scripts/collect_gpu_results.sh DIR     (DIR: the call's files_at folder)
 set -euo pipefail
 src=$1
-machine=$(sed -n 's/^machine: //p' "$src/gpu-tests.log" "$src"/flash-*.txt 2>/dev/null | head -1)
-machine=${machine:-$(ls "$src"/flash-*.json 2>/dev/null | sed 's/.*flash-\(.*\)\.json/\1/' | head -1)}
-dest=results/gpu/${machine:-unknown}
+machine=$(cat "$src/machine.txt")
+dest=results/gpu/$machine
 mkdir -p "$dest"
-for f in nvidia-smi.csv calibration.txt gpu-tests.log gpu-tests.xml pytest-benchmark.json flash-progress.log asv-run.log; do
+for f in machine.txt nvidia-smi.csv calibration.txt gpu-tests.log gpu-tests.xml pytest-benchmark.json flash-progress.log asv-run.log; do
   [[ -f "$src/$f" ]] && cp "$src/$f" "$dest/"
 done
 cp "$src"/flash-*.json "$src"/flash-*.txt "$dest/" 2>/dev/null || true

@@ -19,7 +19,7 @@ fi
 python3 -m pip install --no-deps --no-build-isolation -q -e . 2>&1 | grep -v "^WARNING" || true
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia-smi.csv"
 machine=$(python3 -c "from attnbench.roofline import machine_slug; print(machine_slug('cuda'))")
-echo "machine: $machine"
+echo "$machine" | tee "$OUT/machine.txt"
 attnbench calibrate | tee "$OUT/calibration.txt"
 
 if [[ " $stages " == *" tests "* ]]; then
