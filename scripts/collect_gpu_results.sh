@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Files a GPU gate run's artefacts under results/ (run here, after the device call returned).
-#   scripts/collect_gpu_results.sh DIR     (DIR: the call's files_at folder)
+#   scripts/collect_gpu_results.sh DIR     (DIR: the call's files_at folder, holding gpu-gate.tgz)
 set -euo pipefail
-src=$1
+src=$(mktemp -d)
+tar xzf "$1/gpu-gate.tgz" -C "$src"
 machine=$(cat "$src/machine.txt")
 dest=results/gpu/$machine
 mkdir -p "$dest"

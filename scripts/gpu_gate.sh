@@ -9,6 +9,9 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+# The device tool returns at most 8 files: artefacts collect in ART and travel as one archive.
+ART=$(mktemp -d)
+trap 'tar czf "$OUT/gpu-gate.tgz" -C "$ART" .' EXIT
 stages=${*:-tests bench asv}
 export PYTHONUNBUFFERED=1
 status=0
@@ -17,27 +20,27 @@ if compgen -G ".wheelhouse/*.whl" >/dev/null; then
   python3 -m pip install --no-index --no-deps -q .wheelhouse/*.whl 2>&1 | grep -v "^WARNING" || true
 fi
 python3 -m pip install --no-deps --no-build-isolation -q -e . 2>&1 | grep -v "^WARNING" || true
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia-smi.csv"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$ART/nvidia-smi.csv"
 machine=$(python3 -c "from attnbench.roofline import machine_slug; print(machine_slug('cuda'))")
-echo "$machine" | tee "$OUT/machine.txt"
-attnbench calibrate | tee "$OUT/calibration.txt"
+echo "$machine" | tee "$ART/machine.txt"
+attnbench calibrate | tee "$ART/calibration.txt"
 
 if [[ " $stages " == *" tests "* ]]; then
   # Correctness at the default launch configs (no tuning sweep per shape); the perf gate tunes.
   ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider \
-      --junitxml "$OUT/gpu-tests.xml" --benchmark-json "$OUT/pytest-benchmark.json" \
-      --benchmark-timer attnbench.timing.cuda_synchronized_clock 2>&1 | tee "$OUT/gpu-tests.log"
+      --junitxml "$ART/gpu-tests.xml" --benchmark-json "$ART/pytest-benchmark.json" \
+      --benchmark-timer attnbench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log"
   status=$((status | $?))
 fi
 if [[ " $stages " == *" bench "* ]]; then
-  attnbench run --json "$OUT/flash-$machine.json" 2>"$OUT/flash-progress.log" | tee "$OUT/flash-$machine.txt"
+  attnbench run --json "$ART/flash-$machine.json" 2>"$ART/flash-progress.log" | tee "$ART/flash-$machine.txt"
   status=$((status | $?))
 fi
 if [[ " $stages " == *" asv "* ]]; then
   git config --global --add safe.directory "$PWD" 2>/dev/null
   asv machine --yes --machine "$machine" >/dev/null
   asv run -E existing:python3 --set-commit-hash "$(git rev-parse HEAD)" --machine "$machine" \
-      --launch-method spawn --show-stderr 2>&1 | tail -n 40 | tee "$OUT/asv-run.log"
-  tar czf "$OUT/asv-results.tgz" results/asv
+      --launch-method spawn --show-stderr 2>&1 | tail -n 40 | tee "$ART/asv-run.log"
+  tar czf "$ART/asv-results.tgz" results/asv
 fi
 exit $status
