@@ -10,8 +10,7 @@ import sys
 
 import torch
 
-from . import operators
-from .registry import get
+from .registry import all_operators, get
 from .roofline import ceilings, machine_info
 from .runner import bench, check
 from .verify import BOUNDS
@@ -32,7 +31,7 @@ def _device(name):
 
 def _ops(names):
     if not names:
-        return list(operators().values())
+        return list(all_operators().values())
     return [get(n) for n in names]
 
 
@@ -229,7 +228,7 @@ def main(argv=None):
     try:
         return COMMANDS[args.command](args)
     except (KeyError, ValueError) as exc:
-        print(f"attnbench: {exc}", file=sys.stderr)
+        print(f"attnbench: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
 
 

@@ -102,12 +102,10 @@ def get(name: str) -> Operator:
         raise KeyError(f"unknown operator {name!r}; known: {sorted(_OPERATORS)}") from None
 
 
-def operators() -> dict[str, Operator]:
+def all_operators() -> dict[str, Operator]:
     _load_builtin()
     return dict(_OPERATORS)
 
 
 def _load_builtin():
-    # importing the subpackage registers the built-in operators (by path: the package's
-    # ``operators`` attribute is the function above once attnbench/__init__ re-exports it)
-    importlib.import_module(f"{__package__}.operators")
+    importlib.import_module(f"{__package__}.operators")  # importing it registers the built-ins

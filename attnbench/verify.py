@@ -153,11 +153,14 @@ def check_variant(op, variant_name, case, mode, inputs, oracle, reference_lowp) 
 def bitwise_equal_runs(fn, runs: int = 2) -> bool:
     """True when ``runs`` calls of fn return bitwise-identical tensors (dicts or tuples of them)."""
     def as_bytes(out):
-        vals = out.values() if isinstance(out, dict) else out
-        return [t.detach().contiguous().view(torch.uint8).clone() for t in vals]
+        vals = [out] if isinstance(out, torch.Tensor) else (out.values() if isinstance(out, dict) else out)
+        return [t.detach().reshape(-1).view(torch.uint8).clone() for t in vals]
+
+    def same(a, b):
+        return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
     first = as_bytes(fn())
-    return all(all(torch.equal(a, b) for a, b in zip(first, as_bytes(fn()))) for _ in range(runs - 1))
+    return all(same(first, as_bytes(fn())) for _ in range(runs - 1))
 
 
 def gradcheck(fn, inputs, *, fast_mode=True, **kwargs) -> bool:

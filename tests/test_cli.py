@@ -2,7 +2,10 @@
 import json
 import math
 
-from attnbench.cli import main
+# Load the built-in operators before the CLI, as any program that called attnbench.get() first
+# (or pytest collecting tests/test_bench_flash.py first) does: the CLI must work in that order too.
+import attnbench.operators.flash  # noqa: F401, E402
+from attnbench.cli import main  # noqa: E402
 
 
 def test_list_prints_variants(capsys):

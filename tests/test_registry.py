@@ -4,7 +4,7 @@ import torch
 
 import attnbench
 from attnbench.operators.flash import FlashCase, FlashOperator
-from attnbench.registry import Operator, Variant, operators, register
+from attnbench.registry import Operator, Variant, all_operators, register
 
 
 def _noop_prepare(case, x, mode):
@@ -18,7 +18,17 @@ def test_get_flash():
     assert isinstance(op, Operator)
     assert op.name == "flash"
     assert op is attnbench.get("flash")
-    assert operators()["flash"] is op
+    assert all_operators()["flash"] is op
+
+
+def test_all_operators_survives_loading_the_builtins():
+    """``attnbench.all_operators()`` is public API; importing the ``attnbench.operators``
+    subpackage, which get() does, must not shadow it (an earlier name did exactly that)."""
+    import importlib
+
+    attnbench.get("flash")
+    importlib.import_module("attnbench.operators.flash")
+    assert "flash" in attnbench.all_operators()
 
 
 def test_unknown_operator_names_the_known_ones():
@@ -66,7 +76,7 @@ def test_variant_default_is_available_everywhere():
 
 # ---------------------------------------------------------------- case sets
 
-# ids are spelled out: a bare "gpu" id would match conftest's `"gpu" in item.keywords` and skip
+# ids are spelled out so that no test id reads as a marker name
 @pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "sweep"], ids=lambda s: f"set_{s}")
 def test_case_sets_non_empty_with_unique_labels(flash, set_name):
     cases = flash.cases(set_name)
