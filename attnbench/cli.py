@@ -67,7 +67,7 @@ def bench_table(rows, dtype_of):
         t = r.timing
         err = _fmt(r.max_error, ".1e")
         if t and not math.isnan(r.max_error) and r.max_error > BOUNDS[dtype_of(r.case)]:
-            err += " !"
+            err += " !"  # over the dtype bound: expected of eager bf16, a red flag for anything else
         body.append((r.case, r.mode, r.variant,
                      _fmt(t and t.median_ms, ".3f", r.skipped[:60] if r.skipped else "-"),
                      _fmt(t and t.iqr_ms, ".3f"), _fmt(r.tflops if t else None, ".1f"),
@@ -140,7 +140,8 @@ def _run_bench(args, device, report, kind="bench"):
         lines = ratio_lines(rows)
         if lines:
             print("\n" + "\n".join(lines))
-        over_bound += sum(1 for r in rows if r.timing and op.variants[r.variant].kind != "peer"
+        # our implementations must stay within bounds; the eager reference and peers are reported
+        over_bound += sum(1 for r in rows if r.timing and op.variants[r.variant].kind in ("split", "triton")
                           and r.max_error > BOUNDS[dtype_of(r.case)])
     return over_bound
 

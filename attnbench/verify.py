@@ -111,11 +111,13 @@ class CheckResult:
         return d
 
 
-def judge(name, out, oracle, reference_lowp, dtype) -> OutputCheck:
-    """Apply both bars to one output."""
+def judge(name, out, oracle, reference_lowp, dtype, bounded=True) -> OutputCheck:
+    """Apply both bars to one output. ``bounded=False`` (the eager reference itself, the 2x rule's
+    yardstick) reports its error without holding it to the dtype bound: eager bf16 attention
+    measured 2.7e-2 at N = 8192 on an H200, which is the point of comparing against it."""
     err = relative_error(out, oracle)
     ref_err = relative_error(reference_lowp, oracle) if reference_lowp is not None else math.nan
-    bound = BOUNDS[dtype]
+    bound = BOUNDS[dtype] if bounded else math.inf
     relative_bar = max(2 * ref_err, FLOORS[dtype]) if math.isfinite(ref_err) else bound
     passed = err <= bound and err <= relative_bar
     detail = ""
@@ -126,10 +128,11 @@ def judge(name, out, oracle, reference_lowp, dtype) -> OutputCheck:
 
 def check_outputs(op, variant, case, mode, outputs, oracle, reference_lowp) -> CheckResult:
     result = CheckResult(op.name, variant, case.label, mode)
+    bounded = op.variants[variant].kind != "reference"
     for name in op.outputs(mode):
         if name in outputs:
             lowp = reference_lowp.get(name) if reference_lowp else None
-            result.outputs.append(judge(name, outputs[name], oracle[name], lowp, case.torch_dtype))
+            result.outputs.append(judge(name, outputs[name], oracle[name], lowp, case.torch_dtype, bounded))
     if not result.outputs:
         result.skipped = "produced none of the outputs of this mode"
     return result

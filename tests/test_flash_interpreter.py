@@ -143,3 +143,14 @@ def test_poisoning_exposes_an_unwritten_output(flash, monkeypatch):
     result = verify.check_variant(flash, "triton", case, "fwd", x, oracle, lowp)
     assert not result.passed
     assert "NaN: 48" in [o for o in result.outputs if o.name == "o"][0].detail
+
+
+def test_sdpa_declines_rows_that_see_no_key(flash):
+    """SDPA has no defined answer there (cuDNN returned garbage on an H200, torch documents NaN):
+    the peer must say so rather than be compared."""
+    from attnbench import Unsupported
+
+    case = FlashCase(1, 2, 1, 40, 23, 32, "bottom_right", "float32")
+    x = flash.make_inputs(case, "cpu", 0)
+    with pytest.raises(Unsupported, match="rows that see no key"):
+        flash.variants["sdpa_math"].prepare(case, x, "fwd")

@@ -43,10 +43,11 @@ def test_our_variants_match_oracle_at_real_sizes(flash, oracles, case):
             assert result.passed, (variant, mode, result.skipped, [o for o in result.outputs if not o.passed])
 
 
-@pytest.mark.parametrize("case", gpu_cases()[:4], ids=lambda c: c.label)
+@pytest.mark.parametrize("case", [c for c in gpu_cases() if (c.causal_offset or 0) >= 0][:4], ids=lambda c: c.label)
 def test_peers_that_run_are_correct_too(flash, oracles, case):
     """A peer may not support a case (it says why), but when it runs it must be right, or our
-    side-by-side numbers compare against a wrong answer."""
+    side-by-side numbers compare against a wrong answer. (Cases with rows that see no key are
+    left out: SDPA declines them, see peers.sdpa_forward.)"""
     x, oracle, lowp = oracles(case)
     ran = 0
     for variant in ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"):

@@ -200,7 +200,7 @@ def _flash_oracle():
 def test_check_outputs_pass(flash):
     oracle = _flash_oracle()
     outputs = {k: v.to(torch.float32) for k, v in oracle.items()}
-    result = verify.check_outputs(flash, "x", CASE, "fwd", outputs, oracle, outputs)
+    result = verify.check_outputs(flash, "triton", CASE, "fwd", outputs, oracle, outputs)
     assert isinstance(result, CheckResult)
     assert [o.name for o in result.outputs] == ["o", "lse"]
     assert result.passed
@@ -214,7 +214,7 @@ def test_check_outputs_one_bad_output_fails(flash):
     oracle = _flash_oracle()
     outputs = {k: v.to(torch.float32) for k, v in oracle.items()}
     outputs["lse"] = outputs["lse"] * 1.01
-    result = verify.check_outputs(flash, "x", CASE, "fwd", outputs, oracle, None)
+    result = verify.check_outputs(flash, "triton", CASE, "fwd", outputs, oracle, None)
     assert not result.passed
     assert [o.passed for o in result.outputs] == [True, False]
     assert result.max_error == pytest.approx(0.01, rel=1e-4)
@@ -223,9 +223,9 @@ def test_check_outputs_one_bad_output_fails(flash):
 def test_check_outputs_subset_and_none(flash):
     """A peer may produce only o; a variant producing none of the mode's outputs is skipped."""
     oracle = _flash_oracle()
-    only_o = verify.check_outputs(flash, "x", CASE, "fwd", {"o": oracle["o"].float()}, oracle, None)
+    only_o = verify.check_outputs(flash, "triton", CASE, "fwd", {"o": oracle["o"].float()}, oracle, None)
     assert [o.name for o in only_o.outputs] == ["o"] and only_o.passed
-    none = verify.check_outputs(flash, "x", CASE, "fwd", {"dq": oracle["o"]}, oracle, None)
+    none = verify.check_outputs(flash, "triton", CASE, "fwd", {"dq": oracle["o"]}, oracle, None)
     assert none.skipped
     assert not none.passed
     assert math.isnan(none.max_error)
@@ -353,3 +353,14 @@ def test_run_poisoned_reaches_the_triton_launcher(flash, monkeypatch):
     assert seen and all(seen)
     assert torch.isfinite(out["o"]).all()
     assert not kernel_outputs._poisoning()
+
+
+def test_eager_reference_is_reported_not_bounded(flash):
+    """The eager reference in a low dtype is the 2x rule's yardstick: over the dtype bound it still
+    passes (its error is shown), while the same numbers from a shipped variant fail."""
+    oracle = _flash_oracle()
+    bad = {k: v * 1.05 for k, v in oracle.items()}
+    as_reference = verify.check_outputs(flash, "reference", CASE, "fwd", bad, oracle, bad)
+    as_triton = verify.check_outputs(flash, "triton", CASE, "fwd", bad, oracle, bad)
+    assert as_reference.passed and not as_triton.passed
+    assert as_reference.max_error == pytest.approx(0.05, rel=1e-6)
