@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .outputs import new_output
 from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale_log2, split_scale
+from .tiling import query_tile, visible_keys
 from .tuning import cfg, config_list, pruner, seq_bucket
 
 
@@ -185,14 +186,7 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = (bh // H_Q).to(tl.int64)
-    h = bh % H_Q
-    hk = (h // GROUP).to(tl.int64)
-    h = h.to(tl.int64)
+    pid_m, b, h, hk = query_tile(H_Q, GROUP, CAUSAL)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -206,12 +200,7 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
 
-    if CAUSAL:
-        hi = tl.minimum(tl.maximum(m0 + BLOCK_M + causal_offset, 0), N_K)
-        full_hi = tl.minimum(tl.maximum(m0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
-    else:
-        hi = N_K
-        full_hi = N_K // BLOCK_N * BLOCK_N
+    full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
         dq = _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
                            N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)

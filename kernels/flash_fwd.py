@@ -14,6 +14,7 @@ import triton.language as tl
 
 from .outputs import new_output
 from .precision import LN2, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .tiling import query_tile, visible_keys
 from .tuning import cfg, config_list, pruner, seq_bucket
 
 
@@ -74,14 +75,7 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # the longest rows (most key blocks) first, for a better tail
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = (bh // H_Q).to(tl.int64)
-    h = bh % H_Q
-    hk = (h // GROUP).to(tl.int64)
-    h = h.to(tl.int64)
+    pid_m, b, h, hk = query_tile(H_Q, GROUP, CAUSAL)
 
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -96,13 +90,7 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
 
-    # Keys [0, full_hi) are visible to every row of this tile; [full_hi, hi) need masks.
-    if CAUSAL:
-        hi = tl.minimum(tl.maximum(m0 + BLOCK_M + causal_offset, 0), N_K)
-        full_hi = tl.minimum(tl.maximum(m0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
-    else:
-        hi = N_K
-        full_hi = N_K // BLOCK_N * BLOCK_N
+    full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
         acc, l_i, m_i = _attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
                                           offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,

@@ -4,8 +4,9 @@
 #
 #   scripts/gpu_gate.sh [tests] [bench] [asv]      (default: all three)
 #
-# On the lent GPU machine (offline) first build wheels here with ../shared/device/wheelhouse.sh
-# .wheelhouse and carry .wheelhouse; then bring the artefacts home with scripts/collect_gpu_results.sh.
+# For the lent GPU machine (offline), first, here: ../shared/device/wheelhouse.sh .wheelhouse and
+# git bundle create .gitbundle main; carry both; bring the artefacts home with
+# scripts/collect_gpu_results.sh.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -38,9 +39,20 @@ if [[ " $stages " == *" bench "* ]]; then
 fi
 if [[ " $stages " == *" asv "* ]]; then
   git config --global --add safe.directory "$PWD" 2>/dev/null
+  # asv files results under a commit it must find in the repo. The device tool's copy of .git
+  # cannot resolve HEAD, so history travels as a bundle: `git bundle create .gitbundle main`.
+  if ! git rev-parse -q --verify "HEAD^{commit}" >/dev/null 2>&1; then
+    if [[ -f .gitbundle ]]; then
+      rm -rf .git && git init -q && git fetch -q .gitbundle "+refs/heads/*:refs/heads/*" \
+        && git symbolic-ref HEAD refs/heads/main
+    fi
+  fi
+  commit=$(git rev-parse -q --verify "HEAD^{commit}") || { echo "asv: no git history here (carry .gitbundle)"; exit 1; }
   asv machine --yes --machine "$machine" >/dev/null
-  asv run -E existing:python3 --set-commit-hash "$(git rev-parse HEAD)" --machine "$machine" \
-      --launch-method spawn --show-stderr 2>&1 | tail -n 40 | tee "$ART/asv-run.log"
+  asv run -E existing:python3 --set-commit-hash "$commit" --machine "$machine" \
+      --launch-method spawn --show-stderr 2>&1 | tee "$ART/asv-run.log" | tail -n 30
+  status=$((status | $?))
+  grep -q "Traceback" "$ART/asv-run.log" && status=1
   tar czf "$ART/asv-results.tgz" results/asv
 fi
 exit $status

@@ -1,0 +1,32 @@
+"""Tile bookkeeping shared by the kernels that own a block of query rows (forward and dQ pass)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def query_tile(H_Q, GROUP, CAUSAL: tl.constexpr):
+    """(first query row index pid, batch, query head, KV head) of this program, int64 where they
+    scale strides. Under a causal mask the longest rows (most key blocks) are launched first, for
+    a better tail."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = (bh // H_Q).to(tl.int64)
+    h = bh % H_Q
+    hk = (h // GROUP).to(tl.int64)
+    return pid_m, b, h.to(tl.int64), hk
+
+
+@triton.jit
+def visible_keys(m0, N_K, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(full_hi, hi) for query rows [m0, m0 + BLOCK_M): keys [0, full_hi) are visible to every row
+    and inside N_K (no masking needed), keys [full_hi, hi) need the causal and length masks, and
+    no row sees a key at or past hi. Row i sees key j <= i + causal_offset."""
+    if CAUSAL:
+        hi = tl.minimum(tl.maximum(m0 + BLOCK_M + causal_offset, 0), N_K)
+        full_hi = tl.minimum(tl.maximum(m0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
+    else:
+        hi = N_K
+        full_hi = N_K // BLOCK_N * BLOCK_N
+    return full_hi, hi
