@@ -185,6 +185,24 @@ def cmd_run(args):
     return _finish(args, device, report, failures)
 
 
+def cmd_report(args):
+    from . import report
+
+    data = report.load(args.report)
+    text = report.markdown(data)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    if args.plot:
+        try:
+            report.plot(data, args.plot)
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install 'attnbench[plot]'") from None
+    return 0
+
+
 def cmd_calibrate(args):
     device = _device(args.device)
     c = ceilings(device, refresh=True)
@@ -218,10 +236,15 @@ def build_parser():
     common(sub.add_parser("bench", help="time variants: latency, TF/s, GB/s, %% of roofline, speedup, error"))
     common(sub.add_parser("run", help="check, then bench: the main job"))
     common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings"), with_cases=False)
+    rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json report")
+    rep.add_argument("report", help="a JSON file written by bench/run --json")
+    rep.add_argument("--markdown", help="write the summary here instead of printing it")
+    rep.add_argument("--plot", help="write a PNG of TF/s per variant (needs matplotlib)")
     return parser
 
 
-COMMANDS = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "run": cmd_run, "calibrate": cmd_calibrate}
+COMMANDS = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "run": cmd_run, "calibrate": cmd_calibrate,
+            "report": cmd_report}
 
 
 def main(argv=None):

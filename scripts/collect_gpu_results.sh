@@ -12,4 +12,7 @@ for f in machine.txt nvidia-smi.csv calibration.txt gpu-tests.log gpu-tests.xml 
 done
 cp "$src"/flash-*.json "$src"/flash-*.txt "$dest/" 2>/dev/null || true
 [[ -f "$src/asv-results.tgz" ]] && tar xzf "$src/asv-results.tgz"
+for json in "$dest"/flash-*.json; do
+  [[ -f "$json" ]] && attnbench report "$json" --markdown "${json%.json}.md" --plot "${json%.json}.png"
+done
 ls -R "$dest" results/asv 2>/dev/null | head -40

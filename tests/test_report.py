@@ -1,0 +1,30 @@
+"""attnbench report: the markdown ratios are peer latency over ours, and the plot is written."""
+import json
+
+from attnbench.cli import main
+
+
+def _report(tmp_path):
+    def row(case, variant, ms, tflops):
+        return {"op": "flash", "case": case, "mode": "fwd", "variant": variant, "tflops": tflops,
+                "roofline_pct": 50.0, "max_error": 2e-3, "timing": {"median_ms": ms}}
+
+    data = {"machine": {"device_name": "Test GPU", "torch": "t", "triton": "tr", "cuda": "c"},
+            "ceilings": {"matmul_tflops": 700.0, "copy_gbps": 4000.0},
+            "bench": [row("B1 H1 N64 D64 bf16", "triton", 1.0, 400.0), row("B1 H1 N64 D64 bf16", "sdpa_flash", 1.5, 266.0),
+                      row("B1 H1 N64 D64 bf16", "sdpa_cudnn", 0.8, 500.0),
+                      {"op": "flash", "case": "B1 H1 N64 D64 bf16", "mode": "fwd", "variant": "flex", "timing": None,
+                       "skipped": "needs CUDA"}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_markdown_ratios_and_plot(tmp_path, capsys):
+    path = _report(tmp_path)
+    png = tmp_path / "r.png"
+    assert main(["report", str(path), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | 400 | 1.50x | 0.80x | n/a | 50 | 2.0e-03 |" in out
+    assert "Test GPU" in out and "700 TF/s" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
