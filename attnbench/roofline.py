@@ -4,8 +4,9 @@ Datasheet peaks are leads, not ceilings: ``calibrate`` measures a large bf16 mat
 large device-to-device copy (GB/s, bytes read plus bytes written) on random data, once per GPU
 and software stack, cached in ``~/.cache/attnbench`` (``ATTNBENCH_CACHE_DIR`` moves it).
 
-% of roofline = the time the faster of the two ceilings allows (max of FLOPs / peak TF/s and
-bytes / peak GB/s) over the measured time: 100% means nothing is left on the table.
+% of roofline = the least time the ceilings allow (the binding one: max of FLOPs / peak TF/s and
+bytes / peak GB/s) over the measured time: 100% means nothing is left on the table. The FLOP
+ceiling is the bf16 tensor-core rate, so fp32 (full-precision dots) and fp64 cases read low.
 """
 import json
 import os

@@ -5,8 +5,8 @@ On a GPU: one untimed call first (compilation and autotuning happen there), then
 all samples returned so that we report the median and the interquartile range ourselves.
 ``cuda_graph=True`` replays a captured graph instead, for launch-bound cases.
 
-On a CPU the same call returns wall-clock samples and says so: with ``TRITON_INTERPRET=1`` these
-time the interpreter, which is a check that the code runs, never a performance number.
+On a CPU the same call returns wall-clock samples labelled "cpu-wall"; the CLI says that Triton
+variants there run in the interpreter, so CPU numbers check that code runs, never how fast.
 """
 import statistics
 import time
@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .kernels import interpreting
 
 
 @dataclass
@@ -23,7 +22,7 @@ class Timing:
     q1_ms: float
     q3_ms: float
     samples: int
-    method: str  # "cuda-events", "cuda-graph", "cpu-wall" or "interpreter"
+    method: str  # "cuda-events", "cuda-graph" or "cpu-wall"
 
     @property
     def iqr_ms(self) -> float:
@@ -79,7 +78,7 @@ def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_grap
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
-    return summarize(samples, "interpreter" if interpreting() else "cpu-wall")
+    return summarize(samples, "cpu-wall")
 
 
 def peak_memory_bytes(fn, device) -> int | None:

@@ -1,12 +1,16 @@
 """Verification core: is a variant's output the same function as the float64 oracle?
 
 Metric: ||out - oracle|| / ||oracle|| over the finite entries of every output and gradient, with
-non-finite entries (an LSE of -inf for a row that sees no key) required to match exactly. Two bars,
-both must hold:
+non-finite entries (an LSE of -inf for a row that sees no key) required to match exactly. Each
+output is judged at the precision it is stored in (an fp32 LSE of a bf16 case is held to fp32).
+Three bars, all must hold:
 
 1. a per-dtype bound (``BOUNDS``);
 2. FlashAttention's rule: at most 2x the error of the eager reference evaluated in the same low
-   dtype, or the dtype's ``FLOORS`` entry when the reference happens to be nearly exact.
+   dtype, or the dtype's ``FLOORS`` entry when the reference happens to be nearly exact;
+3. locally: the worst row's error (a row: the last dimension of a [B, H, N, D] tensor, one
+   element of a per-row statistic such as the LSE), relative to the tensor's RMS row norm, within
+   ``LOCAL_FACTOR`` x the dtype bound, so that one wrong tile cannot hide in a large tensor's norm.
 
 NaN never passes. Outputs are NaN-poisoned before the kernels write them, so an element a kernel
 forgot to write shows up as NaN rather than as a plausible zero.
@@ -19,15 +23,44 @@ import torch
 from .kernels import poisoned_outputs
 from .registry import Unsupported
 
-# Relative-error ceilings. Measured worst cases (the reason for each number): CPU interpreter,
-# tiny set: fp32 3.5e-7, fp16 4.5e-4, fp64 1.3e-15; H200, anchor and gpu sets: bf16 3.1e-3 (o against
-# SDPA FLASH, grads 1.5e-3). Each bound leaves ~5-30x headroom for longer rows and other seeds, and is
-# still an order of magnitude below what a wrong mask or a dropped block produces (>= 1e-2 at these
-# sizes, usually O(1)).
-BOUNDS = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# Relative-error ceilings and the measured worst cases behind them: CPU interpreter, tiny set,
+# fp32 3.5e-7 and fp16 4.5e-4 (headroom ~30x and ~7x), fp64 1.3e-15 (the fp64 bound only says
+# "fp64 arithmetic", far below any algorithmic error); H200, anchor set, bf16 2.5e-3 (4x). A wrong
+# mask or a dropped key block gives >= 1e-2 at these sizes, usually O(1).
+BOUNDS = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}
 # Floor of the 2x rule: when the reference in that dtype is itself nearly exact (fp64 against the
-# fp64 oracle is exactly 0; fp32 is ~1e-7), a few units of rounding must still pass.
+# fp64 oracle is exactly 0; fp32 is ~1e-7), a few units of rounding must still pass. For fp32 the
+# floor (~17 ulp) is the bar that binds; for bf16 the 2x rule never binds (eager bf16 attention is
+# 1.7e-2 off at N = 1024), the bound does.
 FLOORS = {torch.float64: 1e-13, torch.float32: 2e-6, torch.float16: 2e-4, torch.bfloat16: 2e-3}
+# Worst-row error allowed, as a multiple of the bound. Measured on the tiny set (3 seeds, triton and
+# split, every output): worst rows reach 7x the global error, since the first rows of a causal mask
+# average few keys, i.e. fp16 2.0e-3 and fp32 2.0e-6, under a tenth of 8 x bound; a zeroed tile
+# scores 1.0.
+LOCAL_FACTOR = 8
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1]) if t.dim() >= 4 else t.reshape(-1, 1)
+
+
+def worst_row_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max over rows (finite reference) of ||out_row - ref_row|| / max(||ref_row||, RMS row norm):
+    a row's own relative error, except that rows much smaller than typical are measured against
+    the typical row instead of their own near-zero norm."""
+    out = _rows(out.detach().to(torch.float64))
+    ref = _rows(ref.detach().to(torch.float64))
+    finite = torch.isfinite(ref).all(dim=1)
+    if torch.isnan(out).any():
+        return math.inf
+    diff = (out[finite] - ref[finite]).norm(dim=1)
+    if not diff.numel():
+        return 0.0
+    norms = ref[finite].norm(dim=1)
+    rms = norms.square().mean().sqrt()
+    if rms == 0:
+        return diff.max().item()
+    return (diff / torch.maximum(norms, rms)).max().item()
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -86,6 +119,7 @@ class OutputCheck:
     bound: float
     passed: bool
     detail: str = ""
+    worst_row_error: float = math.nan
 
 
 @dataclass
@@ -99,7 +133,7 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
-        return not self.skipped and all(o.passed for o in self.outputs)
+        return not self.skipped and bool(self.outputs) and all(o.passed for o in self.outputs)
 
     @property
     def max_error(self) -> float:
@@ -111,28 +145,39 @@ class CheckResult:
         return d
 
 
-def judge(name, out, oracle, reference_lowp, dtype, bounded=True) -> OutputCheck:
-    """Apply both bars to one output. ``bounded=False`` (the eager reference itself, the 2x rule's
-    yardstick) reports its error without holding it to the dtype bound: eager bf16 attention
-    measured 2.7e-2 at N = 8192 on an H200, which is the point of comparing against it."""
+def judge(name, out, oracle, reference_lowp, dtype=None, bounded=True) -> OutputCheck:
+    """Apply the bars to one output, at the precision ``out`` is stored in (``dtype`` overrides).
+    ``bounded=False`` (the eager reference itself, the 2x rule's yardstick) reports its error
+    without holding it to the bounds: eager bf16 attention measured 2.7e-2 at N = 8192 on an H200,
+    which is the point of comparing against it."""
+    dtype = dtype or out.dtype
     err = relative_error(out, oracle)
+    local = worst_row_error(out, oracle)
     ref_err = relative_error(reference_lowp, oracle) if reference_lowp is not None else math.nan
     bound = BOUNDS[dtype] if bounded else math.inf
     relative_bar = max(2 * ref_err, FLOORS[dtype]) if math.isfinite(ref_err) else bound
-    passed = err <= bound and err <= relative_bar
+    local_ok = local <= LOCAL_FACTOR * BOUNDS[dtype] or not bounded
+    passed = err <= bound and err <= relative_bar and local_ok
     detail = ""
     if not passed:
-        detail = str(mismatch_report(out, oracle, rtol=max(relative_bar, 1e-12)))
-    return OutputCheck(name, err, ref_err, min(bound, relative_bar), passed, detail)
+        detail = str(mismatch_report(out, oracle, rtol=max(min(bound, relative_bar), 1e-12)))
+        if not local_ok:
+            detail = f"worst row {local:.2e} > {LOCAL_FACTOR} x bound; " + detail
+    return OutputCheck(name, err, ref_err, min(bound, relative_bar), passed, detail, local)
 
 
 def check_outputs(op, variant, case, mode, outputs, oracle, reference_lowp) -> CheckResult:
+    """Judge every output of the mode. Our variants must produce all of them; a peer may produce a
+    subset (SDPA returns no LSE) but not none."""
     result = CheckResult(op.name, variant, case.label, mode)
-    bounded = op.variants[variant].kind != "reference"
+    kind = op.variants[variant].kind
     for name in op.outputs(mode):
         if name in outputs:
             lowp = reference_lowp.get(name) if reference_lowp else None
-            result.outputs.append(judge(name, outputs[name], oracle[name], lowp, case.torch_dtype, bounded))
+            result.outputs.append(judge(name, outputs[name], oracle[name], lowp, bounded=kind != "reference"))
+        elif kind != "peer":
+            result.outputs.append(OutputCheck(name, math.inf, math.nan, BOUNDS[case.torch_dtype], False,
+                                              "output missing"))
     if not result.outputs:
         result.skipped = "produced none of the outputs of this mode"
     return result

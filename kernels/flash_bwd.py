@@ -35,9 +35,8 @@ def flash_bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, s
                                 N_Q, HEAD_DIM, H_Q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                                 ACC_DTYPE: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    bh = tl.program_id(1)
-    b = (bh // H_Q).to(tl.int64)
-    h = (bh % H_Q).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask, other=0.0)
@@ -92,13 +91,12 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                           stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                          N_Q, N_K, HEAD_DIM, H_Q, H_KV, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
+                          N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                           BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n0 = tl.program_id(0) * BLOCK_N
-    bhk = tl.program_id(1)
-    b = (bhk // H_KV).to(tl.int64)
-    hk = (bhk % H_KV).to(tl.int64)
+    hk = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
@@ -186,7 +184,7 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m, b, h, hk = query_tile(H_Q, GROUP, CAUSAL)
+    pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -232,18 +230,18 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset):
     dv = new_output(v.shape, v.dtype, v.device)
 
     preprocess_block = 16 if q.device.type == "cpu" else 64
-    flash_bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_block), batch * heads_q)](
+    flash_bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_block), heads_q, batch)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
         n_q, head_dim, heads_q, BLOCK_M=preprocess_block, BLOCK_D=block_d, ACC_DTYPE=acc_dtype)
 
     common = dict(BLOCK_D=block_d, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
-    flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * heads_kv)](
+    flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        n_q, n_k, head_dim, heads_q, heads_kv, group, offset, scale_hi, scale_lo, bucket, **common)
-    flash_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads_q)](
+        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, **common)
+    flash_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),

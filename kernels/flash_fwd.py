@@ -22,14 +22,14 @@ from .tuning import cfg, config_list, pruner, seq_bucket
 @triton.jit
 def _attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
                       N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                       DOT_PRECISION: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
         kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
     else:
-        kv_mask = offs_d[None, :] < HEAD_DIM  # all true when EVEN_D; the compiler folds it away
+        kv_mask = offs_d[None, :] < HEAD_DIM  # only the head-dim padding
     k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
     if MASKED:
@@ -74,8 +74,7 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
                      N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    pid_m, b, h, hk = query_tile(H_Q, GROUP, CAUSAL)
+    pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
 
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -94,11 +93,11 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     for n0 in range(0, full_hi, BLOCK_N):
         acc, l_i, m_i = _attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
                                           offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                                          BLOCK_N, BLOCK_D, EVEN_D, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+                                          BLOCK_N, BLOCK_D, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(full_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
                                           offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                                          BLOCK_N, BLOCK_D, EVEN_D, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+                                          BLOCK_N, BLOCK_D, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -118,7 +117,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
 
     def grid(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads_q)
+        return (triton.cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
 
     flash_fwd_kernel[grid](
         q, k, v, o, lse,

@@ -4,16 +4,16 @@ import triton.language as tl
 
 
 @triton.jit
-def query_tile(H_Q, GROUP, CAUSAL: tl.constexpr):
-    """(first query row index pid, batch, query head, KV head) of this program, int64 where they
-    scale strides. Under a causal mask the longest rows (most key blocks) are launched first, for
-    a better tail."""
+def query_tile(GROUP, CAUSAL: tl.constexpr):
+    """(query block index, batch, query head, KV head) of a program on the grid
+    (query blocks, heads, batch); int64 where they scale strides. Batch and heads get grid axes of
+    their own (each up to 65535) so that a decode-sized batch times heads cannot overflow one axis.
+    Under a causal mask the longest rows (most key blocks) are launched first, for a better tail."""
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = (bh // H_Q).to(tl.int64)
-    h = bh % H_Q
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
     hk = (h // GROUP).to(tl.int64)
     return pid_m, b, h.to(tl.int64), hk
 

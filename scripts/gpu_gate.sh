@@ -27,7 +27,9 @@ echo "$machine" | tee "$ART/machine.txt"
 attnbench calibrate | tee "$ART/calibration.txt"
 
 if [[ " $stages " == *" tests "* ]]; then
-  # Correctness at the default launch configs (no tuning sweep per shape); the perf gate tunes.
+  # Correctness at the default launch configs (no tuning sweep per shape); the perf gate and the
+  # pytest-benchmark timings retune (tests/conftest.py: tuned_kernels); `attnbench run` below
+  # verifies the tuned configs on the anchor cases.
   ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider \
       --junitxml "$ART/gpu-tests.xml" --benchmark-json "$ART/pytest-benchmark.json" \
       --benchmark-timer attnbench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log"

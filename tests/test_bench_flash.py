@@ -6,9 +6,12 @@ pytest-benchmark's own rounds use a host clock that synchronizes the GPU first
 (``attnbench.timing.cuda_synchronized_clock``); each entry also carries the timing core's
 CUDA-event median and IQR (L2 flushed), TF/s and the case, in ``extra_info``.
 """
+import functools
+
 import pytest
 
 import attnbench
+from attnbench import verify
 from attnbench.roofline import achieved, ceilings
 from attnbench.timing import cuda_synchronized_clock, measure
 
@@ -18,16 +21,23 @@ OP = attnbench.get("flash")
 CASES = OP.cases("anchor")[:2]
 
 
+@functools.lru_cache(maxsize=1)
+def inputs_and_oracle(case):
+    x = OP.make_inputs(case, "cuda", 0)
+    return x, OP.oracle(case, x)
+
+
 @pytest.mark.parametrize("mode", ["fwd", "bwd"])
 @pytest.mark.parametrize("variant", ["triton", "sdpa_flash"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
-def test_flash_latency(benchmark, case, variant, mode):
-    x = OP.make_inputs(case, "cuda", 0)
+def test_flash_latency(benchmark, tuned_kernels, case, variant, mode):
+    x, oracle = inputs_and_oracle(case)
     fn = OP.variants[variant].prepare(case, x, mode)
+    out = fn()
+    assert max(verify.relative_error(out[k], oracle[k]) for k in out) < verify.BOUNDS[case.torch_dtype]
     timing = measure(fn, "cuda")  # also the warm-up: compilation and autotuning happen here
     perf = achieved(OP.flops(case, mode), OP.bytes(case, mode), timing, ceilings("cuda"))
     benchmark.extra_info.update(case=case.label, cuda_event_median_ms=timing.median_ms,
                                 cuda_event_iqr_ms=timing.iqr_ms, tflops=perf.tflops, roofline_pct=perf.roofline_pct)
     benchmark._timer = cuda_synchronized_clock
     benchmark.pedantic(fn, rounds=20, warmup_rounds=3)
-    assert timing.median_ms > 0

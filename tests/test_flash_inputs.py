@@ -46,10 +46,37 @@ def test_ambiguous_causal_is_rejected():
         flash_fwd(*qkv(), causal="diagonal")
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.1"])
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.1", True, 1e39, 1e-50])
 def test_bad_scale_is_rejected(scale):
+    """1e39 overflows and 1e-50 underflows the fp32 the kernels receive: NaN outputs, not an error."""
     with pytest.raises(ValueError, match="scale must be a positive finite number"):
         flash_fwd(*qkv(), scale=scale)
+
+
+def test_numpy_scale_is_accepted():
+    import numpy as np
+
+    from attnbench.operators.flash.spec import check_qkv
+
+    assert check_qkv(*qkv(), scale=np.float32(0.25))[0] == 0.25
+
+
+def test_huge_row_strides_are_copied_not_overflowed():
+    """A [B, N, H, D] view of a long sequence has row offsets past int32: the API hands the kernels
+    a contiguous copy instead (meta tensors: the shape and strides without 4 GB of storage)."""
+    view = torch.empty(0, device="meta", dtype=torch.float16).as_strided((1, 1, 17, 16), (0, 0, 2**27, 1))
+    fixed = api._unit_stride(view)
+    assert fixed.stride() == (272, 272, 16, 1)
+    small = torch.empty(1, 2, 8, 16)
+    assert api._unit_stride(small) is small
+    with pytest.raises(ValueError, match="exceeds 2\\*\\*31 - 1 elements per head"):
+        api._unit_stride(torch.empty(0, device="meta").as_strided((1, 1, 2**27, 32), (0, 0, 32, 1)))
+
+
+def test_fp64_beyond_head_dim_128_is_declined_on_cuda():
+    assert api.unsupported_on_cuda(torch.float64, 256) is not None
+    assert api.unsupported_on_cuda(torch.float64, 128) is None
+    assert api.unsupported_on_cuda(torch.bfloat16, 256) is None
 
 
 def test_backward_inputs_are_checked_against_q():

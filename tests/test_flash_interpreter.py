@@ -117,12 +117,6 @@ def test_strided_inputs_match_contiguous():
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_c))
 
 
-def test_backward_is_bitwise_deterministic(flash):
-    case = FlashCase(1, 4, 2, 37, 29, 24, "top_left", "float32")
-    x = flash.make_inputs(case, "cpu", 0)
-    assert verify.bitwise_equal_runs(flash.variants["triton"].prepare(case, x, "bwd"), runs=2)
-
-
 def test_poisoning_exposes_an_unwritten_output(flash, monkeypatch):
     """If a launcher skipped a block, poisoned outputs would hold NaN and the check must fail."""
     import attnbench.operators.flash.triton as api

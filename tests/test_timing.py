@@ -32,7 +32,7 @@ def test_summarize_even_count_interpolates():
 
 
 def test_summarize_single_sample():
-    t = summarize([7.5], "interpreter")
+    t = summarize([7.5], "cpu-wall")
     assert (t.median_ms, t.q1_ms, t.q3_ms, t.samples) == (7.5, 7.5, 7.5, 1)
     assert t.iqr_ms == 0.0
     assert not t.is_gpu
@@ -50,11 +50,11 @@ def test_timing_as_dict_has_iqr():
 
 # ---------------------------------------------------------------- measure
 
-def test_measure_on_cpu_is_an_interpreter_timing():
+def test_measure_on_cpu_is_a_cpu_wall_timing():
     assert interpreting()  # import attnbench switched the interpreter on: no CUDA here
     calls = []
     t = measure(lambda: calls.append(None), "cpu", cpu_reps=3)
-    assert t.method == "interpreter"
+    assert t.method == "cpu-wall" and not t.is_gpu
     assert not t.is_gpu
     assert t.samples == 3
     assert len(calls) == t.samples + 1  # one untimed call first
@@ -117,7 +117,7 @@ def test_achieved_bandwidth_bound():
 
 
 def test_achieved_without_gpu_timing_has_no_roofline():
-    cpu = Timing(4.0, 3.9, 4.1, 3, "interpreter")
+    cpu = Timing(4.0, 3.9, 4.1, 3, "cpu-wall")
     a = achieved(1e11, 5e8, cpu, CEIL)
     assert a.roofline_pct is None
     assert a.tflops == pytest.approx(25.0)  # throughput is still reported

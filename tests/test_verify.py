@@ -221,18 +221,39 @@ def test_check_outputs_one_bad_output_fails(flash):
 
 
 def test_check_outputs_subset_and_none(flash):
-    """A peer may produce only o; a variant producing none of the mode's outputs is skipped."""
+    """A peer may produce only o; our variants must produce every output (a missing lse fails);
+    a variant producing none of the mode's outputs is skipped, never passed."""
     oracle = _flash_oracle()
-    only_o = verify.check_outputs(flash, "triton", CASE, "fwd", {"o": oracle["o"].float()}, oracle, None)
+    only_o = verify.check_outputs(flash, "sdpa_math", CASE, "fwd", {"o": oracle["o"].float()}, oracle, None)
     assert [o.name for o in only_o.outputs] == ["o"] and only_o.passed
-    none = verify.check_outputs(flash, "triton", CASE, "fwd", {"dq": oracle["o"]}, oracle, None)
+    ours = verify.check_outputs(flash, "triton", CASE, "fwd", {"o": oracle["o"].float()}, oracle, None)
+    assert not ours.passed and [o.detail for o in ours.outputs if not o.passed] == ["output missing"]
+    none = verify.check_outputs(flash, "sdpa_math", CASE, "fwd", {"dq": oracle["o"]}, oracle, None)
     assert none.skipped
     assert not none.passed
     assert math.isnan(none.max_error)
 
 
+def test_one_bad_tile_fails_the_local_bar():
+    """Zeroing rows of a large output barely moves the global norm but scores 1.0 on those rows."""
+    ref = torch.randn(4, 16, 512, 64, dtype=torch.float64)
+    out = ref.clone()
+    out[0, 0, :2] = 0  # 2 of 32768 rows: global error sqrt(2 / 32768) = 0.008, under the bf16 bound
+    assert verify.relative_error(out, ref) < verify.BOUNDS[torch.bfloat16]
+    check = verify.judge("o", out.to(torch.bfloat16), ref, None)
+    assert not check.passed and check.worst_row_error == pytest.approx(1.0)
+
+
+def test_lse_is_judged_at_its_own_precision():
+    """An fp32 LSE off by 0.01 (a 1% wrong softmax normaliser) fails even in a bf16 case."""
+    ref = torch.randn(1, 2, 1024, dtype=torch.float64) + 8
+    lowp_eager = ref.to(torch.bfloat16)
+    check = verify.judge("lse", (ref + 0.01).to(torch.float32), ref, lowp_eager)
+    assert not check.passed
+
+
 def test_check_result_skipped_is_not_passed():
-    assert CheckResult("op", "v", "c", "fwd").passed  # no outputs, not skipped: vacuously true
+    assert not CheckResult("op", "v", "c", "fwd").passed  # no outputs: nothing was verified
     assert not CheckResult("op", "v", "c", "fwd", skipped="needs CUDA").passed
     r = CheckResult("op", "v", "c", "fwd",
                     outputs=[OutputCheck("o", 1e-3, 0.0, 1.0, True), OutputCheck("lse", 2e-3, 0.0, 1.0, True)])

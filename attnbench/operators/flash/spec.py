@@ -6,7 +6,9 @@
 rejected, because picking one silently is the classic wrong answer.
 """
 import math
+import numbers
 
+import numpy as np
 import torch
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
@@ -70,9 +72,17 @@ def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    # Real numbers only (numpy scalars too, not bool), positive and finite once rounded to fp32,
+    # the precision the kernels receive it in: 1e39 would silently give NaN outputs.
+    elif (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+          or not (math.isfinite(float(scale)) and 0 < _as_float32(scale) < np.inf)):
+        raise ValueError(f"scale must be a positive finite number (in float32), got {scale!r}")
     return float(scale), causal_offset(causal, seqlen_q, k.shape[2])
+
+
+def _as_float32(x) -> float:
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(x))
 
 
 def check_like(name, t, like, shape=None, dtype=None):

@@ -4,6 +4,8 @@
 training loop stitch gradients by hand; ``flash_attention(q, k, v)`` plugs the same kernels into
 autograd. Every argument is checked here, before any kernel launches.
 """
+import contextlib
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -25,22 +27,49 @@ def _check_device(q):
                      f"got tensors on {q.device}")
 
 
+INT32_MAX = 2**31 - 1
+
+
 def _unit_stride(t):
-    """The kernels take any batch/head/sequence strides but need a contiguous head dimension."""
-    return t if t.stride(-1) == 1 else t.contiguous()
+    """The kernels take any batch/head/sequence strides but need a contiguous head dimension, and
+    offsets inside one head (row * row stride) small enough for int32 address arithmetic: a
+    [B, N, H, D] view of a long sequence is copied to [B, H, N, D] rather than overflowing."""
+    seqlen, head_dim = t.shape[-2], t.shape[-1]
+    if t.stride(-1) == 1 and (seqlen - 1) * t.stride(-2) + head_dim <= INT32_MAX:
+        return t
+    if seqlen * head_dim > INT32_MAX:
+        raise ValueError(f"seqlen x head_dim = {seqlen} x {head_dim} exceeds 2**31 - 1 elements per head")
+    return t.contiguous()
+
+
+def unsupported_on_cuda(dtype, head_dim):
+    """Why a CUDA launch of these inputs cannot run, or None. fp64 is the gradcheck path: its tiles
+    take 8 bytes a value and past head_dim 128 none of the launch configurations fits in shared
+    memory (measured on an H200: 280 KB wanted for D = 256)."""
+    if dtype == torch.float64 and head_dim > 128:
+        return f"float64 on CUDA supports head_dim <= 128 (got {head_dim}); use float32 or run on CPU"
+    return None
 
 
 def _checked(q, k, v, scale, causal):
     scale, offset = check_qkv(q, k, v, scale=scale, causal=causal)
     _check_device(q)
+    if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, q.shape[-1])):
+        raise ValueError(reason)
     return scale, offset
+
+
+def _on_device(t):
+    """Launch on the tensors' GPU, not whichever one is current."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def flash_fwd(q, k, v, *, scale=None, causal=None):
     """Attention forward on [B, H, N, D] tensors. Returns (o, lse); lse is [B, Hq, Nq] float32
     (float64 for float64 inputs), natural log, -inf for rows that see no key."""
     scale, offset = _checked(q, k, v, scale, causal)
-    return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
+    with _on_device(q):
+        return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
 
 
 def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None):
@@ -49,7 +78,8 @@ def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None):
     check_like("do", do, q)
     check_like("o", o, q)
     check_like("lse", lse, q, shape=q.shape[:3], dtype=lse_dtype(q.dtype))
-    return flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse.contiguous(), scale, offset)
+    with _on_device(q):
+        return flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse.contiguous(), scale, offset)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -57,7 +87,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, scale, offset):
-        return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
+        with _on_device(q):
+            return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -71,7 +102,8 @@ class FlashAttentionFunction(torch.autograd.Function):
     @once_differentiable  # second order is the jvp_attention operator's job
     def backward(ctx, do, _unused_dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse, ctx.scale, ctx.offset)
+        with _on_device(q):
+            dq, dk, dv = flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse, ctx.scale, ctx.offset)
         return dq, dk, dv, None, None
 
 
