@@ -15,4 +15,4 @@ cp "$src"/flash-*.json "$src"/flash-*.txt "$dest/" 2>/dev/null || true
 for json in "$dest"/flash-*.json; do
   [[ -f "$json" ]] && attnbench report "$json" --markdown "${json%.json}.md" --plot "${json%.json}.png"
 done
-ls -R "$dest" results/asv 2>/dev/null | head -40
+ls "$dest" results/asv
