@@ -68,12 +68,12 @@ def bench_table(rows, dtype_of):
         err = _fmt(r.max_error, ".1e")
         if t and not math.isnan(r.max_error) and r.max_error > BOUNDS[dtype_of(r.case)]:
             err += " !"  # over the dtype bound: expected of eager bf16, a red flag for anything else
-        body.append((r.case, r.mode, r.variant,
+        body.append((r.case, r.mode, r.variant, t.method if t else "-",
                      _fmt(t and t.median_ms, ".3f", r.skipped[:60] if r.skipped else "-"),
                      _fmt(t and t.iqr_ms, ".3f"), _fmt(r.tflops if t else None, ".1f"),
                      _fmt(r.gbps if t else None, ".0f"), _fmt(r.roofline_pct, ".0f"),
                      _fmt(r.speedup, ".2f") + ("" if r.speedup is None else "x"), err))
-    return table(("case", "mode", "variant", "median ms", "IQR ms", "TF/s", "GB/s", "% roof",
+    return table(("case", "mode", "variant", "clock", "median ms", "IQR ms", "TF/s", "GB/s", "% roof",
                   "vs " + (next((r.baseline for r in rows if r.baseline), None) or "baseline"), "max rel err"), body)
 
 

@@ -22,7 +22,7 @@ class Timing:
     q1_ms: float
     q3_ms: float
     samples: int
-    method: str  # "cuda-events", "cuda-graph" or "cpu-wall"
+    method: str  # "cuda-events", "cuda-graph", "cpu-wall", or "interpreter" (Triton on a CPU)
 
     @property
     def iqr_ms(self) -> float:

@@ -55,7 +55,7 @@ def test_bench_split_and_reference_json(tmp_path, capsys):
     for row in rows:
         assert row["mode"] == "fwd"
         assert not row["skipped"]
-        assert row["timing"]["method"] in ("cpu-wall", "interpreter")
+        assert row["timing"]["method"] == "cpu-wall"  # plain PyTorch on a CPU: not the interpreter
         assert row["timing"]["samples"] >= 1
         assert row["timing"]["median_ms"] > 0
         assert math.isfinite(row["max_error"]) and row["max_error"] < 1e-2, row
@@ -90,3 +90,10 @@ def test_unknown_variant(tmp_path, capsys):
 def test_unknown_case_set(capsys):
     assert main(["bench", "--quiet", "--cases", "huge", "--variant", "reference"]) == 2
     assert "huge" in capsys.readouterr().err
+
+
+def test_triton_timings_on_cpu_say_interpreter(tmp_path):
+    path = tmp_path / "t.json"
+    assert main(["bench", "--quiet", "--mode", "fwd", "--variant", "triton", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["bench"]
+    assert rows and all(r["timing"]["method"] == "interpreter" for r in rows)
