@@ -84,3 +84,18 @@ def test_triton_beats_sdpa_flash_on_an_anchor_case(flash, tuned_kernels):
         assert row.max_error < verify.BOUNDS[case.torch_dtype]
         if row.variant == "triton":
             assert row.speedup >= 1.0, f"{row.mode}: triton is {row.speedup:.2f}x SDPA FLASH"
+
+
+def test_cuda_graph_timing_agrees_with_cuda_events(flash, tuned_kernels):
+    """--graphs replays a captured graph; for a 0.7 ms kernel launch overhead is negligible, so the
+    two clocks must agree (graph replays skip the L2 flush, hence a little faster, never slower)."""
+    from attnbench.timing import measure
+
+    case = flash.cases("anchor")[0]
+    x = flash.make_inputs(case, "cuda", 0)
+    for variant in ("triton", "sdpa_flash"):
+        fn = flash.variants[variant].prepare(case, x, "fwd")
+        events = measure(fn, "cuda")
+        graph = measure(fn, "cuda", cuda_graph=True)
+        assert graph.method == "cuda-graph" and events.method == "cuda-events"
+        assert 0.7 < graph.median_ms / events.median_ms < 1.1, (variant, graph, events)
