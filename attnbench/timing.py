@@ -36,6 +36,14 @@ class Timing:
         return {**asdict(self), "iqr_ms": self.iqr_ms}
 
 
+def not_graph_capturable(fn):
+    """Mark a timed callable that cannot be captured in a CUDA graph. Autograd's backward is one:
+    on an H200 (torch 2.11) capturing it failed with 'operation would make the legacy stream depend
+    on a capturing blocking stream', the engine's work being on the legacy stream."""
+    fn.graph_capturable = False
+    return fn
+
+
 def summarize(samples_ms, method: str) -> Timing:
     samples = sorted(float(s) for s in samples_ms)
     if not samples:
@@ -62,6 +70,10 @@ def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_grap
             cpu_reps: int = 3, cpu_budget_s: float = 2.0) -> Timing:
     """Median and IQR of ``fn()`` on ``device``, compilation and autotuning kept out of the samples."""
     device = torch.device(device)
+    if cuda_graph and device.type == "cuda" and not getattr(fn, "graph_capturable", True):
+        from .registry import Unsupported
+
+        raise Unsupported("autograd backward cannot be captured in a CUDA graph; time it without --graphs")
     fn()  # untimed: compile, autotune, allocate
     synchronize(device)
     if device.type == "cuda":

@@ -177,3 +177,17 @@ def test_progress_disabled_prints_nothing():
     bar.step("second")
     assert stream.getvalue() == ""
     assert bar.done == 2
+
+
+def test_graph_mode_declines_autograd_backward(flash):
+    """Capturing autograd's backward fails on a GPU (legacy stream); the variant must say so."""
+    from attnbench import Unsupported
+    from attnbench.timing import measure
+
+    case = flash.cases("tiny")[0]
+    x = flash.make_inputs(case, "cpu", 0)
+    fn = flash.variants["reference"].prepare(case, x, "bwd")
+    assert fn.graph_capturable is False
+    assert getattr(flash.variants["split"].prepare(case, x, "bwd"), "graph_capturable", True)
+    with pytest.raises(Unsupported, match="cannot be captured"):
+        measure(fn, "cuda", cuda_graph=True)  # refused before anything touches CUDA

@@ -236,12 +236,13 @@ def test_check_outputs_subset_and_none(flash):
 
 def test_one_bad_tile_fails_the_local_bar():
     """Zeroing rows of a large output barely moves the global norm but scores 1.0 on those rows."""
-    ref = torch.randn(4, 16, 512, 64, dtype=torch.float64)
+    ref = torch.randn(4, 16, 512, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     out = ref.clone()
     out[0, 0, :2] = 0  # 2 of 32768 rows: global error sqrt(2 / 32768) = 0.008, under the bf16 bound
     assert verify.relative_error(out, ref) < verify.BOUNDS[torch.bfloat16]
     check = verify.judge("o", out.to(torch.bfloat16), ref, None)
-    assert not check.passed and check.worst_row_error == pytest.approx(1.0)
+    # a zeroed row scores its norm over max(its norm, the RMS row norm): ~1 for a typical row
+    assert not check.passed and check.worst_row_error > 0.5
 
 
 def test_lse_is_judged_at_its_own_precision():

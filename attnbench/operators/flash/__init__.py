@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ...registry import Operator, Unsupported, Variant, register
+from ...timing import not_graph_capturable
 from . import peers, reference, split
 from .spec import causal_offset
 
@@ -162,13 +163,17 @@ def autograd_variant(make_forward):
 
         if mode == "bwd":
             o = run_forward()
-            return lambda: dict(zip(OUTPUTS["bwd"], torch.autograd.grad(o, leaves, do, retain_graph=True)))
+
+            def bwd():
+                return dict(zip(OUTPUTS["bwd"], torch.autograd.grad(o, leaves, do, retain_graph=True)))
+
+            return not_graph_capturable(bwd)
 
         def fwd_bwd():
             o = run_forward()
             return dict(zip(OUTPUTS["fwd_bwd"], (o.detach(), *torch.autograd.grad(o, leaves, do))))
 
-        return fwd_bwd
+        return not_graph_capturable(fwd_bwd)
 
     return prepare
 
