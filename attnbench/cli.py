@@ -6,6 +6,7 @@ on the tiny case set, and the timings say they are interpreter timings.
 import argparse
 import json
 import math
+import os
 import sys
 
 import torch
@@ -254,6 +255,9 @@ def main(argv=None):
     except (KeyError, ValueError) as exc:
         print(f"attnbench: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `attnbench list | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
