@@ -93,7 +93,7 @@ def ratio_lines(rows, subject="triton", peers=RATIO_PEERS):
     return lines
 
 
-def _dtype_lookup(op, cases):
+def _dtype_lookup(cases):
     by_label = {c.label: c.torch_dtype for c in cases}
     return lambda label: by_label[label]
 
@@ -136,7 +136,7 @@ def _run_bench(args, device, report, kind="bench"):
         rows = bench(op, cases, device, args.variant, args.mode, args.seed, args.baseline, args.graphs,
                      progress=not args.quiet)
         report.setdefault("bench", []).extend(r.as_dict() for r in rows)
-        dtype_of = _dtype_lookup(op, cases)
+        dtype_of = _dtype_lookup(cases)
         print(f"\n## bench {op.name} ({len(cases)} cases)\n" + bench_table(rows, dtype_of))
         lines = ratio_lines(rows)
         if lines:

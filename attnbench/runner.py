@@ -7,7 +7,7 @@ import gc
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -50,12 +50,6 @@ def select_variants(op, device, names=None):
     return [n for n in names if n in available]
 
 
-def _oracles(op, case, x, want_lowp=True):
-    oracle = op.oracle(case, x)
-    lowp = op.oracle(case, x, dtype=case.torch_dtype) if want_lowp else None
-    return oracle, lowp
-
-
 def check(op, cases, device, variants=None, modes=None, seed=0, progress=True) -> list:
     """Verify each variant on each case and mode against the float64 oracle."""
     names = select_variants(op, device, variants)
@@ -64,7 +58,7 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True) -
     results = []
     for case in cases:
         x = op.make_inputs(case, device, seed)
-        oracle, lowp = _oracles(op, case, x)
+        oracle, lowp = op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype)
         for mode in modes:
             for name in names:
                 try:
@@ -95,7 +89,6 @@ class BenchRow:
     max_error: float = math.nan
     peak_mem_bytes: int | None = None
     skipped: str = ""
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self):
         d = {k: v for k, v in self.__dict__.items() if k != "timing"}

@@ -29,6 +29,26 @@ def flash():
 
 
 @pytest.fixture(scope="module")
+def oracles():
+    """get(case, seed=0) -> (inputs, float64 oracle, eager reference in the case dtype), computed
+    once per module for every variant and mode. Inputs live on the GPU when there is one, where
+    only the latest case is kept: a float64 oracle at real sizes is large."""
+    op = attnbench.get("flash")
+    device = "cuda" if HAS_CUDA else "cpu"
+    cache = {}
+
+    def get(case, seed=0):
+        if (case, seed) not in cache:
+            if HAS_CUDA:
+                cache.clear()
+            x = op.make_inputs(case, device, seed)
+            cache[case, seed] = (x, op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype))
+        return cache[case, seed]
+
+    return get
+
+
+@pytest.fixture(scope="module")
 def tuned_kernels():
     """Kernels autotuned as shipped. The GPU gate runs with ATTNBENCH_AUTOTUNE=0 (one default
     config per shape keeps tens of correctness shapes fast), and Triton's autotuner remembers its

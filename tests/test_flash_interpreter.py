@@ -18,23 +18,6 @@ pytestmark = pytest.mark.interpreter
 CASES = [FlashCase(*shape, dtype=dt) for shape in TINY_SHAPES for dt in ("float32", "float16", "float64")]
 
 
-@pytest.fixture(scope="module")
-def oracles():
-    """Oracle and low-precision reference per (case, seed), computed once for all variants and modes."""
-    import attnbench
-
-    op = attnbench.get("flash")
-    cache = {}
-
-    def get(case, seed):
-        if (case, seed) not in cache:
-            x = op.make_inputs(case, "cpu", seed)
-            cache[case, seed] = (x, op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype))
-        return cache[case, seed]
-
-    return get
-
-
 @pytest.mark.parametrize("variant", ["split", "triton"])
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd_bwd"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)

@@ -19,21 +19,6 @@ def gpu_cases():
     return attnbench.get("flash").cases("gpu")
 
 
-@pytest.fixture(scope="module")
-def oracles():
-    op = attnbench.get("flash")
-    cache = {}
-
-    def get(case):
-        if case not in cache:
-            cache.clear()  # one case's float64 oracle at a time on the GPU
-            x = op.make_inputs(case, "cuda", 0)
-            cache[case] = (x, op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype))
-        return cache[case]
-
-    return get
-
-
 @pytest.mark.parametrize("case", gpu_cases(), ids=lambda c: c.label)
 def test_our_variants_match_oracle_at_real_sizes(flash, oracles, case):
     x, oracle, lowp = oracles(case)

@@ -178,16 +178,6 @@ def autograd_variant(make_forward):
     return prepare
 
 
-def _triton_unavailable(device):
-    from ...kernels import interpreting
-
-    if device.type == "cuda" and not interpreting():
-        return None
-    if device.type == "cpu" and interpreting():
-        return None
-    return "Triton needs a CUDA device here, or TRITON_INTERPRET=1 on a CPU"
-
-
 class FlashOperator(Operator):
     name = "flash"
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
@@ -239,7 +229,7 @@ class FlashOperator(Operator):
         return reference.evaluate(q, k, v, do, case.softmax_scale, case.causal_offset, dtype)
 
     def _register_variants(self):
-        from .triton import flash_bwd as triton_bwd, flash_fwd as triton_fwd
+        from .triton import flash_bwd as triton_bwd, flash_fwd as triton_fwd, unavailable_reason
 
         self.add_variant(Variant(
             "reference", "reference",
@@ -257,7 +247,7 @@ class FlashOperator(Operator):
                 lambda q, k, v: triton_fwd(q, k, v, scale=case.softmax_scale, causal=case.causal),
                 lambda do, q, k, v, o, lse: triton_bwd(do, q, k, v, o, lse, scale=case.softmax_scale, causal=case.causal))),
             self.modes, "Triton: fused forward saving LSE; delta + dK/dV + dQ backward, no atomics",
-            _triton_unavailable))
+            unavailable_reason))
         for name, backend in peers.SDPA_BACKENDS.items():
             self.add_variant(Variant(
                 name, "peer", _probed(functools.partial(peers.sdpa_forward, backend)), self.modes,

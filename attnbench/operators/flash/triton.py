@@ -16,15 +16,15 @@ from ...kernels.precision import lse_dtype
 from .spec import check_like, check_qkv
 
 
-def _check_device(q):
-    if q.device.type == "cuda":
-        if interpreting():
-            raise ValueError("TRITON_INTERPRET=1 runs kernels on the CPU; move q, k, v to the CPU or unset it")
-        return
-    if q.device.type == "cpu" and interpreting():
-        return
-    raise ValueError(f"the Triton flash kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); "
-                     f"got tensors on {q.device}")
+def unavailable_reason(device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` in this process, or None: they run on CUDA,
+    or on the CPU through the interpreter, never both at once."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "TRITON_INTERPRET=1 runs kernels on the CPU; move q, k, v to the CPU or unset it" if interpreting() else None
+    if device.type == "cpu" and interpreting():
+        return None
+    return f"the Triton flash kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); got tensors on {device}"
 
 
 INT32_MAX = 2**31 - 1
@@ -53,7 +53,8 @@ def unsupported_on_cuda(dtype, head_dim):
 
 def _checked(q, k, v, scale, causal):
     scale, offset = check_qkv(q, k, v, scale=scale, causal=causal)
-    _check_device(q)
+    if reason := unavailable_reason(q.device):
+        raise ValueError(reason)
     if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, q.shape[-1])):
         raise ValueError(reason)
     return scale, offset
@@ -64,12 +65,21 @@ def _on_device(t):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
+def _launch_fwd(q, k, v, scale, offset):
+    with _on_device(q):
+        return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
+
+
+def _launch_bwd(do, q, k, v, o, lse, scale, offset):
+    with _on_device(q):
+        return flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse.contiguous(), scale, offset)
+
+
 def flash_fwd(q, k, v, *, scale=None, causal=None):
     """Attention forward on [B, H, N, D] tensors. Returns (o, lse); lse is [B, Hq, Nq] float32
     (float64 for float64 inputs), natural log, -inf for rows that see no key."""
     scale, offset = _checked(q, k, v, scale, causal)
-    with _on_device(q):
-        return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
+    return _launch_fwd(q, k, v, scale, offset)
 
 
 def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None):
@@ -78,8 +88,7 @@ def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None):
     check_like("do", do, q)
     check_like("o", o, q)
     check_like("lse", lse, q, shape=q.shape[:3], dtype=lse_dtype(q.dtype))
-    with _on_device(q):
-        return flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse.contiguous(), scale, offset)
+    return _launch_bwd(do, q, k, v, o, lse, scale, offset)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -87,8 +96,7 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, scale, offset):
-        with _on_device(q):
-            return flash_fwd_launch(_unit_stride(q), _unit_stride(k), _unit_stride(v), scale, offset)
+        return _launch_fwd(q, k, v, scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -102,9 +110,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     @once_differentiable  # second order is the jvp_attention operator's job
     def backward(ctx, do, _unused_dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        with _on_device(q):
-            dq, dk, dv = flash_bwd_launch(*(_unit_stride(t) for t in (do, q, k, v, o)), lse, ctx.scale, ctx.offset)
-        return dq, dk, dv, None, None
+        return (*_launch_bwd(do, q, k, v, o, lse, ctx.scale, ctx.offset), None, None)
 
 
 def flash_attention(q, k, v, *, scale=None, causal=None, return_lse=False):
