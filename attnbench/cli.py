@@ -18,7 +18,6 @@ from .verify import BOUNDS
 
 # Default case set per command, as (on CPU, on CUDA). ``run`` checks and times the same cases.
 DEFAULT_SETS = {"check": ("tiny", "gpu"), "bench": ("tiny", "anchor"), "run": ("tiny", "anchor")}
-RATIO_PEERS = ("sdpa_flash", "sdpa_cudnn", "flex")
 
 
 def _device(name):
@@ -78,7 +77,7 @@ def bench_table(rows, dtype_of):
                   "vs " + (next((r.baseline for r in rows if r.baseline), None) or "baseline"), "max rel err"), body)
 
 
-def ratio_lines(rows, subject="triton", peers=RATIO_PEERS):
+def ratio_lines(rows, subject, peers):
     """'triton is N.NNx <peer>' per case and mode: the side-by-side claim in one line each."""
     lines = []
     by_key = {}
@@ -138,7 +137,7 @@ def _run_bench(args, device, report, kind="bench"):
         report.setdefault("bench", []).extend(r.as_dict() for r in rows)
         dtype_of = _dtype_lookup(cases)
         print(f"\n## bench {op.name} ({len(cases)} cases)\n" + bench_table(rows, dtype_of))
-        lines = ratio_lines(rows)
+        lines = ratio_lines(rows, op.ratio_subject, op.ratio_peers)
         if lines:
             print("\n" + "\n".join(lines))
         # our implementations must stay within bounds; the eager reference and peers are reported

@@ -43,6 +43,10 @@ class Operator:
     case_sets: tuple = ("tiny", "gpu", "anchor", "sweep")
     # preference order for the "x baseline" column: the first variant available on the device
     baselines: tuple = ()
+    # the side-by-side claim the CLI and `attnbench report` state per case and mode: the subject's
+    # speed as a multiple of each of these peers' ("triton speed = 1.38x sdpa_flash"); none by default
+    ratio_subject: str = "triton"
+    ratio_peers: tuple = ()
 
     def __init__(self):
         self.variants: dict[str, Variant] = {}

@@ -19,7 +19,21 @@ def _rows(report):
     return [r for r in report.get("bench", []) if r.get("timing")]
 
 
-def markdown(report, subject="triton", peers=("sdpa_flash", "sdpa_cudnn", "flex")) -> str:
+def _ratio_peers(report):
+    """(subject, peers) of the report's operators: the operator's own, when it is registered here."""
+    from .registry import all_operators
+
+    ops = all_operators()
+    for name in sorted({r["op"] for r in _rows(report)}):
+        if name in ops:
+            return ops[name].ratio_subject, ops[name].ratio_peers
+    return "triton", ()
+
+
+def markdown(report, subject=None, peers=None) -> str:
+    if subject is None or peers is None:
+        default_subject, default_peers = _ratio_peers(report)
+        subject, peers = subject or default_subject, default_peers if peers is None else peers
     machine = report.get("machine", {})
     ceil = report.get("ceilings") or {}
     lines = [f"# {', '.join(sorted({r['op'] for r in _rows(report)}))} on {machine.get('device_name', '?')}", "",

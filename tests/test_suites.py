@@ -12,6 +12,7 @@ def test_flash_suite_parameters_match_the_operator():
     assert flash_suite.VARIANTS == list(op.variants)
     assert flash_suite.MODES == list(op.modes)
     assert set(flash_suite.RATIO_PEERS) <= set(op.variants)
+    assert flash_suite.RATIO_PEERS == list(op.ratio_peers)  # the dashboard states the CLI's claim
 
 
 @pytest.mark.interpreter  # the CPU gate: no CUDA there

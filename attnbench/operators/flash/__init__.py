@@ -183,6 +183,7 @@ class FlashOperator(Operator):
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
     modes = ("fwd", "bwd", "fwd_bwd")
     baselines = ("sdpa_flash", "reference")
+    ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex")
 
     def __init__(self):
         super().__init__()
