@@ -1,0 +1,193 @@
+"""merge_states in Triton: combine attention states (O, LSE) computed over disjoint key sets.
+
+The device functions ``merge_init`` / ``merge_step`` / ``merge_finish`` are the online merge any
+kernel can run in registers (the shared-context kernel's split-K epilogue does); the two kernels
+below run it over tensors: two states (``merge_two_kernel``) or a stack of S states along a
+leading split dimension (``merge_stack_kernel``, flash-decoding's reduction).
+
+Rows are addressed through up to three leading dimensions with their own strides, so strided
+views (a [B, N, H, D] tensor seen as [B, H, N, D], a batch-folded output seen per sample) merge
+without a copy. The head dimension must be contiguous. Merging runs in fp32 (fp64 for fp64) in
+natural-log units (so merging a state with an empty one returns it bit for bit): a state with
+LSE = -inf adds nothing, whatever its O holds; a row whose states are all
+-inf gets O = 0 and LSE = -inf.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .outputs import new_output
+
+
+@triton.jit
+def merge_init(BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    """(running max of LSE, running sum of exp(lse - max), running weighted sum of O)."""
+    m = tl.full([BLOCK_R], float("-inf"), dtype=ACC_DTYPE)
+    s = tl.zeros([BLOCK_R], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=ACC_DTYPE)
+    return m, s, acc
+
+
+@triton.jit
+def merge_step(m, s, acc, lse, o):
+    """Fold one state in: ``lse`` its LSE ([BLOCK_R], natural log), ``o`` its O ([BLOCK_R, BLOCK_D])."""
+    m_new = tl.maximum(m, lse)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no (-inf) - (-inf)
+    alpha = tl.exp(m - m_safe)
+    beta = tl.exp(lse - m_safe)
+    s = s * alpha + beta
+    # beta == 0 (a state that saw no key) must add nothing even when its O is NaN
+    acc = acc * alpha[:, None] + tl.where(beta[:, None] > 0, beta[:, None] * o, 0.0)
+    return m_new, s, acc
+
+
+@triton.jit
+def merge_finish(m, s, acc):
+    """(O, LSE in natural-log units) of the merged state."""
+    seen = s > 0.0
+    s_safe = tl.where(seen, s, 1.0)
+    o = tl.where(seen[:, None], acc / s_safe[:, None], 0.0)
+    lse = tl.where(seen, m + tl.log(s_safe), float("-inf"))
+    return o, lse
+
+
+@triton.jit
+def _row_offsets(rows, DIM_Y, DIM_Z, stride_x, stride_y, stride_z):
+    """Offsets of flat row indices over a [X, Y, Z] leading shape with the given strides (int64)."""
+    rows = rows.to(tl.int64)
+    x = rows // (DIM_Y * DIM_Z)
+    yz = rows - x * (DIM_Y * DIM_Z)
+    y = yz // DIM_Z
+    z = yz - y * DIM_Z
+    return x * stride_x + y * stride_y + z * stride_z
+
+
+@triton.jit
+def _load_state(O, L, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE: tl.constexpr):
+    lse = tl.load(L + l_rows, mask=row_mask, other=float("-inf")).to(ACC_DTYPE)
+    o = tl.load(O + o_rows[:, None] + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    return lse, o.to(ACC_DTYPE)
+
+
+@triton.jit
+def merge_two_kernel(OA, LA, OB, LB, O, L, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
+                     s_oa_x, s_oa_y, s_oa_z, s_la_x, s_la_y, s_la_z,
+                     s_ob_x, s_ob_y, s_ob_z, s_lb_x, s_lb_y, s_lb_z,
+                     s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < N_ROWS
+    d_mask = offs_d < HEAD_DIM
+    m, s, acc = merge_init(BLOCK_R, BLOCK_D, ACC_DTYPE)
+    lse, o = _load_state(OA, LA, _row_offsets(rows, DIM_Y, DIM_Z, s_oa_x, s_oa_y, s_oa_z),
+                          _row_offsets(rows, DIM_Y, DIM_Z, s_la_x, s_la_y, s_la_z), offs_d, row_mask, d_mask, ACC_DTYPE)
+    m, s, acc = merge_step(m, s, acc, lse, o)
+    lse, o = _load_state(OB, LB, _row_offsets(rows, DIM_Y, DIM_Z, s_ob_x, s_ob_y, s_ob_z),
+                          _row_offsets(rows, DIM_Y, DIM_Z, s_lb_x, s_lb_y, s_lb_z), offs_d, row_mask, d_mask, ACC_DTYPE)
+    m, s, acc = merge_step(m, s, acc, lse, o)
+    o, lse = merge_finish(m, s, acc)
+    o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
+    tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(L + _row_offsets(rows, DIM_Y, DIM_Z, s_l_x, s_l_y, s_l_z), lse.to(L.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
+                       s_os_s, s_os_x, s_os_y, s_os_z, s_ls_s, s_ls_x, s_ls_y, s_ls_z,
+                       s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < N_ROWS
+    d_mask = offs_d < HEAD_DIM
+    o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_os_x, s_os_y, s_os_z)
+    l_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_ls_x, s_ls_y, s_ls_z)
+    m, s, acc = merge_init(BLOCK_R, BLOCK_D, ACC_DTYPE)
+    for k in range(0, NUM_STATES):  # fixed order: the result does not depend on scheduling
+        lse, o = _load_state(OS + k * s_os_s, LS + k * s_ls_s, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE)
+        m, s, acc = merge_step(m, s, acc, lse, o)
+    o, lse = merge_finish(m, s, acc)
+    out_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
+    tl.store(O + out_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(L + _row_offsets(rows, DIM_Y, DIM_Z, s_l_x, s_l_y, s_l_z), lse.to(L.dtype.element_ty), mask=row_mask)
+
+
+def _acc_dtype(*dtypes):
+    return tl.float64 if torch.float64 in dtypes else tl.float32
+
+
+def _lead3(t, lead_dims):
+    """View ``t`` ([..., D] or [...] for LSE, ``lead_dims`` leading dims) as exactly three leading
+    dims; returns (tensor, (stride_x, stride_y, stride_z)). Copies only when the head dimension is
+    not contiguous or more than three leading dims do not fold into a view."""
+    if t.dim() > lead_dims and t.stride(-1) != 1:
+        t = t.contiguous()
+    while lead_dims < 3:
+        t = t.unsqueeze(0)
+        lead_dims += 1
+    if lead_dims > 3:
+        t = t.reshape(-1, *t.shape[lead_dims - 2:])  # merges the outer dims; copies if it must
+    return t, (t.stride(0), t.stride(1), t.stride(2))
+
+
+def _block_sizes(head_dim, device):
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if device.type == "cpu":
+        return 16, block_d
+    return max(1, min(128, 8192 // block_d)), block_d
+
+
+def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype):
+    """Merge two checked states of one shape. Returns (O in out_dtype, LSE in LSE's dtype), contiguous."""
+    lead = lse_a.dim()
+    shape = tuple(o_a.shape)
+    head_dim = shape[-1]
+    o = new_output(shape, out_dtype, o_a.device)
+    lse = new_output(tuple(lse_a.shape), lse_a.dtype, o_a.device)
+    n_rows = lse.numel()
+    if n_rows == 0:
+        return o, lse
+    (oa, soa), (la, sla), (ob, sob), (lb, slb) = (_lead3(t, lead) for t in (o_a, lse_a, o_b, lse_b))
+    (ov, so), (lv, sl) = _lead3(o, lead), _lead3(lse, lead)
+    block_r, block_d = _block_sizes(head_dim, o.device)
+    with _on_device(o):
+        merge_two_kernel[(triton.cdiv(n_rows, block_r),)](
+            oa, la, ob, lb, ov, lv, n_rows, ov.shape[1], ov.shape[2], head_dim,
+            *soa, *sla, *sob, *slb, *so, *sl,
+            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_a.dtype, o_b.dtype, lse_a.dtype))
+    return o, lse
+
+
+def merge_stack_launch(o_stack, lse_stack, out_dtype):
+    """Merge the states stacked along dim 0: O [S, ..., D], LSE [S, ...] -> (O, LSE), contiguous."""
+    num_states = lse_stack.shape[0]
+    head_dim = o_stack.shape[-1]
+    o = new_output(tuple(o_stack.shape[1:]), out_dtype, o_stack.device)
+    lse = new_output(tuple(lse_stack.shape[1:]), lse_stack.dtype, o_stack.device)
+    n_rows = lse.numel()
+    if n_rows == 0:
+        return o, lse
+    lead = lse.dim()
+    if o_stack.stride(-1) != 1:
+        o_stack = o_stack.contiguous()
+    if lead > 3:  # fold the outer row dimensions (a view where strides allow, else a copy)
+        o_stack = o_stack.reshape(num_states, -1, *o_stack.shape[lead - 1:])
+        lse_stack = lse_stack.reshape(num_states, -1, *lse_stack.shape[lead - 1:])
+        lead = 3
+    # each state alone, as three row dimensions; the split stride walks from one to the next
+    (_, so), (_, sl) = _lead3(o_stack[0], lead), _lead3(lse_stack[0], lead)
+    (ov, s_o), (lv, s_l) = _lead3(o, lse.dim()), _lead3(lse, lse.dim())
+    block_r, block_d = _block_sizes(head_dim, o.device)
+    with _on_device(o):
+        merge_stack_kernel[(triton.cdiv(n_rows, block_r),)](
+            o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
+            o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,
+            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_stack.dtype, lse_stack.dtype))
+    return o, lse
+
+
+def _on_device(t):
+    import contextlib
+
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()

@@ -1,0 +1,152 @@
+"""merge_states on its own: exact against one-shot softmax in float64, -inf and empty states,
+one side only, many-way merges; the Triton kernels (interpreter) against the torch version."""
+import math
+
+import pytest
+import torch
+
+from attnbench.merge import merge_many, merge_many_triton, merge_states, merge_states_triton
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _attend(q, k, v):
+    """(O, LSE) of softmax(q k^T) v over the given keys; (0, -inf) when there are none."""
+    if k.shape[-2] == 0:
+        return torch.zeros_like(q), torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
+    s = q @ k.transpose(-1, -2)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def _problem(seed, rows=(2, 3, 5), n=23, d=24):
+    g = _gen(seed)
+    q = torch.randn(*rows, d, generator=g, dtype=torch.float64)
+    k = torch.randn(*rows[:-1], n, d, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(*rows[:-1], n, d, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("cut", [1, 7, 22])
+def test_two_way_merge_is_one_shot_softmax_fp64(seed, cut):
+    q, k, v = _problem(seed)
+    full_o, full_lse = _attend(q, k, v)
+    o_a, lse_a = _attend(q, k[..., :cut, :], v[..., :cut, :])
+    o_b, lse_b = _attend(q, k[..., cut:, :], v[..., cut:, :])
+    o, lse = merge_states(o_a, lse_a, o_b, lse_b)
+    torch.testing.assert_close(o, full_o, rtol=0, atol=1e-14)
+    torch.testing.assert_close(lse, full_lse, rtol=0, atol=1e-14)
+    o2, lse2 = merge_states(o_b, lse_b, o_a, lse_a)  # order does not matter beyond rounding
+    torch.testing.assert_close(o2, o, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("cuts", [(0, 5, 5, 11, 23), (0, 1, 2, 3, 4, 5, 23), (0, 23), (0, 0, 0, 23, 23)])
+def test_many_way_merge_with_empty_pieces(cuts):
+    """Pieces may be empty (a split past the keys' end): their -inf states add nothing."""
+    q, k, v = _problem(3)
+    parts = [_attend(q, k[..., a:b, :], v[..., a:b, :]) for a, b in zip(cuts[:-1], cuts[1:])]
+    o, lse = merge_many(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    full_o, full_lse = _attend(q, k, v)
+    torch.testing.assert_close(o, full_o, rtol=0, atol=1e-14)
+    torch.testing.assert_close(lse, full_lse, rtol=0, atol=1e-14)
+
+
+def test_one_side_minus_inf_returns_the_other_exactly():
+    q, k, v = _problem(4)
+    o_a, lse_a = _attend(q, k, v)
+    o_b = torch.full_like(o_a, float("nan"))  # SDPA leaves NaN in rows that saw no key
+    lse_b = torch.full_like(lse_a, -math.inf)
+    for merge in (merge_states, merge_states_triton):
+        o, lse = merge(o_a, lse_a, o_b, lse_b)
+        assert torch.equal(o, o_a) and torch.equal(lse, lse_a), merge.__name__
+        o, lse = merge(o_b, lse_b, o_a, lse_a)
+        assert torch.equal(o, o_a) and torch.equal(lse, lse_a), merge.__name__
+
+
+def test_both_sides_minus_inf_give_zero_and_minus_inf():
+    o_a = torch.full((3, 4, 16), float("nan"), dtype=torch.float32)
+    lse_a = torch.full((3, 4), -math.inf)
+    o_b, lse_b = torch.randn(3, 4, 16), torch.randn(3, 4)
+    lse_b[1, 2] = -math.inf
+    o_b[1, 2] = float("nan")
+    for merge in (merge_states, merge_states_triton):
+        o, lse = merge(o_a, lse_a, o_a, lse_a)
+        assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all(), merge.__name__
+        o, lse = merge(o_a, lse_a, o_b, lse_b)  # a row mixing finite and -inf states
+        assert torch.equal(o[1, 2], torch.zeros(16)) and torch.isneginf(lse[1, 2]), merge.__name__
+        assert torch.isfinite(o).all()
+
+
+def test_one_state_only_and_empty_stacks():
+    q, k, v = _problem(5)
+    o_a, lse_a = _attend(q, k, v)
+    o, lse = merge_many(o_a.unsqueeze(0), lse_a.unsqueeze(0))
+    assert torch.equal(o, o_a) and torch.equal(lse, lse_a)
+    o, lse = merge_many(o_a[:0], lse_a[:0])  # no state at all: rows that saw no key
+    assert torch.equal(o, torch.zeros_like(o_a[0])) and torch.isneginf(lse).all()
+    empty_o, empty_lse = torch.zeros(0, 4, 16), torch.zeros(0, 4)  # states with no rows
+    for merge in (merge_states, merge_states_triton):
+        o, lse = merge(empty_o, empty_lse, empty_o, empty_lse)
+        assert o.shape == (0, 4, 16) and lse.shape == (0, 4)
+
+
+def test_low_precision_outputs_merge_in_fp32():
+    """fp16 O with fp32 LSE: the merge runs in fp32 and rounds once."""
+    q, k, v = _problem(6)
+    full_o, full_lse = _attend(q, k, v)
+    o_a, lse_a = _attend(q, k[..., :9, :], v[..., :9, :])
+    o_b, lse_b = _attend(q, k[..., 9:, :], v[..., 9:, :])
+    for merge in (merge_states, merge_states_triton):
+        o, lse = merge(o_a.half(), lse_a.float(), o_b.half(), lse_b.float())
+        assert o.dtype == torch.float16 and lse.dtype == torch.float32
+        assert ((o.double() - full_o).norm() / full_o.norm()) < 1e-3
+        assert ((lse.double() - full_lse).abs() / full_lse.abs()).max() < 3e-7  # fp32 rounding of LSE
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_triton_merge_equals_torch_merge_on_strided_states(dtype):
+    """[B, N, H, D] memory seen as [B, H, N, D] (the model's layout) merges without a copy."""
+    g = _gen(7)
+    o_a = torch.randn(3, 7, 5, 40, generator=g).to(dtype).transpose(1, 2)
+    o_b = torch.randn(3, 7, 5, 40, generator=g).to(dtype).transpose(1, 2)
+    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    lse_a = (torch.randn(3, 7, 5, generator=g) * 3).to(lse_dtype).transpose(1, 2)
+    lse_b = (torch.randn(3, 7, 5, generator=g) * 3).to(lse_dtype).transpose(1, 2)
+    lse_b[0, 1, 2] = -math.inf
+    want_o, want_lse = merge_states(o_a, lse_a, o_b, lse_b)
+    got_o, got_lse = merge_states_triton(o_a, lse_a, o_b, lse_b)
+    tol = 1e-14 if dtype == torch.float64 else (1e-6 if dtype == torch.float32 else 1e-3)
+    torch.testing.assert_close(got_o, want_o, rtol=tol, atol=tol)
+    torch.testing.assert_close(got_lse, want_lse, rtol=0, atol=tol)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("lead", [(), (6,), (2, 3), (2, 3, 4), (2, 1, 3, 2)])
+def test_triton_stack_merge_any_leading_shape(lead):
+    g = _gen(8)
+    o = torch.randn(4, *lead, 24, generator=g, dtype=torch.float64)
+    lse = torch.randn(4, *lead, generator=g, dtype=torch.float64) * 2
+    lse[1] = -math.inf
+    want = merge_many(o, lse)
+    got = merge_many_triton(o, lse)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-14)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("args,exc,words", [
+    (lambda: (torch.zeros(2, 8), torch.zeros(3), torch.zeros(2, 8), torch.zeros(2)), ValueError, "LSE's shape"),
+    (lambda: (torch.zeros(2, 8), torch.zeros(2), torch.zeros(3, 8), torch.zeros(3)), ValueError, "one shape"),
+    (lambda: (torch.zeros(2, 8), torch.zeros(2, dtype=torch.int32), torch.zeros(2, 8), torch.zeros(2)), TypeError,
+     "LSE has dtype torch.int32"),
+    (lambda: (torch.zeros(2, 8, dtype=torch.int64), torch.zeros(2), torch.zeros(2, 8), torch.zeros(2)), TypeError,
+     "O has dtype torch.int64"),
+    (lambda: ([0.0], torch.zeros(2), torch.zeros(2, 8), torch.zeros(2)), TypeError, "must be torch.Tensors"),
+])
+def test_bad_states_are_rejected(args, exc, words):
+    for merge in (merge_states, merge_states_triton):
+        with pytest.raises(exc, match=words.replace("(", r"\(")):
+            merge(*args())
