@@ -1,6 +1,7 @@
 """FlashAttention-2 backward (Algorithm 4) as three launches, no atomics, bitwise deterministic.
 
-1. ``delta = rowsum(dO * O)`` per query row.
+1. ``delta = rowsum(dO * O) - dLSE`` per query row (row_dot.py; dLSE is the cotangent of the
+   logsumexp output, zero unless the caller differentiates through the LSE).
 2. dK/dV pass: one program per key block of one (batch, KV head). It walks every query block of
    every query head in its GQA group, recomputes P^T = exp(s K Q^T - L) from the saved
    logsumexp, and accumulates dV += P^T dO and dK += s dS^T Q with dS = P * (dP - delta).
@@ -20,29 +21,10 @@ import triton.language as tl
 
 from .outputs import new_output
 from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale_log2, split_scale
+from .row_dot import row_dot_launch
+from .softmax_rows import load_lse_log2
 from .tiling import query_tile, visible_keys
 from .tuning import cfg, config_list, pruner, seq_bucket
-
-
-@triton.jit
-def _load_lse_log2(LSE_head, offs_m, N_Q):
-    lse = tl.load(LSE_head + offs_m, mask=offs_m < N_Q, other=float("inf"))
-    return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-
-
-@triton.jit
-def flash_bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
-                                N_Q, HEAD_DIM, H_Q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                                ACC_DTYPE: tl.constexpr):
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask, other=0.0)
-    delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), axis=1)
-    tl.store(DELTA + (b * H_Q + h) * N_Q + offs_m, delta, mask=offs_m < N_Q)
 
 
 @triton.jit
@@ -54,7 +36,7 @@ def _dkdv_query_block(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, strid
     row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
     do = tl.load(DO_head + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
-    lse_log2 = _load_lse_log2(LSE_head, offs_m, N_Q)
+    lse_log2 = load_lse_log2(LSE_head, offs_m, N_Q)
     delta = tl.load(DELTA_head + offs_m, mask=offs_m < N_Q, other=0.0)
     # Transposed tiles ([keys, queries]) so dK and dV come out of the dots without a transpose.
     s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
@@ -191,7 +173,7 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
-    lse_log2 = _load_lse_log2(LSE + (b * H_Q + h) * N_Q, offs_m, N_Q)
+    lse_log2 = load_lse_log2(LSE + (b * H_Q + h) * N_Q, offs_m, N_Q)
     delta = tl.load(DELTA + (b * H_Q + h) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
     K_head = K + b * stride_kb + hk * stride_kh
     V_head = V + b * stride_vb + hk * stride_vh
@@ -211,8 +193,9 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
              dq.to(DQ.dtype.element_ty), mask=row_mask)
 
 
-def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset):
-    """Run the three backward launches on checked inputs; returns (dq, dk, dv)."""
+def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None):
+    """Run the three backward launches on checked inputs; returns (dq, dk, dv) of
+    <do, o> + <dlse, lse> (``dlse`` None: the LSE is not differentiated)."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -224,15 +207,10 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset):
     scale_hi, scale_lo = split_scale(sm_scale)
     bucket = seq_bucket(max(n_q, n_k))
 
-    delta = new_output((batch, heads_q, n_q), lse.dtype, q.device)
+    delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
-
-    preprocess_block = 16 if q.device.type == "cpu" else 64
-    flash_bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_block), heads_q, batch)](
-        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        n_q, head_dim, heads_q, BLOCK_M=preprocess_block, BLOCK_D=block_d, ACC_DTYPE=acc_dtype)
 
     common = dict(BLOCK_D=block_d, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
     flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](

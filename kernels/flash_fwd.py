@@ -7,16 +7,17 @@ KV head h // group), keeping the running max m, sum l and unnormalized accumulat
 Key blocks are visited in two phases: blocks every row of the tile may see in full (no mask
 arithmetic at all), then the blocks that touch the causal diagonal or the end of the keys.
 Scores are kept in base 2 (scale * log2 e folded into one multiply) so the exponentials are exp2.
-A row that sees no key at all (bottom-right causal with Nq > Nk) gets O = 0 and L = -inf.
+A row that sees no key at all (bottom-right causal with Nq > Nk) gets O = 0 and L = -inf; a
+non-finite input gives NaN, never that pair (softmax_rows.finish_rows).
 """
 import triton
 import triton.language as tl
 
 from .outputs import new_output
-from .precision import LN2, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .softmax_rows import finish_rows
 from .tiling import query_tile, visible_keys
 from .tuning import cfg, config_list, pruner, seq_bucket
-
 
 
 @triton.jit
@@ -99,10 +100,7 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
                                           offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
                                           BLOCK_N, BLOCK_D, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    o = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * tl.full([], LN2, ACC_DTYPE), float("-inf"))
+    o, lse, _ = finish_rows(acc, l_i, m_i, offs_m, causal_offset, CAUSAL, ACC_DTYPE)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
     tl.store(LSE + (b * H_Q + h) * N_Q + offs_m, lse.to(LSE.dtype.element_ty), mask=offs_m < N_Q)

@@ -27,6 +27,15 @@ def softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE: tl.constexpr):
         return scale_hi * LOG2E
 
 
+@triton.jit
+def softmax_scale(scale_hi, scale_lo, ACC_DTYPE: tl.constexpr):
+    """The softmax scale itself in the accumulator dtype (for tangents, which are not in log2 units)."""
+    if ACC_DTYPE == tl.float64:
+        return tl.cast(scale_hi, tl.float64) + tl.cast(scale_lo, tl.float64)
+    else:
+        return scale_hi
+
+
 def accumulator_dtype(dtype: torch.dtype):
     """fp64 inputs accumulate in fp64 (the gradcheck path); everything else in fp32."""
     return tl.float64 if dtype == torch.float64 else tl.float32

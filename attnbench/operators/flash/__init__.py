@@ -17,7 +17,7 @@ import torch
 from ...registry import Operator, Unsupported, Variant, register
 from ...timing import not_graph_capturable
 from . import peers, reference, split
-from .spec import causal_offset
+from ...attention.spec import causal_offset
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}

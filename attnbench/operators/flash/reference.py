@@ -5,7 +5,7 @@ run in a low dtype it is the "what plain PyTorch gets in this dtype" bar of the 
 """
 import torch
 
-from .spec import causal_mask
+from ...attention.spec import causal_mask
 
 
 def attention(q, k, v, scale: float, causal_offset):

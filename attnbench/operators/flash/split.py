@@ -8,7 +8,7 @@ computed in float32 per tile, float64 in float64. GQA is a broadcast over a grou
 """
 import torch
 
-from .spec import causal_mask
+from ...attention.spec import causal_mask
 
 BLOCK_N = 256
 

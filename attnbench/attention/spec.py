@@ -1,4 +1,4 @@
-"""What the flash operator computes, shared by every variant: argument checking and the mask.
+"""What attention computes, shared by every variant of flash and jvp_attention: argument checks and the mask.
 
 ``causal`` is None (no mask), ``"top_left"`` (query i sees keys j <= i, SDPA's ``is_causal``) or
 ``"bottom_right"`` (query i sees keys j <= i + Nk - Nq, FlashAttention-2's convention for Nq != Nk).

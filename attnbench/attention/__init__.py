@@ -1,0 +1,113 @@
+"""The Triton attention as one PyTorch op that differentiates every way.
+
+    o = flash_attention(q, k, v, causal=True)       # any AD mode, torch.func, torch.compile
+
+``spec`` says what attention computes (argument checks, the mask); ``ops`` wraps each kernel as a
+custom op; ``autograd`` wires them into Functions for every derivative; this module holds the
+public functions: arguments checked before anything runs, then one Function.
+
+Calls go through ``torch.compiler.allow_in_graph``: Dynamo puts each into the graph as one node
+and AOTAutograd runs the Functions themselves, so ``torch.compile(fullgraph=True)`` works for
+forward and backward, and torch.func transforms inside a compiled region work too. (Dynamo on its
+own refuses Functions that define ``jvp``, and inside torch.func.jvp it dropped the tangent without
+an error: measured with torch 2.13.)
+"""
+import torch
+
+from ..kernels.precision import lse_dtype
+from .autograd import Attention, AttentionBackward, AttentionBackwardJvp, AttentionWithTangent
+from .ops import _check_device, unavailable_reason, unsupported_on_cuda
+from .spec import check_like, check_qkv
+
+__all__ = ["attention_bwd_jvp", "attention_jvp", "flash_attention", "flash_bwd", "flash_fwd", "unavailable_reason",
+           "unsupported_on_cuda"]
+
+
+@torch.compiler.allow_in_graph
+def _attention(q, k, v, scale, offset):
+    return Attention.apply(q, k, v, scale, offset)
+
+
+@torch.compiler.allow_in_graph
+def _attention_with_tangent(q, k, v, tq, tk, tv, scale, offset):
+    return AttentionWithTangent.apply(q, k, v, tq, tk, tv, scale, offset)
+
+
+@torch.compiler.allow_in_graph
+def _attention_backward(q, k, v, o, lse, do, dlse, scale, offset):
+    return AttentionBackward.apply(q, k, v, o, lse, do, dlse, scale, offset)
+
+
+@torch.compiler.allow_in_graph
+def _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, tdo, tdlse, scale, offset):
+    return AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, tq, tk, tv, None, None, tdo, tdlse, scale, offset)
+
+
+def _checked(q, k, v, scale, causal):
+    scale, offset = check_qkv(q, k, v, scale=scale, causal=causal)
+    _check_device(q)
+    return scale, offset
+
+
+def _check_tangents(tq, tk, tv, q, k, v, prefix="t"):
+    for name, t, like in ((f"{prefix}q", tq, q), (f"{prefix}k", tk, k), (f"{prefix}v", tv, v)):
+        if t is not None:
+            check_like(name, t, like)
+
+
+def _check_saved(o, lse, q):
+    check_like("o", o, q)
+    check_like("lse", lse, q, shape=q.shape[:3], dtype=lse_dtype(q.dtype))
+
+
+def flash_attention(q, k, v, *, scale=None, causal=None, return_lse=False):
+    """softmax(scale Q K^T + causal mask) V on [B, H, N, D] tensors, differentiable every way:
+    backward, double backward, forward-mode AD, torch.func (grad, vjp, jvp, jacrev, jacfwd,
+    hessian, vmap) and torch.compile. With ``return_lse`` also the row logsumexp [B, Hq, Nq]
+    (float32; float64 for float64 inputs), itself differentiable."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    o, lse = _attention(q, k, v, scale, offset)
+    return (o, lse) if return_lse else o
+
+
+def flash_fwd(q, k, v, *, scale=None, causal=None):
+    """(o, lse): the forward alone. Differentiable like ``flash_attention``."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    return _attention(q, k, v, scale, offset)
+
+
+def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None, dlse=None):
+    """(dq, dk, dv) of <do, o> + <dlse, lse> given the forward's o and lse at (q, k, v) (FA2's
+    Algorithm 4). Differentiable: its tangents and gradients are the second-order kernels; o and
+    lse are taken to be the forward's outputs, so their own tangents, when present, are reused as
+    the forward's."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    check_like("do", do, q)
+    _check_saved(o, lse, q)
+    if dlse is not None:
+        check_like("dlse", dlse, lse)
+    return _attention_backward(q, k, v, o, lse, do, dlse, scale, offset)
+
+
+def attention_jvp(q, k, v, tq=None, tk=None, tv=None, *, scale=None, causal=None):
+    """(o, lse, o_t, lse_t): the forward and its tangent along (tq, tk, tv) in one fused pass
+    (None: a zero tangent). Differentiable in reverse mode (the gradient of a tangent output)."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    _check_tangents(tq, tk, tv, q, k, v)
+    return _attention_with_tangent(q, k, v, tq, tk, tv, scale, offset)
+
+
+def attention_bwd_jvp(do, q, k, v, o, lse, tq=None, tk=None, tv=None, tdo=None, *, scale=None, causal=None,
+                      dlse=None, tdlse=None):
+    """The tangent of ``flash_bwd(do, q, k, v, o, lse)`` along (tq, tk, tv, tdo, tdlse): with
+    tdo = None it is the Hessian of <do, o> applied to (tq, tk, tv). Not differentiable further."""
+    scale, offset = _checked(q, k, v, scale, causal)
+    check_like("do", do, q)
+    _check_saved(o, lse, q)
+    _check_tangents(tq, tk, tv, q, k, v)
+    if tdo is not None:
+        check_like("tdo", tdo, q)
+    for name, t in (("dlse", dlse), ("tdlse", tdlse)):
+        if t is not None:
+            check_like(name, t, lse)
+    return _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, tdo, tdlse, scale, offset)

@@ -1,0 +1,205 @@
+"""Autograd Functions over the custom ops, wired as DESIGN.md's differentiation contract says,
+with f(x) = (O, LSE), x = (q, k, v), B(x, dO, dLSE) its backward and F(x, x_t) its tangent:
+
+    Attention             f       backward: AttentionBackward        jvp: AttentionJvp
+    AttentionBackward     B       backward: kernel 3 and AttentionJvp jvp: AttentionBackwardJvp
+    AttentionJvp          F       backward: kernel 3 and B            jvp: raises (fwd-over-fwd)
+    AttentionWithTangent  (f, F) in one fused kernel: the manual forward-mode API
+    AttentionBackwardJvp  kernel 3, the tangent of B        backward and jvp: raise (third order)
+
+Kernels run only inside a Function's forward, so a backward called under torch.func.grad never
+hands a functorch wrapper to a launch. ``generate_vmap_rule`` composes with the ops' vmap rules,
+which gives vmap, jacrev, jacfwd and hessian.
+
+The forward's O and LSE travel into AttentionBackward and AttentionJvp as inputs, so that
+forward-over-reverse reuses the tangents the forward already computed instead of recomputing
+them. They are always the forward's outputs at x, so those Functions return their total
+derivative in the x slots and None for O and LSE.
+"""
+import torch
+from torch.autograd import Function
+
+from .ops import attention_bwd_jvp_op, attention_bwd_op, attention_fwd_jvp_op, attention_fwd_op, attention_jvp_op
+
+THIRD_ORDER = ("third-order derivatives of attention are not supported: the Triton kernels cover the forward, "
+               "its backward, forward-mode tangents and every second-order composition of them")
+
+
+class Attention(Function):
+    """(q, k, v) -> (o, lse)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, scale, offset):
+        return attention_fwd_op(q, k, v, scale, offset)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, scale, offset = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.save_for_forward(q, k, v, o, lse)
+        ctx.scale, ctx.offset = scale, offset
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        do = torch.zeros_like(o) if do is None else do
+        return (*AttentionBackward.apply(q, k, v, o, lse, do, dlse, ctx.scale, ctx.offset), None, None)
+
+    @staticmethod
+    def jvp(ctx, tq, tk, tv, _scale, _offset):
+        q, k, v, o, lse = ctx.saved_tensors
+        return AttentionJvp.apply(q, k, v, o, lse, tq, tk, tv, ctx.scale, ctx.offset)
+
+
+class AttentionJvp(Function):
+    """(q, k, v, o, lse, q_t, k_t, v_t) -> (o_t, lse_t), given the forward's o and lse at (q, k, v)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, o, lse, tq, tk, tv, scale, offset):
+        return attention_jvp_op(q, k, v, o, lse, tq, tk, tv, scale, offset)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, o, lse, tq, tk, tv, scale, offset = inputs
+        o_t, lse_t = output
+        ctx.save_for_backward(q, k, v, o, lse, tq, tk, tv, o_t, lse_t)
+        ctx.scale, ctx.offset = scale, offset
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, c_o, c_lse):
+        q, k, v, o, lse, tq, tk, tv, o_t, lse_t = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grads = _tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_o, c_lse, needs[:3], needs[5:8])
+        return (*grads[:3], None, None, *grads[3:], None, None)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError("forward-over-forward (the jvp of a jvp) of attention is not supported; "
+                                  "for second derivatives use forward-over-reverse: torch.func.jvp(torch.func.grad(f))")
+
+
+def _only_needed(grads, needs):
+    return tuple(g if n else None for g, n in zip(grads, needs))
+
+
+def _tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_o, c_lse, x_needs, t_needs):
+    """The vjp of (x, x_t) -> F(x, x_t) with cotangent (c_o, c_lse), as 6 gradients (x then x_t):
+    in x, the jvp of B(x, c) along x_t (kernel 3 at dO_t = 0, reusing the forward's tangents
+    o_t, lse_t); in x_t, B(x, c), F being linear in x_t."""
+    if c_o is None and c_lse is None:
+        return (None,) * 6
+    c_o = torch.zeros_like(o) if c_o is None else c_o
+    gx = gt = (None,) * 3
+    if any(x_needs):
+        gx = AttentionBackwardJvp.apply(q, k, v, o, lse, c_o, c_lse, tq, tk, tv, o_t, lse_t, None, None,
+                                        ctx.scale, ctx.offset)
+    if any(t_needs):
+        gt = AttentionBackward.apply(q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset)
+    return (*_only_needed(gx, x_needs), *_only_needed(gt, t_needs))
+
+
+class AttentionWithTangent(Function):
+    """(q, k, v, q_t, k_t, v_t) -> (o, lse, o_t, lse_t) in one fused kernel: the manual forward-mode API."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, tq, tk, tv, scale, offset):
+        return attention_fwd_jvp_op(q, k, v, tq, tk, tv, scale, offset)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, tq, tk, tv, scale, offset = inputs
+        o, lse, o_t, lse_t = output
+        ctx.save_for_backward(q, k, v, tq, tk, tv, o, lse, o_t, lse_t)
+        ctx.scale, ctx.offset = scale, offset
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, c_o, c_lse, c_ot, c_lset):
+        """Cotangents of the tangent outputs as in AttentionJvp; those of (o, lse) add B(x, c) in x."""
+        q, k, v, tq, tk, tv, o, lse, o_t, lse_t = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grads = list(_tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_ot, c_lset, needs[:3], needs[3:6]))
+        if (c_o is not None or c_lse is not None) and any(needs[:3]):
+            c_o = torch.zeros_like(o) if c_o is None else c_o
+            primal = AttentionBackward.apply(q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset)
+            grads[:3] = [p if g is None else g + p for g, p in zip(grads[:3], _only_needed(primal, needs[:3]))]
+        return (*grads, None, None)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError("forward-over-forward (the jvp of attention_jvp) is not supported; "
+                                  "use torch.func.jvp(torch.func.grad(f)) for second derivatives")
+
+
+class AttentionBackward(Function):
+    """(q, k, v, o, lse, dO, dLSE) -> (dq, dk, dv), given the forward's o and lse at (q, k, v)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, o, lse, do, dlse, scale, offset):
+        return attention_bwd_op(q, k, v, o, lse, do, dlse, scale, offset)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, o, lse, do, dlse, scale, offset = inputs
+        ctx.save_for_backward(q, k, v, o, lse, do, dlse)
+        ctx.save_for_forward(q, k, v, o, lse, do, dlse)
+        ctx.scale, ctx.offset = scale, offset
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def jvp(ctx, tq, tk, tv, to, tlse, tdo, tdlse, _scale, _offset):
+        q, k, v, o, lse, do, dlse = ctx.saved_tensors
+        if to is None or tlse is None:  # no forward tangents to reuse: kernel 3 computes them
+            to = tlse = None
+        return AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, tq, tk, tv, to, tlse, tdo, tdlse,
+                                          ctx.scale, ctx.offset)
+
+    @staticmethod
+    def backward(ctx, uq, uk, uv):
+        """The vjp of B: in x, the Hessian of <dO, o> + <dLSE, lse> along u (symmetric, so kernel 3
+        at x_t = u, dO_t = 0); in dO and dLSE, the forward's tangent along u."""
+        q, k, v, o, lse, do, dlse = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        o_t = lse_t = None
+        if needs[5] or needs[6]:
+            o_t, lse_t = AttentionJvp.apply(q, k, v, o, lse, uq, uk, uv, ctx.scale, ctx.offset)
+        gx = (None,) * 3
+        if any(needs[:3]):
+            gx = _only_needed(AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, uq, uk, uv, o_t, lse_t, None, None,
+                                                         ctx.scale, ctx.offset), needs[:3])
+        return (*gx, None, None, o_t if needs[5] else None, lse_t if needs[6] else None, None, None)
+
+
+class AttentionBackwardJvp(Function):
+    """Kernel 3: the tangent of (dq, dk, dv) = B(x, dO, dLSE) along (x_t, dO_t, dLSE_t)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset):
+        return attention_bwd_jvp_op(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(THIRD_ORDER)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(THIRD_ORDER)
+
+

@@ -1,0 +1,204 @@
+"""The kernels as PyTorch custom ops: the launch layer and one op per kernel.
+
+Launches (``_launch``) are the only place kernels are called: on the tensors' own GPU, with a
+contiguous head dimension. Triton's interpreter computes ``tl.dot`` on bfloat16 wrongly (it
+multiplies raw bit patterns), so there bfloat16 runs as a float32 upcast whose results are rounded
+back: correct to bfloat16 precision, though not the GPU's arithmetic (which rounds P to bfloat16
+for the P V product). This is the "interpreter bf16" label in the README.
+
+Each custom op (``attnbench::attention_*``) has a fake (meta) implementation and a vmap rule that
+folds the mapped dimension into the batch. Ops keep every launch opaque to torch.compile:
+Inductor never re-types our kernels' arguments, and our autotuner stays ours.
+"""
+import contextlib
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels import interpreting
+from ..kernels.attention_bwd_jvp import attention_bwd_jvp_launch
+from ..kernels.attention_jvp import attention_jvp_launch
+from ..kernels.flash_bwd import flash_bwd_launch
+from ..kernels.flash_fwd import flash_fwd_launch
+from ..kernels.precision import lse_dtype
+from ..kernels.row_dot import row_dot_launch
+
+INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------- device rules
+
+def unavailable_reason(device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` in this process, or None: they run on CUDA,
+    or on the CPU through the interpreter, never both at once."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "TRITON_INTERPRET=1 runs kernels on the CPU; move q, k, v to the CPU or unset it" if interpreting() else None
+    if device.type == "cpu" and interpreting():
+        return None
+    return f"the Triton attention kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); got tensors on {device}"
+
+
+def unsupported_on_cuda(dtype, head_dim):
+    """Why a CUDA launch of these inputs cannot run, or None. fp64 is the gradcheck path: its tiles
+    take 8 bytes a value and past head_dim 128 none of the launch configurations fits in shared
+    memory (measured on an H200: 280 KB wanted for D = 256)."""
+    if dtype == torch.float64 and head_dim > 128:
+        return f"float64 on CUDA supports head_dim <= 128 (got {head_dim}); use float32 or run on CPU"
+    return None
+
+
+def _unit_stride(t):
+    """The kernels take any batch/head/sequence strides but need a contiguous head dimension, and
+    offsets inside one head (row * row stride) small enough for int32 address arithmetic: a
+    [B, N, H, D] view of a long sequence is copied to [B, H, N, D] rather than overflowing."""
+    if t is None:
+        return None
+    seqlen, head_dim = t.shape[-2], t.shape[-1]
+    if t.stride(-1) == 1 and (seqlen - 1) * t.stride(-2) + head_dim <= INT32_MAX:
+        return t
+    if seqlen * head_dim > INT32_MAX:
+        raise ValueError(f"seqlen x head_dim = {seqlen} x {head_dim} exceeds 2**31 - 1 elements per head")
+    return t.contiguous()
+
+
+def interpreter_upcasts(dtype) -> bool:
+    """True when kernels on ``dtype`` inputs run as a float32 upcast (bfloat16 in the interpreter)."""
+    return dtype == torch.bfloat16 and interpreting()
+
+
+def _launch(launcher, *args):
+    """Call a launcher on the tensors' GPU with unit-stride views; bfloat16 in the interpreter runs
+    as float32 and its [B, H, N, D] results are rounded back (row statistics stay float32)."""
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    device = tensors[0].device
+    upcast = interpreter_upcasts(tensors[0].dtype)
+    args = [_unit_stride(a) if isinstance(a, Tensor) and a.dim() == 4 else a for a in args]
+    if upcast:
+        args = [a.float() if isinstance(a, Tensor) else a for a in args]
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        out = launcher(*args)
+    if upcast:
+        out = tuple(t.to(torch.bfloat16) if t is not None and t.dim() == 4 else t for t in out)
+    return out
+
+
+def _check_device(q):
+    if reason := unavailable_reason(q.device):
+        raise ValueError(reason)
+    if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, q.shape[-1])):
+        raise ValueError(reason)
+
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+def _bwd_jvp_launch(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset):
+    """Kernel 3 with its row statistics: the forward's tangents (o_t, lse_t) when not given, then
+    delta and delta_t, then the dK_t/dV_t and dQ_t passes."""
+    has_x_tangent = tq is not None or tk is not None or tv is not None
+    if o_t is None or lse_t is None:
+        if has_x_tangent:
+            o_t, lse_t = attention_jvp_launch(q, k, v, tq, tk, tv, scale, offset, o=o, lse=lse)
+        else:
+            o_t, lse_t = None, torch.zeros_like(lse)
+    delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
+    delta_t = row_dot_launch(q.shape, q.device, q.dtype, first=None if o_t is None else (do, o_t),
+                             second=None if tdo is None else (tdo, o), minus=tdlse)
+    return attention_bwd_jvp_launch(q, k, v, o, lse, do, tq, tk, tv, tdo, lse_t.contiguous(), delta, delta_t,
+                                    scale, offset)
+
+
+def _like(t, shape=None, dtype=None):
+    return t.new_empty(t.shape if shape is None else shape, dtype=t.dtype if dtype is None else dtype)
+
+
+def _rows_like(q):
+    return _like(q, q.shape[:3], lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("attnbench::attention_fwd", mutates_args=())
+def attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor]:
+    return _launch(flash_fwd_launch, q, k, v, scale, offset)
+
+
+@attention_fwd_op.register_fake
+def _(q, k, v, scale, offset):
+    return _like(q), _rows_like(q)
+
+
+@torch.library.custom_op("attnbench::attention_fwd_jvp", mutates_args=())
+def attention_fwd_jvp_op(q: Tensor, k: Tensor, v: Tensor, tq: Optional[Tensor], tk: Optional[Tensor],
+                         tv: Optional[Tensor], scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _launch(lambda *a: attention_jvp_launch(*a), q, k, v, tq, tk, tv, scale, offset)
+
+
+@attention_fwd_jvp_op.register_fake
+def _(q, k, v, tq, tk, tv, scale, offset):
+    return _like(q), _rows_like(q), _like(q), _rows_like(q)
+
+
+@torch.library.custom_op("attnbench::attention_jvp", mutates_args=())
+def attention_jvp_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, tq: Optional[Tensor],
+                     tk: Optional[Tensor], tv: Optional[Tensor], scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor]:
+    if tq is None and tk is None and tv is None:
+        return torch.zeros_like(o), torch.zeros_like(lse)
+    return _launch(lambda q, k, v, o, lse, tq, tk, tv, s, off: attention_jvp_launch(q, k, v, tq, tk, tv, s, off, o, lse),
+                   q, k, v, o, lse.contiguous(), tq, tk, tv, scale, offset)
+
+
+@attention_jvp_op.register_fake
+def _(q, k, v, o, lse, tq, tk, tv, scale, offset):
+    return _like(q), _rows_like(q)
+
+
+@torch.library.custom_op("attnbench::attention_bwd", mutates_args=())
+def attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
+                     scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
+    return _launch(lambda q, k, v, o, lse, do, dlse, s, off: flash_bwd_launch(do, q, k, v, o, lse, s, off, dlse),
+                   q, k, v, o, lse.contiguous(), do, dlse, scale, offset)
+
+
+@attention_bwd_op.register_fake
+def _(q, k, v, o, lse, do, dlse, scale, offset):
+    return _like(q), _like(k), _like(v)
+
+
+@torch.library.custom_op("attnbench::attention_bwd_jvp", mutates_args=())
+def attention_bwd_jvp_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
+                         tq: Optional[Tensor], tk: Optional[Tensor], tv: Optional[Tensor], o_t: Optional[Tensor],
+                         lse_t: Optional[Tensor], tdo: Optional[Tensor], tdlse: Optional[Tensor], scale: float,
+                         offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
+    return _launch(_bwd_jvp_launch, q, k, v, o, lse.contiguous(), do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse,
+                   scale, offset)
+
+
+@attention_bwd_jvp_op.register_fake
+def _(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset):
+    return _like(q), _like(k), _like(v)
+
+
+def _fold(t, dim, size):
+    """Move a vmapped dimension into the batch dimension (broadcasting an unmapped tensor)."""
+    if t is None:
+        return None
+    t = t.unsqueeze(0).expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+    return t.reshape(size * t.shape[1], *t.shape[2:])
+
+
+def _vmap_rule(op, n_tensors):
+    def rule(info, in_dims, *args):
+        size = info.batch_size
+        tensors = [_fold(a, d, size) for a, d in zip(args[:n_tensors], in_dims[:n_tensors])]
+        outs = op(*tensors, *args[n_tensors:])
+        return tuple(o.unflatten(0, (size, -1)) for o in outs), tuple(0 for _ in outs)
+
+    return rule
+
+
+for _op, _n in ((attention_fwd_op, 3), (attention_fwd_jvp_op, 6), (attention_jvp_op, 8), (attention_bwd_op, 7),
+                (attention_bwd_jvp_op, 14)):
+    torch.library.register_vmap(_op, _vmap_rule(_op, _n))
+
+
