@@ -1,2 +1,3 @@
 """Built-in operators; importing a subpackage registers it."""
 from . import flash  # noqa: F401
+from . import shared_context  # noqa: F401

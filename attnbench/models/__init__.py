@@ -1,0 +1,1 @@
+"""Small models built on the operators, used end to end (the TabPFN-like decode loop)."""

@@ -1,0 +1,117 @@
+"""The Triton shared_context operator's public API (forward only: the decode step is a forward).
+
+    o, lse = shared_context_attention(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=False)
+        the shipped path: one fused launch (context, buffer and the split-K merge)
+    o, lse = shared_context_attention_composed(...)
+        path (a): context kernel (+ split reduction), buffer kernel, merge_states kernel
+    o, lse = context_attention(q, k_ctx, v_ctx)         the shared context alone
+    o, lse = buffer_attention(q, k_buf, v_buf, buf_lens) each sample's buffer alone
+
+Shapes and the mask are those of spec.py; lse is float32 (float64 for float64 inputs), natural
+log, -inf for rows that see no key. Every argument is checked here, before any kernel launches.
+There is no backward: inputs that require grad under grad mode are refused, never silently
+detached.
+"""
+import torch
+
+from ...kernels import interpreting
+from ...kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
+from .spec import INT32_MAX, check_inputs
+
+
+def unavailable_reason(device) -> str | None:
+    """Why the kernels cannot run on ``device`` in this process, or None."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "TRITON_INTERPRET=1 runs kernels on the CPU; move the tensors to the CPU or unset it" \
+            if interpreting() else None
+    if device.type == "cpu" and interpreting():
+        return None
+    return ("the Triton shared_context kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); "
+            f"got tensors on {device}")
+
+
+def unsupported_on_cuda(dtype, head_dim):
+    """fp64 tiles take 8 bytes a value: past head_dim 128 no configuration fits shared memory."""
+    if dtype == torch.float64 and head_dim > 128:
+        return f"float64 on CUDA supports head_dim <= 128 (got {head_dim}); use float32 or run on CPU"
+    return None
+
+
+def _unit_stride(name, t):
+    """Contiguous head dimension and int32-safe offsets inside one head (row x row stride);
+    anything else is copied. The batch and head offsets are int64 in the kernels."""
+    if t is None:
+        return None
+    rows, head_dim = t.shape[-2], t.shape[-1]
+    if t.stride(-1) == 1 and (rows - 1) * t.stride(-2) + head_dim <= INT32_MAX:
+        return t
+    if rows * head_dim > INT32_MAX:
+        raise ValueError(f"{name}: {rows} x {head_dim} elements per head exceeds 2**31 - 1")
+    return t.contiguous()
+
+
+def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths):
+    shapes = check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale,
+                          check_lengths=check_lengths)
+    if reason := unavailable_reason(q.device):
+        raise ValueError(reason)
+    if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, shapes.head_dim)):
+        raise ValueError(reason)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_ctx, v_ctx, k_buf, v_buf)):
+        raise RuntimeError("shared_context's Triton kernels have no backward: call them under torch.no_grad() "
+                           "(inference / decode) or use the reference for gradients")
+    if shapes.n_buf == 0:
+        k_buf = v_buf = buf_lens = None
+    elif buf_lens is not None:
+        buf_lens = buf_lens.contiguous()
+    tensors = [_unit_stride(n, t) for n, t in
+               (("q", q), ("k_ctx", k_ctx), ("v_ctx", v_ctx), ("k_buf", k_buf), ("v_buf", v_buf))]
+    return shapes, (*tensors, buf_lens)
+
+
+def _num_splits(num_splits):
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None (automatic), got {num_splits!r}")
+    return num_splits
+
+
+def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False, scale=None,
+                             check_lengths=True, num_splits=None, config=None):
+    """The shipped path: context, buffer and merge in one fused launch. ``num_splits`` forces the
+    split-K count (None: ``choose_splits``); ``config`` forces one launch configuration."""
+    num_splits = _num_splits(num_splits)
+    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens) = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
+                                                                 scale, check_lengths)
+    return fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
+                        num_splits=num_splits, config=config)
+
+
+def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False,
+                                      scale=None, check_lengths=True, num_splits=None, context_config=None,
+                                      buffer_config=None):
+    """Path (a): the context kernel (and its split reduction), the buffer kernel, then merge_states."""
+    num_splits = _num_splits(num_splits)
+    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens) = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
+                                                                 scale, check_lengths)
+    return composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
+                           num_splits=num_splits, context_config=context_config, buffer_config=buffer_config)
+
+
+def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=None):
+    """Every sample's queries against the shared context alone (e.g. batched point prediction)."""
+    num_splits = _num_splits(num_splits)
+    shapes, (q, k_ctx, v_ctx, *_) = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
+    if shapes.n_ctx == 0:
+        raise ValueError("context_attention needs n_ctx >= 1")
+    return context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config)
+
+
+def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None, check_lengths=True, config=None):
+    """Each sample's queries against its own buffer alone."""
+    if not isinstance(k_buf, torch.Tensor) or k_buf.dim() != 4:
+        raise ValueError("k_buf must be a [batch, heads_kv, n_buf, head_dim] tensor")
+    empty_ctx = k_buf.new_empty((k_buf.shape[1], 0, k_buf.shape[3]))
+    shapes, (q, _, _, k_buf, v_buf, buf_lens) = _checked(q, empty_ctx, empty_ctx, k_buf, v_buf, buf_lens, causal,
+                                                         scale, check_lengths)
+    return buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config)

@@ -1,0 +1,614 @@
+"""Shared-context attention: one context K/V for the whole batch, per-sample buffers, exact merge.
+
+Row packing. For one KV head the queries of all B samples form R_TOTAL = B * G * Lq rows (G query
+heads per KV head under GQA), packed sample-major: row r is sample b = r // (G Lq), query head
+hk * G + (r // Lq) % G, query i = r % Lq. A program owns BLOCK_M packed rows of one KV head, so
+each context K/V tile it loads serves BLOCK_M rows of many samples (the batch is folded into the
+matmul, Hydragen-style): the context is read once per tile of rows, not once per sample.
+
+The buffer. Each sample's rows see only that sample's keys, so the buffer is not a matmul of the
+tile. The buffer phase walks the samples of the tile one at a time in ONE flat loop over
+(sample, row chunk, key block), which the compiler software-pipelines (the next sample's keys
+stream in while this one computes): per step a [BLOCK_R, D] x [D, BLOCK_NB] tensor-core product
+of the sample's G*Lq rows (padded to BLOCK_R >= 16 on a GPU) with BLOCK_NB of its keys. Padding
+wastes tensor-core work, not bytes: the buffer is memory-bound (each element serves G*Lq rows).
+Each sample's state (O, LSE) goes to a scratch buffer in L2 and, after a CTA barrier, seeds the
+online softmax of the context phase for the same rows: the merge of buffer and context is the
+online softmax itself.
+
+Split-K. When the row tiles times KV heads cannot fill the GPU (decode with a small batch), the
+context is cut into NUM_SPLITS chunks, one program per (row tile, chunk, KV head), and sample b's
+buffer goes to chunk b % NUM_SPLITS; each program's partial state is merged exactly
+(``merge_states``), flash-decoding style. ``choose_splits`` decides how many.
+
+Kernels:
+- ``shared_context_fused_kernel`` (the shipped path): buffer, context and merge in one launch. With
+  NUM_SPLITS > 1 each program writes its partial state to a workspace and takes a per-tile ticket;
+  the program that arrives last merges the tile's partials in split order (so the result does not
+  depend on scheduling) and resets the ticket for the next launch.
+- ``context_attention_kernel`` and ``buffer_attention_kernel``: the two halves alone, each writing
+  (O, LSE) (the context kernel one partial per split, reduced by ``merge_stack_kernel``); the
+  composed path merges them with ``merge_two_kernel``.
+
+Scores are kept in base 2 (scale * log2 e folded into one multiply). Rows that see no key get
+O = 0 and LSE = -inf.
+"""
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
+from .outputs import new_output
+from .precision import LN2, LOG2E, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .tuning import cfg, config_list, pruner, seq_bucket
+
+# ---------------------------------------------------------------- device functions
+
+
+@triton.jit
+def _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M: tl.constexpr):
+    """(valid, sample, query head within the group, query index) of the tile's packed rows."""
+    offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    valid = offs_r < R_TOTAL
+    r = tl.where(valid, offs_r, 0)
+    b = r // ROWS_PER_SAMPLE
+    rem = r - b * ROWS_PER_SAMPLE
+    g = rem // N_Q
+    i = rem - g * N_Q
+    return valid, b, g, i
+
+
+@triton.jit
+def _rows(b, h, i, stride_b, stride_h, stride_n):
+    """Per-row element offsets (int64: batch x stride can pass 2**31 at decode sizes)."""
+    return b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + i.to(tl.int64) * stride_n
+
+
+@triton.jit
+def _normalized(acc, l_i, m_i):
+    """(O, LSE natural log) of an online-softmax state in base 2; (0, -inf) where no key was seen."""
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+    return o, lse
+
+
+@triton.jit
+def _store_state(O, LSE, o, lse, o_rows, lse_rows, mask, offs_d, HEAD_DIM: tl.constexpr):
+    tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty),
+             mask=mask[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(LSE + lse_rows, lse.to(LSE.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _buffer_phase(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
+                  stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
+                  stride_vbb, stride_vbh, stride_vbn, stride_ob, stride_oh, stride_on,
+                  stride_lb, stride_lh, stride_ln,
+                  R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+                  ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_NB: tl.constexpr):
+    """Buffer attention of this tile's rows, for the samples b with b % NUM_SPLITS == split:
+    each sample's rows against its own valid keys, written as states (O, LSE) to OUT."""
+    row_lo = tile * BLOCK_M
+    row_hi = tl.minimum(row_lo + BLOCK_M, R_TOTAL)
+    first = row_lo // ROWS_PER_SAMPLE
+    end = tl.cdiv(row_hi, ROWS_PER_SAMPLE)  # one past the last sample with rows in the tile
+    offset = (split - first % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS  # first sample of this split
+    samples = tl.maximum(tl.cdiv(end - first - offset, NUM_SPLITS), 0)
+    chunks = tl.cdiv(ROWS_PER_SAMPLE, BLOCK_R)
+    key_blocks = tl.cdiv(N_BUF, BLOCK_NB)
+    offs_rr = tl.arange(0, BLOCK_R)
+    offs_nb = tl.arange(0, BLOCK_NB)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    hk64 = hk.to(tl.int64)
+    m_i = tl.full([BLOCK_R], -1.0e30, dtype=ACC_DTYPE)
+    l_i = tl.zeros([BLOCK_R], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=ACC_DTYPE)
+    # One flat loop over (sample, row chunk, key block), so that loads of the next sample are
+    # pipelined behind this one's math; the state restarts at each (sample, chunk).
+    for step in range(0, samples * chunks * key_blocks):
+        kb = step % key_blocks
+        sc = step // key_blocks
+        b = first + offset + (sc // chunks) * NUM_SPLITS
+        r_in = (sc % chunks) * BLOCK_R + offs_rr  # rows within the sample
+        r = b * ROWS_PER_SAMPLE + r_in
+        valid = (r_in < ROWS_PER_SAMPLE) & (r >= row_lo) & (r < row_hi)
+        g = r_in // N_Q
+        i = r_in - g * N_Q
+        h = hk * GROUP + g
+        fresh = kb == 0
+        m_i = tl.where(fresh, -1.0e30, m_i)
+        l_i = tl.where(fresh, 0.0, l_i)
+        acc = tl.where(fresh, 0.0, acc)
+        q = tl.load(Q + _rows(b, h, i, stride_qb, stride_qh, stride_qn)[:, None] + offs_d[None, :],
+                    mask=valid[:, None] & d_mask[None, :], other=0.0)
+        if FULL_LENS:
+            length = N_BUF
+        else:  # lengths outside [0, N_BUF] (unchecked on the hot path) never read out of bounds
+            length = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), N_BUF)
+        limit = tl.zeros([BLOCK_R], dtype=tl.int32) + length
+        if CAUSAL:  # the Lq queries are the sample's last Lq valid entries
+            limit = tl.minimum(limit, tl.maximum(length - N_Q + i + 1, 0))
+        limit = tl.where(valid, limit, 0)
+        offs_n = kb * BLOCK_NB + offs_nb
+        kv_mask = (offs_n[:, None] < length) & d_mask[None, :]
+        b64 = b.to(tl.int64)
+        k = tl.load(KB + b64 * stride_kbb + hk64 * stride_kbh + offs_n[:, None] * stride_kbn + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
+        s = tl.where(offs_n[None, :] < limit[:, None], s, float("-inf"))
+        # m starts finite, so rows with nothing visible yet keep alpha = 1 and p = 0, never NaN
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(VB + b64 * stride_vbb + hk64 * stride_vbh + offs_n[:, None] * stride_vbn + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        m_i = m_new
+        o, lse = _normalized(acc, l_i, m_i)
+        done = (tl.zeros([BLOCK_R], dtype=tl.int32) + kb) == key_blocks - 1  # the sample's last key block
+        _store_state(OUT_O, OUT_L, o, lse, _rows(b, h, i, stride_ob, stride_oh, stride_on),
+                     _rows(b, h, i, stride_lb, stride_lh, stride_ln), valid & done, offs_d, HEAD_DIM)
+
+
+@triton.jit
+def _load_context_block(ptrs, offs_n, offs_d, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                        MASKED: tl.constexpr):
+    if MASKED:
+        return tl.load(ptrs, mask=(offs_n[:, None] < N_CTX) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        return tl.load(ptrs)  # a full block and no head-dim padding: no mask at all
+    else:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _attend_context_block(acc, l_i, m_i, q, KC_head, VC_head, stride_kcn, stride_vcn, n0, offs_d, N_CTX,
+                          qk_scale_log2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                          MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    k = _load_context_block(KC_head + offs_n[:, None] * stride_kcn + offs_d[None, :], offs_n, offs_d, N_CTX,
+                            HEAD_DIM, BLOCK_D, MASKED)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
+    if MASKED:
+        s = tl.where(offs_n[None, :] < N_CTX, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_context_block(VC_head + offs_n[:, None] * stride_vcn + offs_d[None, :], offs_n, offs_d, N_CTX,
+                            HEAD_DIM, BLOCK_D, MASKED)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _context_phase(acc, l_i, m_i, q, KC, VC, split, hk, stride_kch, stride_kcn, stride_vch, stride_vcn,
+                   N_CTX, NUM_SPLITS, qk_scale_log2, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Continue the online softmax of the tile's rows over this split's chunk of the context."""
+    per_split = tl.cdiv(tl.cdiv(N_CTX, BLOCK_N), NUM_SPLITS) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, N_CTX)
+    full_hi = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N  # blocks that need no length mask
+    KC_head = KC + hk.to(tl.int64) * stride_kch
+    VC_head = VC + hk.to(tl.int64) * stride_vch
+    for n0 in range(lo, full_hi, BLOCK_N):
+        acc, l_i, m_i = _attend_context_block(acc, l_i, m_i, q, KC_head, VC_head, stride_kcn, stride_vcn, n0, offs_d,
+                                              N_CTX, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, False, ACC_DTYPE,
+                                              DOT_PRECISION)
+    for n0 in range(full_hi, hi, BLOCK_N):  # at most one: the context's ragged end
+        acc, l_i, m_i = _attend_context_block(acc, l_i, m_i, q, KC_head, VC_head, stride_kcn, stride_vcn, n0, offs_d,
+                                              N_CTX, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, True, ACC_DTYPE,
+                                              DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    valid, b, g, i = _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M)
+    h = hk * GROUP + g
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + _rows(b, h, i, stride_qb, stride_qh, stride_qn)[:, None] + offs_d[None, :],
+                mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    return q, valid, b, h, i, offs_d
+
+
+# ---------------------------------------------------------------- launch configurations
+
+
+def _fits(config, element_size, block_d):
+    """Staged shared memory of a config (context and buffer phases added: compiled for sm_90 the
+    two are not overlapped), or inf when the context tile's fp32 accumulator and scores would take
+    more than ~128 registers a thread (they would spill)."""
+    kw = config.kwargs
+    block_m, block_n, block_nb = kw["BLOCK_M"], kw.get("BLOCK_N", 0), kw.get("BLOCK_NB", 0)
+    if block_n and (block_m * block_d + block_m * block_n) / (32 * config.num_warps) > 128:
+        return float("inf")
+    context = (block_m * block_d + config.num_stages * 2 * block_n * block_d) if block_n else 0
+    buffer = config.num_stages * (16 * block_d + 2 * block_nb * block_d)
+    return (context + buffer) * element_size
+
+
+# Under the interpreter: 16-row tiles, 16-key context blocks, 4-key buffer blocks and 4-row
+# buffer chunks (BLOCK_R, set by the launcher), so that tiny cases span several of each. On a GPU
+# the pruner keeps what fits the head dimension; the last entry is the smallest and fits every D.
+_FUSED_CONFIGS = config_list(
+    [
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=32),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=32),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_NB=32),
+        cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=32),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=64),
+        cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16),
+    ],
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=4),
+)
+# The context kernel has no buffer phase (BLOCK_NB unused).
+_CONTEXT_CONFIGS = config_list(
+    [
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_NB=16),
+        cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=16),
+        cfg(4, 4, BLOCK_M=64, BLOCK_N=32, BLOCK_NB=16),
+        cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16),
+    ],
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=4),
+)
+# The buffer kernel has no context phase (BLOCK_N unused): BLOCK_M only sets how many samples'
+# rows one program streams through.
+_BUFFER_CONFIGS = config_list(
+    [
+        cfg(4, 3, BLOCK_M=128, BLOCK_NB=32),
+        cfg(4, 3, BLOCK_M=256, BLOCK_NB=32),
+        cfg(4, 4, BLOCK_M=512, BLOCK_NB=32),
+        cfg(4, 3, BLOCK_M=128, BLOCK_NB=64),
+        cfg(8, 3, BLOCK_M=256, BLOCK_NB=64),
+        cfg(4, 2, BLOCK_M=64, BLOCK_NB=16),
+    ],
+    cfg(1, 1, BLOCK_M=16, BLOCK_NB=4),
+)
+_KEY = ["R_BUCKET", "CTX_BUCKET", "BUF_BUCKET", "NUM_SPLITS", "BLOCK_D", "BLOCK_R", "CAUSAL", "FULL_LENS"]
+_PRUNE = {"early_config_prune": pruner(_fits)}
+
+# Split-K sizing: aim at about two programs per SM, with at least this many keys per split (a
+# split must amortize writing and merging its partial state).
+NOMINAL_BLOCK_M = 64
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+INTERPRETER_SMS = 4  # so that tiny CPU-gate cases take the split path too
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@triton.autotune(_FUSED_CONFIGS, key=_KEY, prune_configs_by=_PRUNE)
+@triton.jit
+def shared_context_fused_kernel(
+        Q, KC, VC, KB, VB, LENS, O, LSE, WB_O, WB_L, WS_O, WS_L, COUNTERS,
+        stride_qb, stride_qh, stride_qn, stride_kch, stride_kcn, stride_vch, stride_vcn,
+        stride_kbb, stride_kbh, stride_kbn, stride_vbb, stride_vbh, stride_vbn,
+        stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
+        stride_wbo_b, stride_wbo_h, stride_wbo_n, stride_wbl_b, stride_wbl_h, stride_wbl_n,
+        stride_ws_s, stride_ws_b, stride_ws_h, stride_ws_n, stride_wl_s, stride_wl_b, stride_wl_h, stride_wl_n,
+        R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_CTX, N_BUF, NUM_SPLITS, scale_hi, scale_lo,
+        R_BUCKET, CTX_BUCKET, BUF_BUCKET,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_BUFFER: tl.constexpr,
+        FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr, IN_KERNEL_MERGE: tl.constexpr,
+        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NB: tl.constexpr):
+    pid_m = tl.program_id(0)
+    split = tl.program_id(1)
+    hk = tl.program_id(2)
+    qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
+    if HAS_BUFFER:
+        _buffer_phase(Q, KB, VB, LENS, WB_O, WB_L, pid_m, split, hk,
+                      stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
+                      stride_vbb, stride_vbh, stride_vbn, stride_wbo_b, stride_wbo_h, stride_wbo_n,
+                      stride_wbl_b, stride_wbl_h, stride_wbl_n,
+                      R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
+                      HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, BLOCK_NB)
+        tl.debug_barrier()  # this CTA's buffer states are written before any thread reads them back
+    q, valid, b, h, i, offs_d = _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL,
+                                             ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
+    if HAS_BUFFER:
+        # Seed the online softmax with the buffer state of the rows whose sample is this split's:
+        # (O, LSE) is (acc, l = 1) at m = LSE in base 2.
+        mine = valid & (b % NUM_SPLITS == split)
+        lse_b = tl.load(WB_L + _rows(b, h, i, stride_wbl_b, stride_wbl_h, stride_wbl_n), mask=mine,
+                        other=float("-inf"), cache_modifier=".cg").to(ACC_DTYPE)
+        o_b = tl.load(WB_O + _rows(b, h, i, stride_wbo_b, stride_wbo_h, stride_wbo_n)[:, None] + offs_d[None, :],
+                      mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
+        seen = lse_b > float("-inf")
+        m_i = tl.where(seen, lse_b * tl.full([], LOG2E, ACC_DTYPE), -1.0e30)
+        l_i = seen.to(ACC_DTYPE)
+        acc = tl.where(seen[:, None], o_b.to(ACC_DTYPE), 0.0)
+    else:
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+        l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+    if HAS_CONTEXT:
+        acc, l_i, m_i = _context_phase(acc, l_i, m_i, q, KC, VC, split, hk, stride_kch, stride_kcn, stride_vch,
+                                       stride_vcn, N_CTX, NUM_SPLITS, qk_scale_log2, offs_d, HEAD_DIM, BLOCK_D,
+                                       ACC_DTYPE, DOT_PRECISION, BLOCK_N)
+    # the rows' coordinates again, rather than keeping them alive in registers through the loop
+    valid, b, g, i = _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M)
+    h = hk * GROUP + g
+    o, lse = _normalized(acc, l_i, m_i)
+    o_rows = _rows(b, h, i, stride_ob, stride_oh, stride_on)
+    lse_rows = _rows(b, h, i, stride_lb, stride_lh, stride_ln)
+    if IN_KERNEL_MERGE:
+        ws_rows = _rows(b, h, i, stride_ws_b, stride_ws_h, stride_ws_n)
+        wl_rows = _rows(b, h, i, stride_wl_b, stride_wl_h, stride_wl_n)
+        split64 = split.to(tl.int64)
+        _store_state(WS_O + split64 * stride_ws_s, WS_L + split64 * stride_wl_s, o, lse, ws_rows, wl_rows,
+                     valid, offs_d, HEAD_DIM)
+        # Every thread's partial is written before the ticket is taken (barrier, then a release
+        # atomic); the last arrival reads the others' partials after its acquire, bypassing L1.
+        tl.debug_barrier()
+        counter = COUNTERS + hk * tl.num_programs(0) + pid_m
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel")
+        if ticket == NUM_SPLITS - 1:
+            tl.debug_barrier()
+            d_mask = offs_d < HEAD_DIM
+            m, s, merged = merge_init(BLOCK_M, BLOCK_D, ACC_DTYPE)
+            for k in range(0, NUM_SPLITS):  # split order: bitwise independent of who merges
+                k64 = tl.zeros([], dtype=tl.int64) + k
+                part_lse = tl.load(WS_L + k64 * stride_wl_s + wl_rows, mask=valid, other=float("-inf"),
+                                   cache_modifier=".cg")
+                part_o = tl.load(WS_O + k64 * stride_ws_s + ws_rows[:, None] + offs_d[None, :],
+                                 mask=valid[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+                m, s, merged = merge_step(m, s, merged, part_lse.to(ACC_DTYPE), part_o.to(ACC_DTYPE))
+            o, lse = merge_finish(m, s, merged)
+            _store_state(O, LSE, o, lse, o_rows, lse_rows, valid, offs_d, HEAD_DIM)
+            tl.store(counter, 0)  # ready for the next launch
+    else:
+        _store_state(O, LSE, o, lse, o_rows, lse_rows, valid, offs_d, HEAD_DIM)
+
+
+@triton.autotune(_CONTEXT_CONFIGS, key=_KEY, prune_configs_by=_PRUNE)
+@triton.jit
+def context_attention_kernel(
+        Q, KC, VC, O, LSE,
+        stride_qb, stride_qh, stride_qn, stride_kch, stride_kcn, stride_vch, stride_vcn,
+        stride_os, stride_ob, stride_oh, stride_on, stride_ls, stride_lb, stride_lh, stride_ln,
+        R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_CTX, NUM_SPLITS, scale_hi, scale_lo,
+        R_BUCKET, CTX_BUCKET, BUF_BUCKET,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NB: tl.constexpr):
+    """Attention over the shared context alone: one state (O, LSE) per split, O [S, B, H, Lq, D]."""
+    pid_m = tl.program_id(0)
+    split = tl.program_id(1)
+    hk = tl.program_id(2)
+    q, valid, b, h, i, offs_d = _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL,
+                                             ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+    l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+    acc, l_i, m_i = _context_phase(acc, l_i, m_i, q, KC, VC, split, hk, stride_kch, stride_kcn, stride_vch,
+                                   stride_vcn, N_CTX, NUM_SPLITS, softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE),
+                                   offs_d, HEAD_DIM, BLOCK_D, ACC_DTYPE, DOT_PRECISION, BLOCK_N)
+    valid, b, g, i = _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M)  # recomputed: see the fused kernel
+    h = hk * GROUP + g
+    o, lse = _normalized(acc, l_i, m_i)
+    split64 = split.to(tl.int64)
+    _store_state(O + split64 * stride_os, LSE + split64 * stride_ls, o, lse,
+                 _rows(b, h, i, stride_ob, stride_oh, stride_on), _rows(b, h, i, stride_lb, stride_lh, stride_ln),
+                 valid, offs_d, HEAD_DIM)
+
+
+@triton.autotune(_BUFFER_CONFIGS, key=_KEY, prune_configs_by=_PRUNE)
+@triton.jit
+def buffer_attention_kernel(
+        Q, KB, VB, LENS, O, LSE,
+        stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn, stride_vbb, stride_vbh, stride_vbn,
+        stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
+        R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, scale_hi, scale_lo,
+        R_BUCKET, CTX_BUCKET, BUF_BUCKET, NUM_SPLITS,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_NB: tl.constexpr):
+    """Attention of each sample's rows over its own buffer alone: (O, LSE)."""
+    _buffer_phase(Q, KB, VB, LENS, O, LSE, tl.program_id(0), 0, tl.program_id(2),
+                  stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
+                  stride_vbb, stride_vbh, stride_vbn, stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
+                  R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, 1, softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE),
+                  HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, BLOCK_NB)
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def _on_device(t):
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+_SM_COUNT = {}
+
+
+def multiprocessors(device) -> int:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def choose_splits(rows_per_head: int, heads_kv: int, n_keys: int, device) -> int:
+    """How many chunks to cut the keys into: enough programs for ~2 per SM, never fewer than
+    MIN_KEYS_PER_SPLIT keys a chunk (16 under the interpreter), at most MAX_SPLITS."""
+    sms = multiprocessors(device)
+    min_keys = 16 if torch.device(device).type == "cpu" else MIN_KEYS_PER_SPLIT
+    programs = triton.cdiv(rows_per_head, NOMINAL_BLOCK_M) * heads_kv
+    if programs >= sms:
+        return 1
+    wanted = triton.cdiv(2 * sms, programs)
+    return max(1, min(wanted, n_keys // min_keys, MAX_SPLITS))
+
+
+_COUNTERS = {}
+
+
+def _counters(device, count):
+    """Zeroed per-tile tickets for the in-kernel merge, kept per device and stream: the last
+    program of each tile resets its ticket, so the buffer is zero again after every launch."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < count:
+        have = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = have
+    return have
+
+
+def _sizes(q, heads_kv):
+    batch, heads_q, n_q, head_dim = q.shape
+    group = heads_q // heads_kv
+    return batch, heads_q, n_q, head_dim, group, batch * group * n_q
+
+
+def block_rows(rows_per_sample: int, device) -> int:
+    """Rows of one sample per buffer step: its G * Lq rows padded to a tensor-core tile (16..64);
+    4 under the interpreter, so that the CPU gate walks samples in several chunks."""
+    if torch.device(device).type == "cpu":
+        return 4
+    return max(16, min(64, triton.next_power_of_2(rows_per_sample)))
+
+
+def _common(q, head_dim, causal, full_lens, rows_per_sample):
+    return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CAUSAL=bool(causal),
+                FULL_LENS=full_lens, ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+                BLOCK_R=block_rows(rows_per_sample, q.device))
+
+
+def _launch(kernel, grid, args, constexprs, config):
+    """Autotuned launch, or one explicit configuration (a dict with BLOCK_M, BLOCK_N, BLOCK_NB,
+    num_warps, num_stages) for tuning studies."""
+    if config is None:
+        kernel[grid](*args, **constexprs)
+        return
+    config = dict(config)
+    launch = dict(num_warps=config.pop("num_warps", 4), num_stages=config.pop("num_stages", 2))
+    names = kernel.fn.arg_names
+    config = {k: v for k, v in config.items() if k in names}  # e.g. BLOCK_N means nothing to the buffer kernel
+    kernel.fn[grid](*args, **constexprs, **config, **launch)
+
+
+def _buffer_args(k_buf, v_buf, buf_lens, q):
+    """Kernel arguments for the buffer (a stand-in pointer when absent) and whether lengths are full."""
+    if k_buf is None or k_buf.shape[2] == 0:
+        return q, q, q, 0, (0, 0, 0), (0, 0, 0), True
+    lens = buf_lens if buf_lens is not None else q
+    return (k_buf, v_buf, lens, k_buf.shape[2], k_buf.stride()[:3], v_buf.stride()[:3], buf_lens is None)
+
+
+def _state_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, num_splits=None, config=None,
+                 out_dtype=None):
+    """Buffer, context and merge in one launch on checked inputs. Returns (o, lse)."""
+    heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
+    batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
+    kb, vb, lens, n_buf, skb, svb, full = _buffer_args(k_buf, v_buf, buf_lens, q)
+    splits = num_splits or choose_splits(rows, heads_kv, n_ctx + n_buf, q.device)
+    o = new_output(q.shape, out_dtype or q.dtype, q.device)
+    lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    if n_buf:  # the buffer states, passed from the buffer phase to the context phase through L2
+        wb_o = new_output((batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
+        wb_l = new_output((batch, heads_q, n_q), lse.dtype, q.device)
+    else:
+        wb_o, wb_l = o, lse
+    merge = splits > 1
+    if merge:
+        ws_o = new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
+        ws_l = new_output((splits, batch, heads_q, n_q), lse.dtype, q.device)
+        counters = _counters(q.device, heads_kv * triton.cdiv(rows, 16))
+    else:
+        ws_o, ws_l, counters = o, lse, lse
+    args = (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, kb, vb, lens, o, lse, wb_o, wb_l, ws_o, ws_l, counters,
+            *q.stride()[:3], *(k_ctx.stride()[:2] if n_ctx else (0, 0)), *(v_ctx.stride()[:2] if n_ctx else (0, 0)),
+            *skb, *svb, *o.stride()[:3], *lse.stride(),
+            *(wb_o.stride()[:3] if n_buf else (0, 0, 0)), *(wb_l.stride() if n_buf else (0, 0, 0)),
+            *(ws_o.stride()[:4] if merge else (0, 0, 0, 0)), *(ws_l.stride() if merge else (0, 0, 0, 0)),
+            rows, group * n_q, n_q, group, n_ctx, n_buf, splits, *split_scale(sm_scale),
+            seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf))
+    constexprs = dict(_common(q, head_dim, causal, full, group * n_q), HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0,
+                      IN_KERNEL_MERGE=merge)
+    with _on_device(q):
+        _launch(shared_context_fused_kernel, lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
+                args, constexprs, config)
+    return o, lse
+
+
+def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, out_dtype=None):
+    """Attention of every sample's queries over the shared context alone. Returns (o, lse); with
+    several splits the partial states are reduced by ``merge_stack_launch`` (a second launch)."""
+    heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
+    batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
+    splits = num_splits or choose_splits(rows, heads_kv, n_ctx, q.device)
+    out_dtype = out_dtype or q.dtype
+    part_dtype = _state_dtype(q) if splits > 1 else out_dtype
+    o = new_output((splits, batch, heads_q, n_q, head_dim), part_dtype, q.device)
+    lse = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    args = (q, k_ctx, v_ctx, o, lse, *q.stride()[:3], *k_ctx.stride()[:2], *v_ctx.stride()[:2],
+            *o.stride()[:4], *lse.stride(), rows, group * n_q, n_q, group, n_ctx, splits, *split_scale(sm_scale),
+            seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(0))
+    with _on_device(q):
+        _launch(context_attention_kernel, lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
+                args, _common(q, head_dim, False, True, group * n_q), config)
+        if splits > 1:
+            return merge_stack_launch(o, lse, out_dtype)
+    return o[0], lse[0]
+
+
+def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, out_dtype=None):
+    """Attention of each sample's queries over its own buffer alone. Returns (o, lse)."""
+    heads_kv, n_buf = k_buf.shape[1], k_buf.shape[2]
+    batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
+    o = new_output(q.shape, out_dtype or q.dtype, q.device)
+    lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    lens = buf_lens if buf_lens is not None else q
+    args = (q, k_buf, v_buf, lens, o, lse, *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3],
+            *o.stride()[:3], *lse.stride(), rows, group * n_q, n_q, group, n_buf, *split_scale(sm_scale),
+            seq_bucket(rows), seq_bucket(0), seq_bucket(n_buf), 1)
+    with _on_device(q):
+        _launch(buffer_attention_kernel, lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
+                args, _common(q, head_dim, causal, buf_lens is None, group * n_q), config)
+    return o, lse
+
+
+def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, num_splits=None,
+                    context_config=None, buffer_config=None):
+    """Path (a): context kernel (+ split reduction), buffer kernel, merge_states kernel. The two
+    halves stay in fp32 until the merge, so the composition rounds once, like the fused path."""
+    n_ctx = k_ctx.shape[1]
+    n_buf = 0 if k_buf is None else k_buf.shape[2]
+    if not n_buf:
+        return context_launch(q, k_ctx, v_ctx, sm_scale, num_splits=num_splits, config=context_config)
+    if not n_ctx:
+        return buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, config=buffer_config)
+    o_c, lse_c = context_launch(q, k_ctx, v_ctx, sm_scale, num_splits=num_splits, config=context_config,
+                                out_dtype=_state_dtype(q))
+    o_b, lse_b = buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, config=buffer_config,
+                               out_dtype=_state_dtype(q))
+    return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype)
+
+
+__all__ = ["block_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch", "fused_launch",
+           "interpreting", "multiprocessors"]
