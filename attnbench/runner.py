@@ -5,6 +5,7 @@ the float64 oracle, so a fast number from a wrong kernel cannot pass unnoticed.
 """
 import gc
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from . import verify
 from .kernels import interpreting
 from .registry import Unsupported
 from .roofline import achieved, ceilings
-from .timing import Timing, measure, peak_memory_bytes
+from .timing import Timing, comparable, measure, peak_memory_bytes
 
 
 class Progress:
@@ -30,13 +31,28 @@ class Progress:
         self.done += 1
         if self.enabled:
             width = len(str(self.total))
-            print(f"[{self.done:>{width}}/{self.total}] {time.perf_counter() - self.start:7.1f}s  {label}",
-                  file=self.stream, flush=True)
+            try:
+                print(f"[{self.done:>{width}}/{self.total}] {time.perf_counter() - self.start:7.1f}s  {label}",
+                      file=self.stream, flush=True)
+            except BrokenPipeError:  # `attnbench ... 2>&1 | head`: the reader left; the run goes on
+                self.enabled = False
+                detach(self.stream)
+
+
+def detach(stream):
+    """Point a stream whose reader has gone (a closed pipe) at /dev/null, so that neither later
+    writes nor the flush at exit raise BrokenPipeError."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError, AttributeError):  # not backed by a file descriptor (a test's StringIO)
+        pass
 
 
 def _release(device):
-    gc.collect()
+    """Give a GPU's cached blocks back between rows. Not on a CPU: there reference counting frees
+    the tensors, and a full collection cost 0.15 s per row (80% of a tiny-set check run)."""
     if torch.device(device).type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
 
 
@@ -50,8 +66,21 @@ def select_variants(op, device, names=None):
     return [n for n in names if n in available]
 
 
-def check(op, cases, device, variants=None, modes=None, seed=0, progress=True) -> list:
-    """Verify each variant on each case and mode against the float64 oracle."""
+def _no_mode(name, mode):
+    return f"{name} does not implement mode {mode}"
+
+
+def _cost(op, case, mode):
+    """(FLOPs, bytes) of the operator's cost model; NaN (no TF/s, GB/s) where it has none."""
+    try:
+        return op.flops(case, mode), op.bytes(case, mode)
+    except NotImplementedError:
+        return math.nan, math.nan
+
+
+def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, on_result=None) -> list:
+    """Verify each variant on each case and mode against the float64 oracle. ``on_result(result)``
+    is called as each result is final (the CLI writes it to the result file there)."""
     names = select_variants(op, device, variants)
     modes = modes or op.modes
     bar = Progress(len(cases) * len(modes) * len(names), progress)
@@ -62,10 +91,15 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True) -
         for mode in modes:
             for name in names:
                 try:
-                    result = verify.check_variant(op, name, case, mode, x, oracle, lowp)
+                    if mode not in op.variants[name].modes:
+                        result = verify.CheckResult(op.name, name, case.label, mode, skipped=_no_mode(name, mode))
+                    else:
+                        result = verify.check_variant(op, name, case, mode, x, oracle, lowp)
                 except torch.OutOfMemoryError:
                     result = verify.CheckResult(op.name, name, case.label, mode, skipped="out of memory")
                 results.append(result)
+                if on_result is not None:
+                    on_result(result)
                 status = "skip" if result.skipped else ("ok" if result.passed else "FAIL")
                 bar.step(f"check {op.name} {name:14s} {mode:7s} {case.label}  {status}")
                 _release(device)
@@ -96,9 +130,18 @@ class BenchRow:
         return d
 
 
+def _set_speedup(row, base_row):
+    if row.timing and comparable(row.timing, base_row.timing):
+        row.speedup, row.baseline = base_row.timing.median_ms / row.timing.median_ms, base_row.variant
+
+
 def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, cuda_graph=False,
-          verify_outputs=True, progress=True, rep_ms=100) -> list:
-    """Time each variant on each case and mode; rows carry throughput, roofline and error."""
+          verify_outputs=True, progress=True, rep_ms=100, on_row=None) -> list:
+    """Time each variant on each case and mode; rows carry throughput, roofline and error.
+
+    ``on_row(row)`` is called as each row finishes; the row object may still change afterwards
+    (its speedup, once the baseline of its case and mode has run), so keep the object, not a copy.
+    A speedup is set only between comparable clocks (see ``comparable``)."""
     device = torch.device(device)
     names = select_variants(op, device, variants)
     modes = modes or op.modes
@@ -110,10 +153,12 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
         x = op.make_inputs(case, device, seed)
         oracle = op.oracle(case, x) if verify_outputs else None
         for mode in modes:
-            mode_rows = []
+            mode_rows, base_row = [], None
             for name in names:
                 row = BenchRow(op.name, case.label, mode, name)
                 try:
+                    if mode not in op.variants[name].modes:
+                        raise Unsupported(_no_mode(name, mode))
                     fn = op.variants[name].prepare(case, x, mode)
                     outputs = fn()
                     if oracle is not None:
@@ -123,7 +168,7 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                     if device.type == "cpu" and op.variants[name].kind == "triton" and interpreting():
                         row.timing.method = "interpreter"  # a check that it runs, not a speed
                     row.peak_mem_bytes = peak_memory_bytes(fn, device)
-                    perf = achieved(op.flops(case, mode), op.bytes(case, mode), row.timing, ceil)
+                    perf = achieved(*_cost(op, case, mode), row.timing, ceil)
                     row.tflops, row.gbps, row.roofline_pct = perf.tflops, perf.gbps, perf.roofline_pct
                 except Unsupported as exc:
                     row.skipped = str(exc)
@@ -132,12 +177,16 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                 fn = None
                 _release(device)
                 mode_rows.append(row)
+                if name == base and row.timing:
+                    base_row = row
+                    for r in mode_rows:
+                        _set_speedup(r, base_row)
+                elif base_row is not None:
+                    _set_speedup(row, base_row)
+                if on_row is not None:
+                    on_row(row)
                 shown = f"{row.timing.median_ms:.3f} ms" if row.timing else f"skipped: {row.skipped}"
                 bar.step(f"bench {op.name} {name:14s} {mode:7s} {case.label}  {shown}")
-            reference = next((r for r in mode_rows if r.variant == base and r.timing), None)
-            for r in mode_rows:
-                if reference and r.timing:
-                    r.speedup, r.baseline = reference.timing.median_ms / r.timing.median_ms, base
             rows.extend(mode_rows)
         del x, oracle
         _release(device)

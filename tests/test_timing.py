@@ -1,4 +1,5 @@
 """Timing statistics, CPU measurement, roofline arithmetic, machine info and progress lines."""
+import gc
 import io
 import time
 
@@ -10,7 +11,8 @@ import triton
 from attnbench.kernels import interpreting
 from attnbench.roofline import Ceilings, achieved, calibrate, ceilings, machine_info, machine_slug
 from attnbench.runner import Progress
-from attnbench.timing import Timing, measure, peak_memory_bytes, summarize
+from attnbench.timing import (CPU_MIN_SAMPLES, NOISY_IQR_FRACTION, Timing, comparable, measure, peak_memory_bytes,
+                              summarize)
 
 
 # ---------------------------------------------------------------- summarize
@@ -53,7 +55,7 @@ def test_timing_as_dict_has_iqr():
 def test_measure_on_cpu_is_a_cpu_wall_timing():
     assert interpreting()  # import attnbench switched the interpreter on: no CUDA here
     calls = []
-    t = measure(lambda: calls.append(None), "cpu", cpu_reps=3)
+    t = measure(lambda: calls.append(None), "cpu", cpu_reps=3, rep_ms=0, warmup_ms=0)
     assert t.method == "cpu-wall" and not t.is_gpu
     assert not t.is_gpu
     assert t.samples == 3
@@ -69,7 +71,7 @@ def test_measure_keeps_the_first_call_out_of_the_samples():
         if len(calls) == 1:
             time.sleep(0.3)
 
-    t = measure(fn, "cpu", cpu_reps=3)
+    t = measure(fn, "cpu", cpu_reps=3, rep_ms=0)  # the slow first call is warm-up enough
     assert len(calls) == 4
     assert t.q3_ms < 150
 
@@ -81,10 +83,57 @@ def test_measure_budget_still_gives_one_sample():
         calls.append(None)
         time.sleep(0.02)
 
-    t = measure(slow, torch.device("cpu"), cpu_reps=10, cpu_budget_s=0.001)
+    t = measure(slow, torch.device("cpu"), cpu_reps=10, cpu_budget_s=0.001, warmup_ms=0)
     assert t.samples == 1
     assert len(calls) == 2
     assert t.median_ms >= 15
+
+
+def test_cpu_rule_takes_the_minimum_and_the_time_budget():
+    """At least CPU_MIN_SAMPLES samples, and rep_ms of sampling, as do_bench gets on a GPU."""
+    t = measure(lambda: time.sleep(0.001), "cpu", rep_ms=60)
+    assert t.samples >= CPU_MIN_SAMPLES
+    assert t.samples * t.median_ms >= 0.8 * 60  # the samples fill the 60 ms (sleep overshoots, never under)
+    few = measure(lambda: time.sleep(0.03), "cpu", rep_ms=0)
+    assert few.samples == CPU_MIN_SAMPLES  # a slow call: the minimum, once rep_ms is spent
+
+
+def test_cpu_rule_hard_budget_caps_slow_calls():
+    t = measure(lambda: time.sleep(0.05), "cpu", cpu_budget_s=0.12)
+    assert 1 <= t.samples < CPU_MIN_SAMPLES  # the cap wins over the minimum: 3 samples of 50 ms
+
+
+def test_cpu_samples_run_on_one_thread_without_gc():
+    """One intra-op thread (two on a 2-core machine with a busy core read 330x slow) and no garbage
+    collection inside a sample; both restored afterwards."""
+    seen, threads = [], torch.get_num_threads()
+    measure(lambda: seen.append((torch.get_num_threads(), gc.isenabled())), "cpu", cpu_reps=3, rep_ms=0, warmup_ms=0)
+    assert seen[0] == (threads, True)  # the untimed first call runs as the caller set things
+    assert set(seen[1:]) == {(1, False)}
+    assert torch.get_num_threads() == threads and gc.isenabled()
+
+
+def test_noisy_flag_and_comparable_clocks():
+    assert Timing(1.0, 0.8, 0.8 + NOISY_IQR_FRACTION + 0.01, 10, "cpu-wall").noisy
+    assert not Timing(1.0, 0.9, 0.9 + NOISY_IQR_FRACTION - 0.01, 10, "cpu-wall").noisy
+    assert not Timing(1.0, 1.0, 1.0, 1, "cpu-wall").noisy
+    assert comparable(Timing(1, 1, 1, 1, "cuda-events"), Timing(2, 2, 2, 1, "cuda-events"))
+    assert not comparable(Timing(1, 1, 1, 1, "cuda-events"), Timing(2, 2, 2, 1, "cuda-graph"))
+    assert not comparable(Timing(1, 1, 1, 1, "interpreter"), Timing(2, 2, 2, 1, "interpreter"))
+
+
+def test_bench_reports_rows_as_they_finish_and_divides_comparable_clocks_only(flash):
+    """on_row sees each row when it is done; the baseline runs last here, so the earlier rows get
+    their speedup afterwards, on the same objects. Interpreter rows get none."""
+    from attnbench.runner import bench
+
+    seen = []
+    rows = bench(flash, flash.cases("tiny")[:1], "cpu", ["triton", "split", "reference"], ["fwd"], baseline="reference",
+                 progress=False, on_row=lambda r: seen.append((r, r.speedup)), rep_ms=5)
+    assert [r for r, _ in seen] == rows and [r.variant for r in rows] == ["triton", "split", "reference"]
+    assert seen[1][1] is None and rows[1].speedup is not None and rows[1].baseline == "reference"
+    assert rows[2].speedup == 1.0
+    assert rows[0].timing.method == "interpreter" and rows[0].speedup is None
 
 
 def test_peak_memory_is_none_on_cpu():
