@@ -2,261 +2,402 @@
 
 On a machine without CUDA everything runs on the CPU: Triton kernels through the interpreter,
 on the tiny case set, and the timings say they are interpreter timings.
+
+Exit status: 0 all good; 1 a check failed, or one of our variants' benchmarked outputs exceeds
+its error bound; 2 a bad argument, a bad input file, an output path that cannot be written, or a
+request that cannot run here (nothing is run then, or, for a write that fails mid-run, the run
+stops); 130 interrupted (Ctrl-C), every finished row kept in the --json file.
 """
 import argparse
-import json
-import math
 import os
+import re
+import signal
 import sys
+from dataclasses import dataclass, field
 
 import torch
 
+from . import results
 from .registry import all_operators, get
 from .roofline import ceilings, machine_info
-from .runner import bench, check
+from .runner import bench, check, detach
+from .tables import bench_table, check_table, ratio_lines, summary_line, unavailable_lines, wrap
 from .verify import BOUNDS
 
 # Default case set per command, as (on CPU, on CUDA). ``run`` checks and times the same cases.
 DEFAULT_SETS = {"check": ("tiny", "gpu"), "bench": ("tiny", "anchor"), "run": ("tiny", "anchor")}
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def _device(name):
+class UsageError(Exception):
+    """A bad argument or file, or a request that cannot run here: one line, exit status 2."""
+
+
+class Console:
+    """Human-readable output: stdout, or stderr when stdout carries the JSON (``--json -``).
+    A reader that leaves early (``| head``) silences it; the run goes on and writes its file."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def print(self, text: str = ""):
+        if self.stream is None:
+            return
+        try:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        except BrokenPipeError:
+            detach(self.stream)
+            self.stream = None
+
+
+# ---------------------------------------------------------------- arguments
+
+def parse_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("attnbench: --device cuda asked for, but torch sees no CUDA device")
-    return device
+    match = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", name)
+    if not match or (match[1] == "cpu" and match[2] is not None):
+        raise UsageError(f"--device {name}: expected auto, cpu, cuda or cuda:N")
+    if match[1] == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: torch sees no CUDA device on this machine")
+        count = torch.cuda.device_count()
+        if match[2] is not None and int(match[2]) >= count:
+            raise UsageError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device(name)
+
+
+def seed_type(text: str) -> int:
+    """Seeds are 0 <= seed < 2**63: torch's generators take a 64-bit seed, and a negative one
+    would alias a large positive one, so the same inputs would carry two names."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= seed < 2**63:
+        raise argparse.ArgumentTypeError(f"{seed} is out of range: seeds are 0 <= seed < 2**63")
+    return seed
+
+
+@dataclass
+class Plan:
+    """What one operator will run, validated before any work starts."""
+
+    op: object
+    case_set: str
+    cases: list
+    variants: list
+    modes: list
+    baseline: str | None = None
+    unavailable: dict = field(default_factory=dict)  # variant -> why it cannot run here (not asked for)
+
+    def info(self):
+        return {"case_set": self.case_set, "variants": self.variants, "modes": self.modes, "baseline": self.baseline,
+                "ratio_subject": self.op.ratio_subject, "ratio_peers": list(self.op.ratio_peers),
+                "unavailable": self.unavailable}
 
 
 def _ops(names):
-    if not names:
-        return list(all_operators().values())
-    return [get(n) for n in names]
+    try:
+        return list(all_operators().values()) if not names else [get(n) for n in dict.fromkeys(names)]
+    except KeyError as exc:
+        raise UsageError(f"--op: {exc.args[0]}") from None
 
 
-def _cases(op, set_name, device, kind):
-    set_name = set_name or DEFAULT_SETS[kind][device.type == "cuda"]
-    return op.cases(set_name)
+def _known(requested, ops, attr, option):
+    """Every requested name must belong to at least one selected operator."""
+    for name in requested or ():
+        if not any(name in getattr(op, attr) for op in ops):
+            known = sorted({n for op in ops for n in getattr(op, attr)})
+            owners = " or ".join(op.name for op in ops)
+            raise UsageError(f"{option} {name}: not a {option[2:]} of {owners}; known: {', '.join(known)}")
 
 
-def _fmt(value, spec, empty="-"):
-    return empty if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+def make_plans(args, device, kind, timing, notes=None) -> list:
+    """Check every argument against the selected operators and this device, before any work.
+    ``timing``: plans for bench (a --baseline is timed with the rest), not for check. An operator
+    that has none of the requested modes or variants (another operator's) is left out, and
+    ``notes`` gets a line saying so."""
+    ops = _ops(args.op)
+    _known(args.variant, ops, "variants", "--variant")
+    _known(args.mode, ops, "modes", "--mode")
+    if timing and args.graphs and device.type != "cuda":
+        raise UsageError(f"--graphs times CUDA-graph replays: it needs a CUDA device, and this run is on {device.type}")
+    plans = []
+    for op in ops:
+        modes = [m for m in dict.fromkeys(args.mode)] if args.mode else list(op.modes)
+        modes = [m for m in modes if m in op.modes]
+        requested = [v for v in dict.fromkeys(args.variant)] if args.variant else None
+        if requested is not None:
+            requested = [v for v in requested if v in op.variants]
+        if not modes or (requested is not None and not requested):
+            if notes is not None:
+                what = "modes" if not modes else "variants"
+                asked = args.mode if not modes else args.variant
+                notes.append(f"{op.name}: left out, it has none of the requested {what} ({', '.join(asked)})")
+            continue
+        unavailable = {n: v.unavailable_reason(device) for n, v in op.variants.items()}
+        unavailable = {n: r for n, r in unavailable.items() if r is not None}
+        for name in requested or ():
+            if name in unavailable:
+                raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {unavailable[name]}")
+        variants = requested if requested is not None else [n for n in op.variants if n not in unavailable]
+        baseline = args.baseline if timing else None
+        if baseline is not None:
+            if baseline not in op.variants:
+                raise UsageError(f"--baseline {baseline}: not a variant of {op.name}; known: {', '.join(op.variants)}")
+            if baseline in unavailable:
+                raise UsageError(f"--baseline {baseline}: cannot run on {device.type}: {unavailable[baseline]}")
+            if baseline not in variants:  # the baseline is timed too, or nothing could be divided by it
+                variants = [n for n in op.variants if n in variants or n == baseline]
+        if not variants:
+            reasons = "; ".join(f"{n}: {r}" for n, r in unavailable.items())
+            raise UsageError(f"{op.name}: no variant can run on {device.type} ({reasons})")
+        set_name = args.cases or DEFAULT_SETS[kind][device.type == "cuda"]
+        try:
+            cases = op.cases(set_name)
+        except (KeyError, ValueError) as exc:
+            raise UsageError(f"--cases {set_name}: {exc.args[0] if exc.args else exc}") from None
+        unasked = {} if requested is not None else unavailable
+        plans.append(Plan(op, set_name, cases, variants, modes, baseline or op.baseline(device, variants), unasked))
+    if not plans:
+        raise UsageError("no selected operator has the requested variants and modes together")
+    return plans
 
 
-def table(headers, rows):
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
-    line = "  ".join(str(h).ljust(w) for h, w in zip(headers, widths))
-    out = [line, "-" * len(line)]
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(out)
-
-
-def check_table(results):
-    rows = []
-    for r in results:
-        status = "skip" if r.skipped else ("ok" if r.passed else "FAIL")
-        errs = " ".join(f"{o.name} {o.error:.1e}/{o.bound:.0e}" for o in r.outputs) or r.skipped
-        rows.append((r.case, r.mode, r.variant, status, errs))
-    return table(("case", "mode", "variant", "status", "rel. error / bound per output"), rows)
-
-
-def bench_table(rows, dtype_of):
-    body = []
-    for r in rows:
-        t = r.timing
-        err = _fmt(r.max_error, ".1e")
-        if t and not math.isnan(r.max_error) and r.max_error > BOUNDS[dtype_of(r.case)]:
-            err += " !"  # over the dtype bound: expected of eager bf16, a red flag for anything else
-        body.append((r.case, r.mode, r.variant, t.method if t else "-",
-                     _fmt(t and t.median_ms, ".3f", r.skipped[:60] if r.skipped else "-"),
-                     _fmt(t and t.iqr_ms, ".3f"), _fmt(r.tflops if t else None, ".1f"),
-                     _fmt(r.gbps if t else None, ".0f"), _fmt(r.roofline_pct, ".0f"),
-                     _fmt(r.speedup, ".2f") + ("" if r.speedup is None else "x"), err))
-    return table(("case", "mode", "variant", "clock", "median ms", "IQR ms", "TF/s", "GB/s", "% roof",
-                  "vs " + (next((r.baseline for r in rows if r.baseline), None) or "baseline"), "max rel err"), body)
-
-
-def ratio_lines(rows, subject, peers):
-    """'triton is N.NNx <peer>' per case and mode: the side-by-side claim in one line each."""
-    lines = []
-    by_key = {}
-    for r in rows:
-        if r.timing:
-            by_key.setdefault((r.case, r.mode), {})[r.variant] = r.timing.median_ms
-    for (case, mode), times in by_key.items():
-        if subject in times:
-            parts = [f"{times[p] / times[subject]:.2f}x {p}" for p in peers if p in times]
-            if parts:
-                lines.append(f"{case:34s} {mode:7s} {subject} speed = " + ", ".join(parts))
-    return lines
-
-
-def _dtype_lookup(cases):
-    by_label = {c.label: c.torch_dtype for c in cases}
-    return lambda label: by_label[label]
-
-
-def cmd_list(args):
-    device = _device(args.device)
-    for op in _ops(args.op):
-        print(f"{op.name}: {op.description}")
-        print(f"  modes: {', '.join(op.modes)}; case sets: {', '.join(op.case_sets)}")
-        for name, v in op.variants.items():
-            reason = v.unavailable_reason(device)
-            state = "available" if reason is None else f"unavailable on {device.type}: {reason}"
-            print(f"  {name:15s} {v.kind:9s} {state}\n  {'':15s} {v.description}")
-    return 0
-
+# ---------------------------------------------------------------- commands
 
 def _header(device):
     info = machine_info(device)
     line = f"# {info['device_name']} | torch {info['torch']} | triton {info['triton']} | CUDA {info['cuda']}"
     if device.type == "cpu":
-        line += "\n# CPU run: Triton kernels run in the interpreter; timings check that code runs, they are not performance"
+        line += ("\n# CPU run: Triton kernels run in the interpreter; timings check that code runs, "
+                 "they are not performance")
     return line
 
 
-def _run_checks(args, device, report, kind="check"):
-    failures = 0
+def _bound_lookup(cases):
+    by_label = {c.label: getattr(c, "torch_dtype", None) for c in cases}
+    return lambda label: BOUNDS.get(by_label.get(label))
+
+
+class Session:
+    """One check/bench/run: its console, its result file, and what has finished so far."""
+
+    def __init__(self, args, command):
+        self.args, self.command = args, command
+        self.device = parse_device(args.device)
+        if args.json not in (None, "-"):
+            args.json = results.check_output_path(args.json)
+        self.notes = []
+        self.plans_check = make_plans(args, self.device, command, False, self.notes) if command != "bench" else []
+        self.plans_bench = make_plans(args, self.device, command, True, self.notes if command == "bench" else None) \
+            if command != "check" else []
+        self.console = Console(sys.stderr if args.json == "-" else sys.stdout)
+        info = machine_info(self.device)
+        self.file = results.ResultFile(args.json, {
+            "command": command, "argv": args.argv, "machine": info, "ceilings": None})
+        self.checks, self.rows, self.failures = [], [], 0
+
+    def run(self) -> int:
+        self.console.print(_header(self.device))
+        for note in dict.fromkeys(self.notes):
+            self.console.print(wrap(f"# {note}"))
+        if self.plans_bench or self.args.json:  # a GPU's first bench calibrates its ceilings (cached)
+            c = ceilings(self.device)
+            self.file.doc["ceilings"] = c.__dict__ if c else None
+        for plan in self.plans_check + self.plans_bench:  # run: the bench plan (with its baseline) wins
+            self.file.operator(plan.op.name, plan.info())
+        checked = timed = True
+        if self.plans_check:
+            checked = self._checks()
+        if self.plans_bench:
+            timed = self._bench()
+        unavailable = {(p.op.name, n) for p in self.plans_check + self.plans_bench for n in p.unavailable}
+        self.console.print("\n" + summary_line(self.checks if self.plans_check else None,
+                                               self.rows if self.plans_bench else None, len(unavailable)))
+        self.file.finish("complete")
+        if not (checked and timed) and not self.failures:
+            what = "checked" if not checked else "timed"
+            raise UsageError(f"nothing was {what}: every row was skipped (the reasons are above)")
+        if self.failures:
+            print(f"attnbench: {self.failures} check(s) failed", file=sys.stderr)
+        return EXIT_FAILED if self.failures else EXIT_OK
+
+    def _checks(self):
+        args, ran = self.args, False
+        for plan in self.plans_check:
+            op_results = check(plan.op, plan.cases, self.device, plan.variants, plan.modes, args.seed,
+                               not args.quiet, on_result=lambda r: self.file.add("checks", r))
+            self.checks += op_results
+            self.console.print(f"\n## check {plan.op.name} ({len(plan.cases)} {plan.case_set} cases)\n"
+                               + check_table(op_results))
+            for line in unavailable_lines(plan.op.name, plan.unavailable, self.device.type):
+                self.console.print(line)
+            self.failures += sum(1 for r in op_results if not r.passed and not r.skipped)
+            ran = ran or any(not r.skipped for r in op_results)
+        return ran
+
+    def _bench(self):
+        args, ran = self.args, False
+        for plan in self.plans_bench:
+            op = plan.op
+            rows = bench(op, plan.cases, self.device, plan.variants, plan.modes, args.seed, plan.baseline,
+                         args.graphs, progress=not args.quiet, on_row=lambda r: self.file.add("bench", r))
+            self.rows += rows
+            bound_of = _bound_lookup(plan.cases)
+            self.console.print(f"\n## bench {op.name} ({len(plan.cases)} {plan.case_set} cases)\n"
+                               + bench_table(rows, bound_of))
+            for line in unavailable_lines(op.name, plan.unavailable, self.device.type):
+                self.console.print(line)
+            lines = ratio_lines(rows, op.ratio_subject, op.ratio_peers)
+            if lines:
+                self.console.print("\n" + "\n".join(lines))
+            # our implementations must stay within bounds; the eager reference and peers are reported
+            self.failures += sum(1 for r in rows if r.timing and op.variants[r.variant].kind in ("split", "triton")
+                                 and bound_of(r.case) is not None and r.max_error > bound_of(r.case))
+            ran = ran or any(r.timing for r in rows)
+        return ran
+
+    def interrupted(self) -> int:
+        done = self.file.count("checks") + self.file.count("bench")
+        self.file.finish("interrupted")
+        where = {None: " (no --json file was asked for)", "-": " in the JSON on stdout"}.get(
+            self.args.json, f" in {self.args.json}")
+        print(f"attnbench: interrupted; {done} finished row(s) kept{where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def cmd_list(args):
+    device = parse_device(args.device)
+    console = Console(sys.stdout)
     for op in _ops(args.op):
-        cases = _cases(op, args.cases, device, kind)
-        results = check(op, cases, device, args.variant, args.mode, args.seed, not args.quiet)
-        report.setdefault("checks", []).extend(r.as_dict() for r in results)
-        print(f"\n## check {op.name} ({len(cases)} cases)\n" + check_table(results))
-        failures += sum(1 for r in results if not r.passed and not r.skipped)
-    return failures
-
-
-def _run_bench(args, device, report, kind="bench"):
-    over_bound = 0
-    for op in _ops(args.op):
-        cases = _cases(op, args.cases, device, kind)
-        rows = bench(op, cases, device, args.variant, args.mode, args.seed, args.baseline, args.graphs,
-                     progress=not args.quiet)
-        report.setdefault("bench", []).extend(r.as_dict() for r in rows)
-        dtype_of = _dtype_lookup(cases)
-        print(f"\n## bench {op.name} ({len(cases)} cases)\n" + bench_table(rows, dtype_of))
-        lines = ratio_lines(rows, op.ratio_subject, op.ratio_peers)
-        if lines:
-            print("\n" + "\n".join(lines))
-        # our implementations must stay within bounds; the eager reference and peers are reported
-        over_bound += sum(1 for r in rows if r.timing and op.variants[r.variant].kind in ("split", "triton")
-                          and r.max_error > BOUNDS[dtype_of(r.case)])
-    return over_bound
-
-
-def _finish(args, device, report, failures):
-    if args.json:
-        report["machine"] = machine_info(device)
-        c = ceilings(device)
-        report["ceilings"] = c.__dict__ if c else None
-        text = json.dumps(report, indent=1, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text)
-    if failures:
-        print(f"\n{failures} check(s) failed", file=sys.stderr)
-    return 1 if failures else 0
-
-
-def cmd_check(args):
-    device = _device(args.device)
-    print(_header(device))
-    report = {}
-    return _finish(args, device, report, _run_checks(args, device, report))
-
-
-def cmd_bench(args):
-    device = _device(args.device)
-    print(_header(device))
-    report = {}
-    return _finish(args, device, report, _run_bench(args, device, report))
-
-
-def cmd_run(args):
-    device = _device(args.device)
-    print(_header(device))
-    report = {}
-    failures = _run_checks(args, device, report, "run")
-    failures += _run_bench(args, device, report, "run")
-    return _finish(args, device, report, failures)
+        console.print(f"{op.name}: {op.description}")
+        console.print(f"  modes: {', '.join(op.modes)}; case sets: {', '.join(op.case_sets)}")
+        for name, v in op.variants.items():
+            reason = v.unavailable_reason(device)
+            state = "available" if reason is None else f"unavailable on {device.type}: {reason}"
+            console.print(f"  {name:15s} {v.kind:9s} {state}\n  {'':15s} {v.description}")
+    return EXIT_OK
 
 
 def cmd_report(args):
     from . import report
 
-    data = report.load(args.report)
-    text = report.markdown(data)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    else:
-        print(text)
+    for option in ("markdown", "plot"):
+        if getattr(args, option):
+            results.check_output_path(getattr(args, option), f"--{option}")
     if args.plot:
         try:
-            report.plot(data, args.plot)
+            import matplotlib  # noqa: F401
         except ImportError:
-            raise ValueError("--plot needs matplotlib: pip install 'attnbench[plot]'") from None
-    return 0
+            raise UsageError("--plot needs matplotlib: pip install 'attnbench[plot]'") from None
+    data = results.load(args.report)
+    if args.plot and not report._rows(data):
+        raise UsageError(f"--plot: {args.report} has no timed rows to plot")
+    text = report.markdown(data)
+    if args.markdown:
+        results.write_atomic(args.markdown, text)
+    else:
+        Console(sys.stdout).print(text.rstrip("\n"))
+    if args.plot:
+        report.plot(data, args.plot)
+    return EXIT_OK
 
 
 def cmd_calibrate(args):
-    device = _device(args.device)
+    device = parse_device(args.device)
     c = ceilings(device, refresh=True)
     if c is None:
         print("no CUDA device: nothing to calibrate (CPU timings are interpreter timings)")
-        return 0
+        return EXIT_OK
     print(f"{c.device_name}: bf16 matmul {c.matmul_tflops:.0f} TF/s, device copy {c.copy_gbps:.0f} GB/s")
-    return 0
+    return EXIT_OK
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit status 2), not the usage block."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="attnbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    def common(p, with_cases=True):
+    def common(p, cases=False, timing=False):
         p.add_argument("--op", action="append", help="operator (repeatable; default: all)")
-        p.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
-        if with_cases:
+        p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+        if cases:
             p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep (default: tiny on CPU; "
                                            "on CUDA check: gpu, bench and run: anchor)")
-            p.add_argument("--variant", action="append", help="variant (repeatable; default: all available)")
+            p.add_argument("--variant", action="append",
+                           help="variant (repeatable; default: every variant that can run here)")
             p.add_argument("--mode", action="append", help="mode (repeatable; default: all)")
-            p.add_argument("--seed", type=int, default=0)
-            p.add_argument("--baseline", help="variant the speedup column divides by")
-            p.add_argument("--graphs", action="store_true", help="time CUDA-graph replays")
-            p.add_argument("--json", help="write a JSON report to this path ('-' for stdout)")
+            p.add_argument("--seed", type=seed_type, default=0, help="input seed, 0 <= seed < 2**63 (default 0)")
+            p.add_argument("--json", help="keep every result in this JSON file, rewritten as rows finish "
+                                          "('-': print it to stdout at the end, tables go to stderr)")
             p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+        if timing:
+            p.add_argument("--baseline", help="variant the speedup column divides by (it is timed too)")
+            p.add_argument("--graphs", action="store_true", help="time CUDA-graph replays (CUDA only)")
 
-    common(sub.add_parser("list", help="operators, variants and where they can run"), with_cases=False)
-    common(sub.add_parser("check", help="verify variants against the float64 oracle"))
-    common(sub.add_parser("bench", help="time variants: latency, TF/s, GB/s, %% of roofline, speedup, error"))
-    common(sub.add_parser("run", help="check, then bench: the main job"))
-    common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings"), with_cases=False)
-    rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json report")
-    rep.add_argument("report", help="a JSON file written by bench/run --json")
+    common(sub.add_parser("list", help="operators, variants and where they can run"))
+    common(sub.add_parser("check", help="verify variants against the float64 oracle"), cases=True)
+    common(sub.add_parser("bench", help="time variants: latency, TF/s, GB/s, %% of roofline, speedup, error"),
+           cases=True, timing=True)
+    common(sub.add_parser("run", help="check, then bench: the main job"), cases=True, timing=True)
+    common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings"))
+    rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial")
+    rep.add_argument("report", help="a JSON file written by check/bench/run --json")
     rep.add_argument("--markdown", help="write the summary here instead of printing it")
     rep.add_argument("--plot", help="write a PNG of TF/s per variant (needs matplotlib)")
     return parser
 
 
-COMMANDS = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "run": cmd_run, "calibrate": cmd_calibrate,
-            "report": cmd_report}
+SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report}
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
-    except (KeyError, ValueError) as exc:
-        print(f"attnbench: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `attnbench list | head`: the reader left, which is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) and usage errors (2), already printed
+        return exc.code
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    session = None
+    try:
+        if args.command in SIMPLE_COMMANDS:
+            return SIMPLE_COMMANDS[args.command](args)
+        session = Session(args, args.command)
+        return session.run()
+    except (UsageError, results.BadResultFile, results.OutputPathError) as exc:
+        print(f"attnbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the last write short
+        if session is None:
+            print("attnbench: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        try:
+            return session.interrupted()
+        except results.WriteError as exc:
+            print(f"attnbench: interrupted, and {exc}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader left while the JSON went to it (`--json - | head`)
+        detach(sys.stdout)
+        return EXIT_OK
+    except results.WriteError as exc:  # mid-run (a full disk): the file's previous version is intact
+        print(f"attnbench: {exc}; the run stopped, the file keeps the rows written before", file=sys.stderr)
+        return EXIT_USAGE
+    except BaseException:
+        if session is not None:  # a bug: keep the finished rows, then show the traceback
+            try:
+                session.file.finish("error")
+            except Exception:
+                pass
+        raise
 
 
 if __name__ == "__main__":

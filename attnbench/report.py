@@ -5,61 +5,94 @@
 The markdown gives, per case and mode, each variant's latency and TF/s and the Triton variant's
 speed as a multiple of every peer's; the plot shows TF/s per variant, one panel per mode.
 """
-import json
 import math
 from collections import defaultdict
 
+from . import results
+
 
 def load(path):
-    with open(path) as f:
-        return json.load(f)
+    """A validated result file, complete or partial; ``results.BadResultFile`` says what is wrong."""
+    return results.load(path)
 
 
 def _rows(report):
     return [r for r in report.get("bench", []) if r.get("timing")]
 
 
-def _ratio_peers(report):
-    """(subject, peers) of the report's operators: the operator's own, when it is registered here."""
+def _claim(report, op_name):
+    """(subject, peers) of an operator: as recorded in the file, else the registered operator's."""
+    recorded = (report.get("operators") or {}).get(op_name) or {}
+    if "ratio_subject" in recorded and "ratio_peers" in recorded:
+        return recorded["ratio_subject"], tuple(recorded["ratio_peers"])
     from .registry import all_operators
 
-    ops = all_operators()
-    for name in sorted({r["op"] for r in _rows(report)}):
-        if name in ops:
-            return ops[name].ratio_subject, ops[name].ratio_peers
-    return "triton", ()
+    op = all_operators().get(op_name)
+    return (op.ratio_subject, tuple(op.ratio_peers)) if op else ("triton", ())
+
+
+def _num(value, spec):
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _comparable(a, b):
+    ma, mb = a["timing"].get("method"), b["timing"].get("method")  # files from before "method": one clock
+    return ma == mb and ma != "interpreter"
 
 
 def markdown(report, subject=None, peers=None) -> str:
-    if subject is None or peers is None:
-        default_subject, default_peers = _ratio_peers(report)
-        subject, peers = subject or default_subject, default_peers if peers is None else peers
-    machine = report.get("machine", {})
+    """Per operator, one row per case and mode: the subject's latency and TF/s, its speed as a
+    multiple of each peer's (peer latency over ours, same clock only), % of roofline, error."""
+    machine = report.get("machine") or {}
     ceil = report.get("ceilings") or {}
-    lines = [f"# {', '.join(sorted({r['op'] for r in _rows(report)}))} on {machine.get('device_name', '?')}", "",
+    rows = _rows(report)
+    ops = list(dict.fromkeys(r["op"] for r in report.get("bench", []) + report.get("checks", [])))
+    lines = [f"# {', '.join(ops) or 'attnbench'} on {machine.get('device_name', '?')}", "",
              f"torch {machine.get('torch')}, triton {machine.get('triton')}, CUDA {machine.get('cuda')}."]
+    status = report.get("status", "complete")
+    if status != "complete":
+        lines.append(f"**Partial run** (status: {status}): {len(report.get('bench', []))} bench and "
+                     f"{len(report.get('checks', []))} check rows finished; the rest never ran.")
+    if machine.get("device") == "cpu":
+        lines.append("CPU run: Triton timings come from the interpreter; they show that code runs, not how fast.")
     if ceil:
         lines.append(f"Measured ceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TF/s, "
                      f"device copy {ceil['copy_gbps']:.0f} GB/s.")
-    lines += ["", f"| case | mode | {subject} ms | {subject} TF/s | " + " | ".join(f"vs {p}" for p in peers)
-              + " | % roofline | max rel. error |",
-              "| --- | --- | --- | --- | " + " | ".join("---" for _ in peers) + " | --- | --- |"]
-    by_key = defaultdict(dict)
-    for r in _rows(report):
-        by_key[r["case"], r["mode"]][r["variant"]] = r
-    for (case, mode), variants in by_key.items():
-        ours = variants.get(subject)
-        if not ours:
-            continue
-        ratios = []
-        for p in peers:
-            peer = variants.get(p)
-            ratios.append(f"{peer['timing']['median_ms'] / ours['timing']['median_ms']:.2f}x" if peer else "n/a")
-        roof = ours.get("roofline_pct")
-        lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {ours['tflops']:.0f} | "
-                     + " | ".join(ratios) + f" | {'-' if roof is None else f'{roof:.0f}'} | {ours['max_error']:.1e} |")
-    lines += ["", f"'vs peer' is the peer's median latency over {subject}'s, measured in the same run: "
-              "above 1 means ours is faster."]
+    checks = report.get("checks", [])
+    if checks:
+        passed = sum(1 for c in checks if c.get("passed"))
+        skipped = sum(1 for c in checks if c.get("skipped"))
+        lines.append(f"Checks: {passed} passed, {len(checks) - passed - skipped} failed, {skipped} skipped.")
+    for op in ops:
+        op_subject, op_peers = _claim(report, op)
+        op_subject, op_peers = subject or op_subject, op_peers if peers is None else peers
+        by_key = defaultdict(dict)
+        for r in rows:
+            if r["op"] == op:
+                by_key[r["case"], r["mode"]][r["variant"]] = r
+        if len(ops) > 1:
+            lines += ["", f"## {op}"]
+        lines += ["", f"| case | mode | {op_subject} ms | {op_subject} TF/s | "
+                  + "".join(f"vs {p} | " for p in op_peers) + "% roofline | max rel. error |",
+                  "| --- | --- | --- | --- | " + "".join("--- | " for _ in op_peers) + "--- | --- |"]
+        shown = 0
+        for (case, mode), variants in by_key.items():
+            ours = variants.get(op_subject)
+            if not ours:
+                continue
+            shown += 1
+            ratios = []
+            for p in op_peers:
+                peer = variants.get(p)
+                ok = peer and _comparable(peer, ours)
+                ratios.append(f"{peer['timing']['median_ms'] / ours['timing']['median_ms']:.2f}x" if ok else "n/a")
+            lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {_num(ours.get('tflops'), '.0f')} | "
+                         + "".join(f"{x} | " for x in ratios)
+                         + f"{_num(ours.get('roofline_pct'), '.0f')} | {_num(ours.get('max_error'), '.1e')} |")
+        if not shown:
+            lines.append(f"\n(no timed {op_subject} row for {op})")
+    lines += ["", "'vs peer' is the peer's median latency over the subject's, measured in the same run on the same "
+              "clock: above 1 means the subject is faster; n/a: the peer did not run, or the clocks differ."]
     return "\n".join(lines) + "\n"
 
 
@@ -71,10 +104,12 @@ def plot(report, path):
     import matplotlib.pyplot as plt
 
     rows = _rows(report)
+    if not rows:
+        raise results.BadResultFile("--plot: the file has no timed rows to plot")
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     cases = list(dict.fromkeys(r["case"] for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    value = {(r["case"], r["mode"], r["variant"]): r["tflops"] for r in rows}
+    value = {(r["case"], r["mode"], r["variant"]): math.nan if r.get("tflops") is None else r["tflops"] for r in rows}
     fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, 2.2 * len(cases)), 3.2 * len(modes)), squeeze=False)
     width = 0.8 / len(variants)
     for ax, mode in zip(axes[:, 0], modes):

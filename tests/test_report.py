@@ -28,3 +28,23 @@ def test_markdown_ratios_and_plot(tmp_path, capsys):
     assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | 400 | 1.50x | 0.80x | n/a | 50 | 2.0e-03 |" in out
     assert "Test GPU" in out and "700 TF/s" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_partial_cpu_run_states_what_it_is(tmp_path, capsys):
+    """An interrupted CPU run: the report says it is partial, and interpreter timings are never
+    divided by another clock's; the peers are the ones the file recorded for the operator."""
+    def row(variant, ms, method):
+        return {"op": "toy", "case": "c1", "mode": "fwd", "variant": variant, "tflops": None, "max_error": 1e-7,
+                "timing": {"median_ms": ms, "method": method}}
+
+    data = {"status": "interrupted", "machine": {"device": "cpu", "device_name": "cpu"},
+            "operators": {"toy": {"ratio_subject": "fast", "ratio_peers": ["eager", "slow"]}},
+            "bench": [row("fast", 100.0, "interpreter"), row("eager", 0.5, "cpu-wall"), row("slow", 300.0, "interpreter")]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "**Partial run** (status: interrupted): 3 bench and 0 check rows" in out
+    assert "CPU run" in out
+    assert "| case | mode | fast ms | fast TF/s | vs eager | vs slow | % roofline | max rel. error |" in out
+    assert "| c1 | fwd | 100.000 | - | n/a | n/a | - | 1.0e-07 |" in out
