@@ -1,5 +1,8 @@
 """The wheel and sdist carry the package as designed: kernels/ installed as attnbench.kernels
-(never as a top-level ``kernels`` module, a name another PyPI package owns), and no tests or suites."""
+(never as a top-level ``kernels`` module, a name another PyPI package owns); the wheel holds no
+tests or suites, and the sdist holds the whole test gate with everything it needs (MANIFEST.in)."""
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,3 +32,43 @@ def test_sdist_has_sources(tmp_path):
     names = tarfile.open(build("sdist", tmp_path)).getnames()
     assert any(n.endswith("kernels/flash_fwd.py") for n in names)
     assert any(n.endswith("pyproject.toml") for n in names)
+
+
+def clean_copy(dest):
+    """The tree as a fresh checkout has it: without build/ or the *.egg-info whose cached
+    SOURCES.txt would put files in the sdist that MANIFEST.in no longer asks for."""
+    if (ROOT / ".git").exists():
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                                capture_output=True, text=True).stdout.split("\0")
+        for name in filter(None, listed):
+            if (ROOT / name).is_file():
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, dest / name)
+    else:  # an unpacked sdist
+        shutil.copytree(ROOT, dest, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.egg-info", "build", "dist", "__pycache__", ".venv"))
+    return dest
+
+
+def test_sdist_runs_its_own_tests(tmp_path):
+    """Unpacked, the sdist holds every test and suite file of this tree, and pytest collects the
+    whole gate there without an error (a missing conftest.py or suites/ gave 179 errors) and runs
+    a test that imports the asv suites. (attnbench.kernels still comes from the installed package:
+    the source tree has no attnbench/kernels folder, by design.)"""
+    source = clean_copy(tmp_path / "checkout")
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path / "dist"),
+                    str(source)], check=True, capture_output=True)
+    with tarfile.open(next((tmp_path / "dist").glob("*.tar.gz"))) as sdist:
+        sdist.extractall(tmp_path / "unpacked", filter="data")
+    tree = next((tmp_path / "unpacked").iterdir())
+    for folder, pattern in (("tests", "*.py"), ("suites", "*.py"), ("scripts", "*.sh")):
+        missing = sorted(p.name for p in (ROOT / folder).glob(pattern) if not (tree / folder / p.name).exists())
+        assert not missing, f"{folder}/ files missing from the sdist: {missing}"
+    for name in ("README.md", "asv.conf.json", "results/README.md", "tests/conftest.py"):
+        assert (tree / name).is_file(), name
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-k", "test_flash_suite_parameters_match_the_operator"],
+                         cwd=tree, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout and "error" not in run.stdout.lower(), run.stdout[-3000:]
