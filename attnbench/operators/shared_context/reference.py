@@ -28,46 +28,48 @@ def visibility(batch, seqlen_q, n_ctx, n_buf, buf_lens, causal, device):
 
 
 def attention(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal: bool, scale: float):
-    """(O, LSE) on the materialized per-batch cache; GQA by repeating the KV heads."""
-    batch, heads_q, seqlen_q, _ = q.shape
+    """(O, LSE) on the materialized per-batch cache. GQA broadcasts each KV head over its group of
+    query heads (no repeated copy of the cache)."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
     n_ctx = k_ctx.shape[1]
     n_buf = 0 if k_buf is None else k_buf.shape[2]
-    k, v = per_batch_cache(k_ctx, v_ctx, k_buf, v_buf, batch)
-    group = heads_q // k.shape[1]
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    s = scale * (q @ k.transpose(-1, -2))
-    visible = visibility(batch, seqlen_q, n_ctx, n_buf, buf_lens, causal, q.device).unsqueeze(1)  # [B, 1, Lq, N]
+    k, v = per_batch_cache(k_ctx, v_ctx, k_buf, v_buf, batch)  # [B, Hkv, N, D]
+    heads_kv = k.shape[1]
+    qg = q.unflatten(1, (heads_kv, heads_q // heads_kv))  # [B, Hkv, G, Lq, D]
+    k, v = k.unsqueeze(2), v.unsqueeze(2)  # [B, Hkv, 1, N, D]
+    s = scale * (qg @ k.transpose(-1, -2))  # [B, Hkv, G, Lq, N]
+    visible = visibility(batch, seqlen_q, n_ctx, n_buf, buf_lens, causal, q.device)[:, None, None]  # [B, 1, 1, Lq, N]
     s = s.masked_fill(~visible, float("-inf"))
     blind = ~visible.any(dim=-1)  # rows that see no key
     lse = torch.logsumexp(s.masked_fill(blind.unsqueeze(-1), 0.0), dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))  # exp(-inf) = 0 on masked keys
     # Keys no row of a sample sees (unused buffer slots) add nothing even if they hold inf or NaN,
     # where 0 * inf would not: zero them in V.
-    used = visible.any(dim=2).unsqueeze(-1)  # [B, 1, N, 1]
+    used = visible.any(dim=3).unsqueeze(-1)  # [B, 1, 1, N, 1]
     o = p @ v.masked_fill(~used, 0.0)
     lse = lse.masked_fill(blind, float("-inf"))
     o = o.masked_fill(blind.unsqueeze(-1), 0.0)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return o, lse.to(lse_dtype)
+    return o.flatten(1, 2), lse.flatten(1, 2).to(lse_dtype)
 
 
-def evaluate(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, dtype, max_scores: int = 1 << 26):
+def evaluate(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, dtype, max_elements: int = 1 << 26):
     """(o, lse) from the reference computed in ``dtype``, over chunks of samples so that the
-    float64 oracle at real sizes never holds more than ~``max_scores`` scores (plus the chunk's
-    materialized cache) at once."""
-    batch, heads_q, seqlen_q, _ = q.shape
+    float64 oracle at real sizes never holds more than ~``max_elements`` scores, nor a chunk's
+    materialized cache of more than ~``max_elements`` keys and values, at once."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv = k_ctx.shape[0]
     n_keys = k_ctx.shape[1] + (0 if k_buf is None else k_buf.shape[2])
-    per_sample = max(1, heads_q * seqlen_q * n_keys)
-    chunk = max(1, max_scores // per_sample)
+    per_sample = max(1, heads_q * seqlen_q * n_keys, 2 * heads_kv * n_keys * head_dim)
+    chunk = max(1, max_elements // per_sample)
+    k_ctx, v_ctx = k_ctx.to(dtype), v_ctx.to(dtype)  # once, not per chunk
     outs, lses = [], []
     for b0 in range(0, batch, chunk):
         b1 = min(batch, b0 + chunk)
         kb = None if k_buf is None else k_buf[b0:b1].to(dtype)
         vb = None if v_buf is None else v_buf[b0:b1].to(dtype)
         lens = None if buf_lens is None else buf_lens[b0:b1]
-        o, lse = attention(q[b0:b1].to(dtype), k_ctx.to(dtype), v_ctx.to(dtype), kb, vb, lens, causal, scale)
+        o, lse = attention(q[b0:b1].to(dtype), k_ctx, v_ctx, kb, vb, lens, causal, scale)
         outs.append(o)
         lses.append(lse)
     return {"o": torch.cat(outs), "lse": torch.cat(lses)}
