@@ -1,0 +1,159 @@
+"""GPU gate for the shared_context operator (skipped without CUDA; scripts/gpu_gate.sh runs it).
+
+bf16 and fp16 at real sizes against the float64 oracle; the peers that run are right too; the
+fused kernel's in-kernel split-K merge is race-free (bitwise repeatable, equal to one split); int64
+offsets past 2**31 elements; the decode loop's backends agree on a GPU; and the perf gate: at every
+anchor decode case the shipped Triton path must stay at "prioritize" (>= 1.30x) over the fastest
+of its baselines (attnbench.decisions, the operator's gate_baselines).
+"""
+import pytest
+import torch
+
+import attnbench
+from attnbench import decisions, verify
+from attnbench.operators.shared_context import SharedContextCase
+from attnbench.operators.shared_context.triton import shared_context_attention, shared_context_attention_composed
+from attnbench.runner import bench
+
+pytestmark = pytest.mark.gpu
+
+OP = attnbench.get("shared_context")
+
+
+@pytest.fixture(scope="module")
+def oracles():
+    """get(case, seed=0) -> (inputs, float64 oracle, reference in the case dtype); latest case only."""
+    cache = {}
+
+    def get(case, seed=0):
+        if (case, seed) not in cache:
+            cache.clear()
+            torch.cuda.empty_cache()
+            x = OP.make_inputs(case, "cuda", seed)
+            cache[case, seed] = (x, OP.oracle(case, x), OP.oracle(case, x, dtype=case.torch_dtype))
+        return cache[case, seed]
+
+    return get
+
+
+def _args(x):
+    return x["q"], x["k_ctx"], x["v_ctx"], x["k_buf"], x["v_buf"], x["buf_lens"]
+
+
+@pytest.mark.parametrize("case", OP.cases("gpu"), ids=lambda c: c.label)
+def test_our_variants_match_oracle_at_real_sizes(oracles, case):
+    x, oracle, lowp = oracles(case)
+    for variant in ("triton", "triton_composed", "split"):
+        result = verify.check_variant(OP, variant, case, "fwd", x, oracle, lowp)
+        assert result.passed, (variant, result.skipped, [o for o in result.outputs if not o.passed])
+
+
+@pytest.mark.parametrize("case", [c for c in OP.cases("gpu") if c.lengths == "full"][:3] + OP.cases("anchor")[:1],
+                         ids=lambda c: c.label)
+def test_peers_that_run_are_correct_too(oracles, case):
+    """A peer may decline a case (it says why), but when it runs it must be right, or the
+    side-by-side numbers compare against a wrong answer."""
+    x, oracle, lowp = oracles(case)
+    ran = []
+    for variant in ("per_batch_flash", "per_batch_cudnn", "expand0_flash", "fold_flash", "fold_cudnn"):
+        result = verify.check_variant(OP, variant, case, "fwd", x, oracle, lowp)
+        if not result.skipped:
+            ran.append(variant)
+            assert all(o.error <= verify.BOUNDS[case.torch_dtype] for o in result.outputs), (variant, result.outputs)
+    assert ran, "no peer ran"
+
+
+@pytest.mark.parametrize("case", [SharedContextCase(48, 4, 4, 2, 3000, 40, 32, False, "varied"),
+                                  SharedContextCase(16, 32, 8, 1, 5000, 200, 128, False, "full")],
+                         ids=lambda c: c.label)
+def test_fused_split_k_is_race_free(oracles, case):
+    """The last program of each tile merges the others' partials: repeated runs must be bitwise
+    equal, and any split count must agree with one split to rounding."""
+    x, oracle, _ = oracles(case)
+    single = shared_context_attention(*_args(x), num_splits=1)
+    for splits in (2, 7, 32):
+        runs = [shared_context_attention(*_args(x), num_splits=splits) for _ in range(20)]
+        for o, lse in runs[1:]:
+            assert torch.equal(o, runs[0][0]) and torch.equal(lse, runs[0][1]), splits
+        assert verify.relative_error(runs[0][0], oracle["o"]) < verify.BOUNDS[case.torch_dtype]
+        assert (runs[0][1] - single[1]).abs().max() < 1e-4
+        composed = shared_context_attention_composed(*_args(x), num_splits=splits)
+        assert verify.relative_error(composed[0], oracle["o"]) < verify.BOUNDS[case.torch_dtype]
+
+
+def test_rows_that_see_no_key_on_gpu():
+    case = SharedContextCase(9, 4, 2, 3, 0, 40, 64, True, "varied")
+    x = OP.make_inputs(case, "cuda", 0)
+    for variant in ("triton", "triton_composed"):
+        out = verify.run_poisoned(OP, variant, case, x, "fwd")
+        assert torch.all(out["o"][0] == 0) and torch.isneginf(out["lse"][0]).all()  # sample 0: empty buffer
+        assert torch.isfinite(out["o"]).all()
+
+
+def test_offsets_past_int32_in_the_buffer():
+    """k_buf with more than 2**31 elements: the last samples must be right (int64 offsets)."""
+    from attnbench.operators.shared_context import reference
+
+    batch, heads_kv, n_buf, d = 2200, 8, 1024, 128
+    assert batch * heads_kv * n_buf * d > 2**31
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(batch, 16, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k_ctx = torch.randn(heads_kv, 64, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_ctx = torch.randn(heads_kv, 64, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k_buf = torch.randn(batch, heads_kv, n_buf, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_buf = torch.randn(batch, heads_kv, n_buf, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for api in (shared_context_attention, shared_context_attention_composed):
+        o, lse = api(q, k_ctx, v_ctx, k_buf, v_buf)
+        tail = slice(batch - 3, batch)
+        o_ref, lse_ref = reference.attention(q[tail].double(), k_ctx.double(), v_ctx.double(), k_buf[tail].double(),
+                                             v_buf[tail].double(), None, False, d ** -0.5)
+        assert verify.relative_error(o[tail], o_ref) < verify.BOUNDS[torch.bfloat16]
+        assert verify.relative_error(lse[tail], lse_ref) < 1e-4
+
+
+def test_decode_loop_backends_agree_on_gpu():
+    from attnbench.models.tabpfn import BACKENDS, TabPFNConfig, TabPFNLike
+
+    gen = torch.Generator().manual_seed(0)
+    x_ctx = torch.randn(300, 8, generator=gen, dtype=torch.float64).cuda()
+    y_ctx = torch.randn(300, generator=gen, dtype=torch.float64).cuda()
+    x_tgt = torch.randn(6, 8, generator=gen, dtype=torch.float64).cuda()
+    runs = {}
+    for backend in BACKENDS:  # float64: same samples, same densities to rounding
+        m = TabPFNLike(TabPFNConfig(n_layers=4), seed=0, backend=backend).double().cuda()
+        y, logp = m.sample_sequence(x_ctx, y_ctx, x_tgt, num_samples=64, seed=3, return_log_density=True)
+        runs[backend] = (y, logp, m.evaluate_joint_density(x_ctx, y_ctx, x_tgt, y))
+    for backend, outs in runs.items():
+        for got, want in zip(outs, runs["reference"]):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-9, msg=backend)
+
+
+@pytest.mark.parametrize("case", OP.cases("anchor"), ids=lambda c: c.label)
+def test_triton_stays_prioritized_over_the_best_baseline(oracles, tuned_shared_context, case):
+    """Perf gate (the decision rule of attnbench.decisions): the fused Triton kernel must be
+    >= 1.30x the fastest of {per-batch SDPA flash and cuDNN, split-PyTorch, stride-0 expand,
+    Hydragen folding + merge} that can run the case, side by side in one run."""
+    x, oracle, _ = oracles(case)
+    out = OP.variants["triton"].prepare(case, x, "fwd")()
+    assert verify.relative_error(out["o"], oracle["o"]) < verify.BOUNDS[case.torch_dtype]
+    del out
+    rows = bench(OP, [case], "cuda", variants=["triton", *OP.gate_baselines], verify_outputs=False, progress=False)
+    (gate,) = [v for v in decisions.decide(rows) if v.comparison.startswith("triton vs best of")]
+    assert gate.verdict == "prioritize", (f"{case.label}: triton {gate.candidate_ms:.4f} ms vs {gate.baseline} "
+                                          f"{gate.baseline_ms:.4f} ms = {gate.speedup:.2f}x ({gate.verdict})")
+
+
+@pytest.fixture(scope="module")
+def tuned_shared_context():
+    """Kernels autotuned as shipped (the GPU gate runs correctness with ATTNBENCH_AUTOTUNE=0)."""
+    from attnbench.kernels import merge_states as _  # noqa: F401
+    from attnbench.kernels import shared_context as sc
+
+    kernels = (sc.shared_context_fused_kernel, sc.context_attention_kernel, sc.buffer_attention_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNBENCH_AUTOTUNE", "1")
+        for kernel in kernels:
+            kernel.cache.clear()
+        yield
+        for kernel in kernels:
+            kernel.cache.clear()
