@@ -13,22 +13,22 @@ from ...attention.spec import causal_mask
 BLOCK_N = 256
 
 
-def _compute_dtype(dtype):
+def compute_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _grouped(t, heads_kv):
+def grouped(t, heads_kv):
     """[B, Hq, N, X...] -> [B, Hkv, G, N, X...] view."""
     return t.unflatten(1, (heads_kv, t.shape[1] // heads_kv))
 
 
-def _key_blocks(seqlen_q, seqlen_k, offset, block_n):
+def key_blocks(seqlen_q, seqlen_k, offset, block_n):
     """Key block starts that any query row can see (blocks wholly above the diagonal are skipped)."""
     last_visible = seqlen_k if offset is None else min(seqlen_k, seqlen_q + offset)
     return range(0, max(0, last_visible), block_n)
 
 
-def _masked_scores(qg, kb, scale, visible):
+def masked_scores(qg, kb, scale, visible):
     s = scale * (qg @ kb.transpose(-1, -2))
     return s if visible is None else s.masked_fill(~visible, float("-inf"))
 
@@ -36,51 +36,65 @@ def _masked_scores(qg, kb, scale, visible):
 def flash_fwd(q, k, v, scale: float, offset, block_n: int = BLOCK_N):
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    cdt = _compute_dtype(q.dtype)
-    qg = _grouped(q.to(cdt), heads_kv)
+    cdt = compute_dtype(q.dtype)
+    qg = grouped(q.to(cdt), heads_kv)
     shape = qg.shape[:-1]
     # Finite start: a row whose keys are all masked so far keeps alpha = 1 and p = 0, not NaN.
     m = torch.full(shape, -1e30, dtype=cdt, device=q.device)
     l = torch.zeros(shape, dtype=cdt, device=q.device)
     acc = torch.zeros(qg.shape, dtype=cdt, device=q.device)
     mask = causal_mask(seqlen_q, seqlen_k, offset, q.device)
-    for n0 in _key_blocks(seqlen_q, seqlen_k, offset, block_n):
+    for n0 in key_blocks(seqlen_q, seqlen_k, offset, block_n):
         n1 = min(seqlen_k, n0 + block_n)
         kb = k[:, :, n0:n1].to(cdt).unsqueeze(2)
         vb = v[:, :, n0:n1].to(cdt).unsqueeze(2)
-        s = _masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1])
+        s = masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1])
         m_new = torch.maximum(m, s.amax(dim=-1))
         p = torch.exp(s - m_new.unsqueeze(-1))
         alpha = torch.exp(m - m_new)
         l = l * alpha + p.sum(dim=-1)
         acc = acc * alpha.unsqueeze(-1) + p @ vb
         m = m_new
-    seen = l > 0
-    l_safe = torch.where(seen, l, torch.ones_like(l))
-    o = torch.where(seen.unsqueeze(-1), acc / l_safe.unsqueeze(-1), torch.zeros_like(acc))
-    lse = torch.where(seen, m + torch.log(l_safe), torch.full_like(l, float("-inf")))
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return o.flatten(1, 2).to(q.dtype), lse.flatten(1, 2).to(lse_dtype)
+    o, lse, _ = finish_rows(acc, l, m, offset)
+    return o.flatten(1, 2).to(q.dtype), lse.flatten(1, 2).to(lse_dtype(q.dtype))
+
+
+def lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def finish_rows(acc, l, m, offset):
+    """(O, LSE, 1/l) of online-softmax rows ([..., Nq, D] acc, [..., Nq] l and m), by the kernels'
+    rule (kernels/softmax_rows.py): rows the mask leaves without keys give (0, -inf, 0); a zero or
+    NaN sum on any other row (a non-finite input) gives NaN, never that pair."""
+    rows = torch.arange(l.shape[-1], device=l.device)
+    blind = rows + offset < 0 if offset is not None else torch.zeros_like(rows, dtype=torch.bool)
+    l_safe = torch.where(blind, torch.ones_like(l), l)
+    inv_l = torch.where(blind, torch.zeros_like(l), 1.0 / l_safe)
+    lse = torch.where(blind, torch.full_like(l, float("-inf")),
+                      torch.where(l > 0, m + torch.log(l_safe), torch.full_like(l, float("nan"))))
+    inv_l = torch.where(blind | (l > 0), inv_l, torch.full_like(l, float("nan")))
+    return acc * inv_l.unsqueeze(-1), lse, inv_l
 
 
 def flash_bwd(do, q, k, v, o, lse, scale: float, offset, block_n: int = BLOCK_N):
     heads_kv, seqlen_q, seqlen_k = k.shape[1], q.shape[2], k.shape[2]
-    cdt = _compute_dtype(q.dtype)
-    qg = _grouped(q.to(cdt), heads_kv)
-    dog = _grouped(do.to(cdt), heads_kv)
-    delta = (dog * _grouped(o.to(cdt), heads_kv)).sum(dim=-1, keepdim=True)
+    cdt = compute_dtype(q.dtype)
+    qg = grouped(q.to(cdt), heads_kv)
+    dog = grouped(do.to(cdt), heads_kv)
+    delta = (dog * grouped(o.to(cdt), heads_kv)).sum(dim=-1, keepdim=True)
     # A row that saw no key has LSE = -inf; read it as +inf so its P is exp(-inf) = 0, not NaN.
-    lse_g = _grouped(lse.to(cdt), heads_kv).unsqueeze(-1)
+    lse_g = grouped(lse.to(cdt), heads_kv).unsqueeze(-1)
     lse_g = torch.where(torch.isneginf(lse_g), torch.full_like(lse_g, float("inf")), lse_g)
     mask = causal_mask(seqlen_q, seqlen_k, offset, q.device)
     dq = torch.zeros_like(qg)
     dk = torch.zeros(k.shape, dtype=cdt, device=k.device)
     dv = torch.zeros(v.shape, dtype=cdt, device=v.device)
-    for n0 in _key_blocks(seqlen_q, seqlen_k, offset, block_n):
+    for n0 in key_blocks(seqlen_q, seqlen_k, offset, block_n):
         n1 = min(seqlen_k, n0 + block_n)
         kb = k[:, :, n0:n1].to(cdt).unsqueeze(2)
         vb = v[:, :, n0:n1].to(cdt).unsqueeze(2)
-        p = torch.exp(_masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1]) - lse_g)
+        p = torch.exp(masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1]) - lse_g)
         dv[:, :, n0:n1] = (p.transpose(-1, -2) @ dog).sum(dim=2)
         dp = dog @ vb.transpose(-1, -2)
         ds = p * (dp - delta)
