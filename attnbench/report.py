@@ -41,8 +41,9 @@ def _comparable(a, b):
 
 
 def markdown(report, subject=None, peers=None) -> str:
-    """Per operator, one row per case and mode: the subject's latency and TF/s, its speed as a
-    multiple of each peer's (peer latency over ours, same clock only), % of roofline, error."""
+    """Per operator, one row per case and mode: the subject's latency and TF/s (GPU clocks only),
+    its speed as a multiple of each peer's (peer latency over ours, same clock only), % of
+    roofline, error."""
     machine = report.get("machine") or {}
     ceil = report.get("ceilings") or {}
     rows = _rows(report)
@@ -86,13 +87,15 @@ def markdown(report, subject=None, peers=None) -> str:
                 peer = variants.get(p)
                 ok = peer and _comparable(peer, ours)
                 ratios.append(f"{peer['timing']['median_ms'] / ours['timing']['median_ms']:.2f}x" if ok else "n/a")
-            lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {_num(ours.get('tflops'), '.0f')} | "
+            tflops = ours.get("tflops") if ours["timing"].get("method", "cuda").startswith("cuda") else None
+            lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {_num(tflops, '.0f')} | "
                          + "".join(f"{x} | " for x in ratios)
                          + f"{_num(ours.get('roofline_pct'), '.0f')} | {_num(ours.get('max_error'), '.1e')} |")
         if not shown:
             lines.append(f"\n(no timed {op_subject} row for {op})")
-    lines += ["", "'vs peer' is the peer's median latency over the subject's, measured in the same run on the same "
-              "clock: above 1 means the subject is faster; n/a: the peer did not run, or the clocks differ."]
+    named = " / ".join(dict.fromkeys(subject or _claim(report, op)[0] for op in ops)) or "the subject"
+    lines += ["", f"'vs peer' is the peer's median latency over {named}'s, measured in the same run on the same "
+              f"clock: above 1 means {named} is faster; n/a: the peer did not run, or the clocks differ."]
     return "\n".join(lines) + "\n"
 
 

@@ -144,7 +144,7 @@ def unavailable_lines(op_name, unavailable: dict, device_type: str) -> list:
 
 
 def summary_line(checks=None, bench_rows=None, unavailable: int = 0) -> str:
-    """The closing line: what passed, failed, was skipped, timed."""
+    """The closing line: what passed, failed, was skipped, timed (short enough for 120 columns)."""
     parts = []
     if checks is not None:
         passed = sum(1 for r in checks if r.passed)
@@ -153,8 +153,8 @@ def summary_line(checks=None, bench_rows=None, unavailable: int = 0) -> str:
     if bench_rows is not None:
         timed = [r for r in bench_rows if r.timing]
         noisy = sum(1 for r in timed if r.timing.noisy)
-        parts.append(f"bench {len(timed)} rows timed, {len(bench_rows) - len(timed)} skipped"
+        parts.append(f"bench {len(timed)} timed, {len(bench_rows) - len(timed)} skipped"
                      + (f", {noisy} noisy" if noisy else ""))
     if unavailable:
-        parts.append(f"{unavailable} variant(s) unavailable here")
+        parts.append(f"{unavailable} variant{'s' if unavailable > 1 else ''} unavailable")
     return "summary: " + "; ".join(parts)

@@ -52,7 +52,7 @@ def test_check_every_variant_json(tmp_path, capsys):
     assert sorted(unavailable) == ["flex", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash"]
     assert "not run on cpu: flash sdpa_flash, sdpa_efficient, sdpa_cudnn: needs a CUDA device" in captured.out
     assert max(len(line) for line in captured.out.splitlines()) <= WIDTH
-    assert captured.out.splitlines()[-1] == "summary: checks 46 passed, 0 failed, 2 skipped; 4 variant(s) unavailable here"
+    assert captured.out.splitlines()[-1] == "summary: checks 46 passed, 0 failed, 2 skipped; 4 variants unavailable"
 
 
 def test_bench_split_and_reference_json_on_stdout(capsys):
@@ -63,7 +63,7 @@ def test_bench_split_and_reference_json_on_stdout(capsys):
     report = json.loads(captured.out)  # nothing but the document
     assert report["status"] == "complete"
     assert "## bench flash" in captured.err and "[24/24]" in captured.err  # table and progress
-    assert captured.err.splitlines()[-1] == "summary: bench 24 rows timed, 0 skipped" + \
+    assert captured.err.splitlines()[-1] == "summary: bench 24 timed, 0 skipped" + \
         (f", {sum(1 for r in report['bench'] if r['timing']['iqr_ms'] > 0.25 * r['timing']['median_ms'])} noisy"
          if any(r['timing']['iqr_ms'] > 0.25 * r['timing']['median_ms'] for r in report['bench']) else "")
     rows = report["bench"]
@@ -135,7 +135,7 @@ def test_cpu_bench_table_fits_120_columns(tmp_path, capsys):
     note = next(line for line in lines if line.startswith("[1] "))
     assert note == "[1] " + skipped[0]["skipped"]  # whole, on its own line
     noisy = sum(1 for r in rows if r["timing"] and r["timing"]["iqr_ms"] > 0.25 * r["timing"]["median_ms"])
-    assert lines[-1] == "summary: bench 34 rows timed, 2 skipped" + (f", {noisy} noisy" if noisy else "")
+    assert lines[-1] == "summary: bench 34 timed, 2 skipped" + (f", {noisy} noisy" if noisy else "")
     if noisy:
         assert "* noisy: IQR above 25% of the median" in out
 
@@ -167,3 +167,17 @@ def test_a_failed_write_mid_run_stops_with_one_line(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
     assert len(json.loads(path.read_text())["bench"]) == 2
+
+
+def test_summary_line_fits_with_large_counts():
+    from types import SimpleNamespace as Row
+
+    from attnbench.tables import summary_line
+    from attnbench.timing import Timing
+
+    checks = [Row(passed=True, skipped="")] * 9000 + [Row(passed=False, skipped="")] * 900 + [Row(passed=False, skipped="x")]
+    rows = [Row(timing=Timing(1.0, 0.5, 1.5, 9, "cpu-wall"))] * 9000 + [Row(timing=None)] * 999
+    line = summary_line(checks, rows, 12)
+    assert line == ("summary: checks 9000 passed, 900 failed, 1 skipped; bench 9000 timed, 999 skipped, 9000 noisy; "
+                    "12 variants unavailable")
+    assert len(line) <= WIDTH
