@@ -19,7 +19,7 @@ LABELS = ["B1024 H4 Lq2 ctx2048 buf32 D32 bf16", "B256 H4 Lq1 ctx512 buf0 D32 bf
 VARIANTS = ["reference", "split", "triton", "triton_composed", "per_batch_math", "per_batch_flash",
             "per_batch_cudnn", "expand0_flash", "fold_flash", "fold_cudnn"]
 MODES = ["fwd"]
-RATIO_PEERS = ["per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash"]
+RATIO_PEERS = ["per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn"]
 
 
 def measure_shared_context(*_bound_instance):
