@@ -119,7 +119,7 @@ def run_case(case, device, rep_ms, ceil, with_configs, only=None):
     if with_configs:
         args = _args(x)
         if device == "cpu":
-            configs, splits = [None], (1, 3)
+            configs, splits = [None], (3,)
         else:
             configs, splits = FUSED_CONFIGS, SPLITS
         for cfg in configs:

@@ -65,7 +65,7 @@ def test_reference_and_per_batch_peer_agree_with_oracle(oracles, case):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_other_seeds_and_custom_scale(oracles, seed):
-    case = replace(SharedContextCase(6, 6, 2, 2, 29, 13, 40, True, "varied", "float32"), scale=0.37)
+    case = replace(SharedContextCase(4, 6, 2, 2, 29, 13, 40, True, "varied", "float32"), scale=0.37)
     x, oracle, lowp = oracles(case, seed)
     for variant in OURS:
         assert verify.check_variant(OP, variant, case, "fwd", x, oracle, lowp).passed, variant
