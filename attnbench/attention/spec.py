@@ -8,12 +8,14 @@ rejected, because picking one silently is the classic wrong answer.
 import math
 import numbers
 
-import numpy as np
 import torch
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+# a scale the kernels receive as float32 must neither overflow it nor round to zero (plain
+# arithmetic, no numpy: torch.compile traces this check)
+FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.401298464324817e-45
 
 
 def causal_offset(causal, seqlen_q: int, seqlen_k: int):
@@ -75,14 +77,9 @@ def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
     # Real numbers only (numpy scalars too, not bool), positive and finite once rounded to fp32,
     # the precision the kernels receive it in: 1e39 would silently give NaN outputs.
     elif (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
-          or not (math.isfinite(float(scale)) and 0 < _as_float32(scale) < np.inf)):
+          or not (math.isfinite(float(scale)) and FLOAT32_TINY / 2 < float(scale) <= FLOAT32_MAX)):
         raise ValueError(f"scale must be a positive finite number (in float32), got {scale!r}")
     return float(scale), causal_offset(causal, seqlen_q, k.shape[2])
-
-
-def _as_float32(x) -> float:
-    with np.errstate(over="ignore", under="ignore"):
-        return float(np.float32(x))
 
 
 def check_like(name, t, like, shape=None, dtype=None):

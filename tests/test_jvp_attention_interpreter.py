@@ -1,0 +1,339 @@
+"""CPU gate for jvp_attention: every mode of every variant against the float64 oracle, and every
+AD route through the Triton kernels (interpreter) in float64: gradcheck and gradgradcheck with
+forward and batched AD, finite-difference Hessian-vector products, Hessian symmetry, torch.func,
+forward_ad dual tensors, double backward, torch.compile, and the errors of third order."""
+import math
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.func as tf
+
+from attnbench import verify
+from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_bwd, flash_fwd
+from attnbench.operators.flash import FlashCase
+from attnbench.operators.flash.reference import attention as reference_attention
+from attnbench.operators.jvp_attention import TINY_SHAPES
+
+pytestmark = pytest.mark.interpreter
+
+CASES = [FlashCase(*s, dtype="float32") for s in TINY_SHAPES]
+# other dtypes through the Triton route (bf16: the interpreter's labelled fp32 upcast)
+DTYPE_CASES = [FlashCase(*TINY_SHAPES[2], dtype="float16"), FlashCase(*TINY_SHAPES[1], dtype="float64"),
+               FlashCase(*TINY_SHAPES[0], dtype="bfloat16")]
+
+
+@pytest.fixture(scope="module")
+def jvp_op():
+    import attnbench
+
+    return attnbench.get("jvp_attention")
+
+
+@pytest.fixture(scope="module")
+def oracles(jvp_op):
+    cache = {}
+
+    def get(case, seed=0):
+        if (case, seed) not in cache:
+            x = jvp_op.make_inputs(case, "cpu", seed)
+            cache[case, seed] = (x, jvp_op.oracle(case, x), jvp_op.oracle(case, x, dtype=case.torch_dtype))
+        return cache[case, seed]
+
+    return get
+
+
+MODES = ["fwd_jvp", "hvp_fwd_rev", "hvp_rev_rev", "vjp_of_jvp"]
+
+
+@pytest.mark.parametrize("case,mode,variant", [(c, m, v) for c in CASES for m in MODES for v in ("split", "triton", "triton_fused")]
+                         + [(c, m, "triton") for c in DTYPE_CASES for m in MODES],
+                         ids=lambda p: getattr(p, "label", p))
+def test_variant_matches_float64_oracle(jvp_op, oracles, case, mode, variant):
+    x, oracle, lowp = oracles(case)
+    result = verify.check_variant(jvp_op, variant, case, mode, x, oracle, lowp)
+    assert not result.skipped, result.skipped
+    assert result.passed, [o for o in result.outputs if not o.passed]
+    assert [o.name for o in result.outputs] == list(jvp_op.outputs(mode))
+
+
+def test_other_seed_and_scale(jvp_op, oracles):
+    from dataclasses import replace
+
+    case = replace(FlashCase(2, 4, 2, 18, 13, 40, "bottom_right", "float32"), scale=0.37)
+    x, oracle, lowp = oracles(case, 3)
+    for mode in jvp_op.modes:
+        for variant in ("split", "triton"):
+            assert verify.check_variant(jvp_op, variant, case, mode, x, oracle, lowp).passed, (mode, variant)
+
+
+# ----------------------------------------------------------------------------- AD through the kernels, fp64
+
+def fp64(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def qkv(b, hq, hk, nq, nk, d, seed=0):
+    return fp64(b, hq, nq, d, seed=seed), fp64(b, hk, nk, d, seed=seed + 1), fp64(b, hk, nk, d, seed=seed + 2)
+
+
+def offset_of(causal, nq, nk):
+    return {None: None, "top_left": 0, "bottom_right": nk - nq}[causal]
+
+
+def ref(causal):
+    def f(q, k, v):
+        return reference_attention(q, k, v, q.shape[-1] ** -0.5, offset_of(causal, q.shape[2], k.shape[2]))
+    return f
+
+
+def ours(causal):
+    return lambda q, k, v: flash_attention(q, k, v, causal=causal, return_lse=True)
+
+
+def o_only(f):
+    return lambda q, k, v: f(q, k, v)[0]
+
+
+def max_diff(a, b):
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+# (shape, causal): GQA with lengths off the 16-blocks; rows that see no key (their LSE is -inf,
+# which finite differences cannot handle, so those cases check O alone).
+GRAD_CASES = [((1, 2, 1, 9, 13, 16), None), ((1, 2, 2, 12, 12, 16), "top_left"), ((1, 2, 1, 11, 6, 16), "bottom_right")]
+
+
+@pytest.mark.parametrize("shape,causal", GRAD_CASES)
+def test_gradcheck_every_mode(shape, causal):
+    x = tuple(t.requires_grad_() for t in qkv(*shape))
+    f = ours(causal) if causal != "bottom_right" else o_only(ours(causal))
+    assert torch.autograd.gradcheck(f, x, check_forward_ad=True, check_backward_ad=True, check_batched_grad=True,
+                                    check_batched_forward_grad=True, fast_mode=True)
+
+
+@pytest.mark.parametrize("shape,causal", [((1, 2, 1, 6, 7, 16), None), ((1, 1, 1, 7, 7, 16), "top_left")])
+def test_gradgradcheck_fwd_over_rev_and_rev_over_rev(shape, causal):
+    x = tuple(t.requires_grad_() for t in qkv(*shape))
+    assert torch.autograd.gradgradcheck(ours(causal), x, check_fwd_over_rev=True, check_rev_over_rev=True,
+                                        check_batched_grad=True, fast_mode=True)
+
+
+@pytest.mark.parametrize("shape,causal", GRAD_CASES)
+def test_torch_func_matches_reference(shape, causal):
+    x = qkv(*shape)
+    u = qkv(*shape, seed=10)
+    w = fp64(*x[0].shape, seed=20)
+    f, r = o_only(ours(causal)), o_only(ref(causal))
+
+    def loss(f):
+        return lambda q, k, v: (f(q, k, v) * w).sum()
+
+    argnums = (0, 1, 2)
+    assert max_diff(tf.grad(loss(f), argnums)(*x), tf.grad(loss(r), argnums)(*x)) < 1e-12
+    assert max_diff(tf.vjp(f, *x)[1](w), tf.vjp(r, *x)[1](w)) < 1e-12
+    assert max_diff(tf.jvp(f, x, u), tf.jvp(r, x, u)) < 1e-12
+    xb = tuple(torch.stack([t, 2 * t]) for t in x)
+    assert max_diff(tf.vmap(f)(*xb), tf.vmap(r)(*xb)) < 1e-12
+
+
+def test_jacobians_and_hessian_match_reference():
+    """jacrev, jacfwd and hessian (each vmaps over a basis, which the Functions fold into the batch),
+    on a small GQA case with blind rows: Jacobians in k and v of two projections of O."""
+    x, w = qkv(1, 2, 1, 4, 3, 16), fp64(2, 1, 2, 4, 16, seed=20)
+    f, r = o_only(ours("bottom_right")), o_only(ref("bottom_right"))
+
+    def proj(f):
+        return lambda k, v: (f(x[0], k, v) * w).sum(dim=(1, 2, 3, 4))
+
+    assert max_diff(tf.jacrev(proj(f), (0, 1))(*x[1:]), tf.jacrev(proj(r), (0, 1))(*x[1:])) < 1e-12
+    assert max_diff(tf.jacfwd(proj(f), (0, 1))(*x[1:]), tf.jacfwd(proj(r), (0, 1))(*x[1:])) < 1e-12
+    hessian = tf.hessian(lambda k: proj(f)(k, x[2])[0])(x[1])
+    assert (hessian - tf.hessian(lambda k: proj(r)(k, x[2])[0])(x[1])).abs().max() < 1e-12
+
+
+def hvp_fwd_rev(f, x, w, u):
+    return tf.jvp(lambda *a: tf.grad(lambda *b: (f(*b) * w).sum(), argnums=(0, 1, 2))(*a), x, u)[1]
+
+
+def hvp_rev_rev(f, x, w, u):
+    leaves = [t.detach().requires_grad_() for t in x]
+    grads = torch.autograd.grad(f(*leaves), leaves, w, create_graph=True)
+    return torch.autograd.grad(grads, leaves, u)
+
+
+def hvp_dual(f, x, w, u):
+    """forward-over-reverse with PyTorch's core forward AD instead of functorch."""
+    leaves = [t.detach().requires_grad_() for t in x]
+    with fwAD.dual_level():
+        grads = torch.autograd.grad(f(*[fwAD.make_dual(a, b) for a, b in zip(leaves, u)]), leaves, w, create_graph=True)
+        return [fwAD.unpack_dual(g).tangent for g in grads]
+
+
+@pytest.mark.parametrize("shape,causal", GRAD_CASES)
+def test_hvp_routes_agree_with_finite_differences(shape, causal):
+    """H u from forward-over-reverse (torch.func and forward_ad), reverse-over-reverse and the
+    direct kernel against central differences of the gradient: O(eps^2) = 1e-10 truncation at
+    eps = 1e-5, plus rounding of ~1e-16 / eps."""
+    x, u, w = qkv(*shape), qkv(*shape, seed=10), fp64(*qkv(*shape)[0].shape, seed=20)
+    f = o_only(ours(causal))
+    eps = 1e-5
+
+    def grad_at(t):
+        return tf.grad(lambda *a: (f(*a) * w).sum(), argnums=(0, 1, 2))(*(a + t * b for a, b in zip(x, u)))
+
+    fd = [(p - m) / (2 * eps) for p, m in zip(grad_at(eps), grad_at(-eps))]
+    o, lse = flash_fwd(*x, causal=causal)
+    routes = {"fwd_rev": hvp_fwd_rev(f, x, w, u), "rev_rev": hvp_rev_rev(f, x, w, u), "dual": hvp_dual(f, x, w, u),
+              "kernel": attention_bwd_jvp(w, *x, o, lse, *u, causal=causal)}
+    scale = max(t.abs().max().item() for t in fd)
+    for name, h in routes.items():
+        assert max_diff(h, fd) < 1e-7 * max(1.0, scale), name
+    assert max_diff(routes["fwd_rev"], routes["rev_rev"]) < 1e-12
+
+
+def test_hessian_is_symmetric():
+    """<w, H u> = <u, H w> for the Hessian of <dO, O> (both sides from our kernels)."""
+    shape = (1, 2, 1, 10, 14, 16)
+    x, u, w2 = qkv(*shape), qkv(*shape, seed=10), qkv(*shape, seed=30)
+    do = fp64(*x[0].shape, seed=20)
+    f = o_only(ours("bottom_right"))
+    hu, hw = hvp_fwd_rev(f, x, do, u), hvp_fwd_rev(f, x, do, w2)
+    left = sum((a * b).sum() for a, b in zip(w2, hu))
+    right = sum((a * b).sum() for a, b in zip(u, hw))
+    assert abs(left - right) < 1e-12 * max(1.0, abs(left))
+
+
+def test_gradient_of_a_tangent_output_and_dual_tensors():
+    shape = (2, 2, 1, 9, 11, 24)
+    x, t, c = qkv(*shape), qkv(*shape, seed=10), fp64(2, 2, 9, 24, seed=20)
+    f, r = o_only(ours("bottom_right")), o_only(ref("bottom_right"))
+
+    def grad_of_tangent(f):
+        return tf.grad(lambda *a: (tf.jvp(f, a[:3], a[3:])[1] * c).sum(), argnums=tuple(range(6)))(*x, *t)
+
+    assert max_diff(grad_of_tangent(f), grad_of_tangent(r)) < 1e-12
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(f(*[fwAD.make_dual(a, b) for a, b in zip(x, t)])).tangent
+    assert max_diff(tangent, tf.jvp(r, x, t)[1]) < 1e-12
+    # the manual fused API agrees with autograd's tangent, and is differentiable itself
+    o, lse, o_t, lse_t = attention_jvp(*x, *t, causal="bottom_right")
+    assert max_diff((o, o_t), tf.jvp(r, x, t)) < 1e-12
+    leaves = [a.clone().requires_grad_() for a in (*x, *t)]
+    grads = torch.autograd.grad(attention_jvp(*leaves, causal="bottom_right")[2], leaves, c)
+    assert max_diff(grads, grad_of_tangent(r)) < 1e-12
+
+
+def test_lse_is_differentiable():
+    """The LSE output carries gradients and tangents (its derivative is P): against the reference."""
+    x, u = qkv(1, 2, 1, 9, 13, 16), qkv(1, 2, 1, 9, 13, 16, seed=10)
+    w = fp64(1, 2, 9, seed=5)
+
+    def loss(f):
+        return lambda *a: (f(*a)[1] * w).sum() + f(*a)[0].square().sum()
+
+    assert max_diff(tf.grad(loss(ours(None)), (0, 1, 2))(*x), tf.grad(loss(ref(None)), (0, 1, 2))(*x)) < 1e-12
+    assert max_diff(hvp_fwd_rev(lambda *a: ours(None)(*a)[1], x, w, u),
+                    hvp_fwd_rev(lambda *a: ref(None)(*a)[1], x, w, u)) < 1e-12
+
+
+def test_torch_compile_fullgraph_forward_backward_and_func():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 16, dtype=torch.float64)
+
+    def model(q, k, v):
+        return lin(flash_attention(lin(q), k, v, causal="bottom_right", scale=0.3)).square().sum()
+
+    x = [t.requires_grad_() for t in qkv(2, 4, 2, 11, 15, 16)]
+    eager = model(*x)
+    eager_grads = torch.autograd.grad(eager, x)
+    compiled = torch.compile(model, fullgraph=True)(*x)
+    compiled_grads = torch.autograd.grad(compiled, x)
+    assert abs(compiled.item() - eager.item()) < 1e-12
+    assert max_diff(compiled_grads, eager_grads) < 1e-12
+    xd, u = [t.detach() for t in x], qkv(2, 4, 2, 11, 15, 16, seed=10)
+    f = o_only(ours("bottom_right"))
+    jvp = torch.compile(lambda *a: tf.jvp(f, a[:3], a[3:])[1], fullgraph=True)(*xd, *u)
+    assert max_diff(jvp, tf.jvp(o_only(ref("bottom_right")), tuple(xd), u)[1]) < 1e-12
+    grad = torch.compile(lambda *a: tf.grad(lambda *b: f(*b).sum(), argnums=(0, 1, 2))(*a), fullgraph=True)(*xd)
+    assert max_diff(grad, tf.grad(lambda *b: o_only(ref("bottom_right"))(*b).sum(), argnums=(0, 1, 2))(*xd)) < 1e-12
+
+
+def test_third_order_and_forward_over_forward_raise_clearly():
+    x = qkv(1, 2, 2, 8, 8, 16)
+    f = o_only(ours(None))
+
+    def loss(q):
+        return f(q, *x[1:]).sum()
+
+    with pytest.raises(NotImplementedError, match="third-order"):
+        tf.grad(lambda q: tf.grad(lambda q: tf.grad(loss)(q).sum())(q).sum())(x[0])
+    with pytest.raises(NotImplementedError, match="forward-over-forward"):
+        tf.jvp(lambda q: tf.jvp(lambda p: f(p, *x[1:]), (q,), (x[1],))[1], (x[0],), (x[2],))
+
+
+def test_large_tangents_and_near_one_hot_rows_stay_finite_and_exact():
+    """Scores up to ~1e3 make softmax rows one-hot to double precision; tangents of size 1e6."""
+    q, k, v = qkv(1, 2, 2, 10, 12, 16)
+    q = q * 40.0
+    t = tuple(a * 1e6 for a in qkv(1, 2, 2, 10, 12, 16, seed=7))
+    o, lse, o_t, lse_t = attention_jvp(q, k, v, *t)
+    want = tf.jvp(lambda *a: ref(None)(*a), (q, k, v), t)
+    for out in (o, lse, o_t, lse_t):
+        assert torch.isfinite(out).all()
+    assert verify.relative_error(o_t, want[1][0]) < 1e-12 and verify.relative_error(lse_t, want[1][1]) < 1e-12
+    do = fp64(1, 2, 10, 16, seed=3)
+    h = attention_bwd_jvp(do, q, k, v, o, lse, *t)
+    want_h = hvp_fwd_rev(o_only(ref(None)), (q, k, v), do, t)
+    assert all(torch.isfinite(a).all() for a in h)
+    assert max(verify.relative_error(a, b) for a, b in zip(h, want_h)) < 1e-11
+
+
+def test_backward_tangent_is_deterministic():
+    x, t = qkv(1, 4, 2, 33, 29, 16), qkv(1, 4, 2, 33, 29, 16, seed=4)
+    do = fp64(1, 4, 33, 16, seed=9)
+    o, lse = flash_fwd(*x, causal="bottom_right")
+    assert verify.bitwise_equal_runs(lambda: attention_bwd_jvp(do, *x, o, lse, *t, causal="bottom_right"), runs=2)
+    assert verify.bitwise_equal_runs(lambda: flash_bwd(do, *x, o, lse, causal="bottom_right"), runs=2)
+
+
+# ----------------------------------------------------------------------------- the boundary, CPU side
+
+def sdpa(backend, causal=True):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def f(q, k, v):
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return f
+
+
+def test_cpu_fused_sdpa_passes_first_order():
+    """SDPA's fused CPU kernel (the FLASH backend on CPU) gives the forward and the gradient..."""
+    x = tuple(t.float() for t in qkv(1, 2, 2, 16, 16, 16))
+    f, r = sdpa("FLASH_ATTENTION"), o_only(ref("top_left"))
+    assert max_diff(f(*x), r(*x)) < 1e-5
+    assert max_diff(tf.grad(lambda *a: f(*a).sum(), (0, 1, 2))(*x), tf.grad(lambda *a: r(*a).sum(), (0, 1, 2))(*x)) < 1e-5
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="SDPA's fused CPU kernel has no forward-mode AD (torch 2.13)")
+def test_cpu_fused_sdpa_forward_mode():
+    x = tuple(t.float() for t in qkv(1, 2, 2, 16, 16, 16))
+    tf.jvp(sdpa("FLASH_ATTENTION"), x, x)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="SDPA's fused CPU kernel has no double backward (torch 2.13)")
+def test_cpu_fused_sdpa_grad_of_grad():
+    x = tuple(t.float() for t in qkv(1, 2, 2, 16, 16, 16))
+    f = sdpa("FLASH_ATTENTION")
+    tf.grad(lambda q: tf.grad(lambda q: f(q, *x[1:]).sum())(q).sum())(x[0])
+
+
+def test_cpu_sdpa_math_differentiates_every_way():
+    x, u = tuple(t.float() for t in qkv(1, 2, 2, 16, 16, 16)), tuple(t.float() for t in qkv(1, 2, 2, 16, 16, 16, seed=5))
+    w = torch.randn(1, 2, 16, 16)
+    assert max_diff(hvp_fwd_rev(sdpa("MATH"), x, w, u), hvp_fwd_rev(o_only(ref("top_left")), x, w, u)) < 1e-4
+    assert math.isfinite(tf.jvp(sdpa("MATH"), x, u)[1].sum().item())
