@@ -91,72 +91,90 @@ def _buffer_phase(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
                   stride_lb, stride_lh, stride_ln,
                   R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                  ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_NB: tl.constexpr):
+                  ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_R: tl.constexpr, ROWS_PAD: tl.constexpr, BLOCK_NB: tl.constexpr):
     """Buffer attention of this tile's rows, for the samples b with b % NUM_SPLITS == split:
-    each sample's rows against its own valid keys, written as states (O, LSE) to OUT."""
+    each sample's rows against its own valid keys, written as states (O, LSE) to OUT.
+
+    A step takes SAMPLES = BLOCK_R // ROWS_PAD samples at once: row rr belongs to the step's
+    sample rr // ROWS_PAD, key kk to sample kk // (BLOCK_NB // SAMPLES), and the [BLOCK_R, BLOCK_NB]
+    scores are masked block-diagonally. More samples per step means more bytes in flight per
+    pipelined iteration; the masked-off products are tensor-core work, not memory traffic.
+    Samples with more than ROWS_PAD rows (ROWS_PAD == BLOCK_R) are walked in row chunks."""
+    SAMPLES: tl.constexpr = BLOCK_R // ROWS_PAD
+    KEYS: tl.constexpr = BLOCK_NB // SAMPLES  # keys of one sample per step
     row_lo = tile * BLOCK_M
     row_hi = tl.minimum(row_lo + BLOCK_M, R_TOTAL)
     first = row_lo // ROWS_PER_SAMPLE
     end = tl.cdiv(row_hi, ROWS_PER_SAMPLE)  # one past the last sample with rows in the tile
     offset = (split - first % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS  # first sample of this split
-    samples = tl.maximum(tl.cdiv(end - first - offset, NUM_SPLITS), 0)
-    chunks = tl.cdiv(ROWS_PER_SAMPLE, BLOCK_R)
-    key_blocks = tl.cdiv(N_BUF, BLOCK_NB)
-    offs_rr = tl.arange(0, BLOCK_R)
-    offs_nb = tl.arange(0, BLOCK_NB)
+    mine = tl.maximum(tl.cdiv(end - first - offset, NUM_SPLITS), 0)  # samples this program handles
+    groups = tl.cdiv(mine, SAMPLES)
+    chunks = tl.cdiv(ROWS_PER_SAMPLE, ROWS_PAD)
+    key_blocks = tl.cdiv(N_BUF, KEYS)
+    rr = tl.arange(0, BLOCK_R)
+    kk = tl.arange(0, BLOCK_NB)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     hk64 = hk.to(tl.int64)
     m_i = tl.full([BLOCK_R], -1.0e30, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_R], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=ACC_DTYPE)
-    # One flat loop over (sample, row chunk, key block), so that loads of the next sample are
-    # pipelined behind this one's math; the state restarts at each (sample, chunk).
-    for step in range(0, samples * chunks * key_blocks):
+    # One flat loop over (sample group, row chunk, key block), so that the next group's loads are
+    # pipelined behind this one's math; the state restarts at each (group, chunk).
+    for step in range(0, groups * chunks * key_blocks):
         kb = step % key_blocks
-        sc = step // key_blocks
-        b = first + offset + (sc // chunks) * NUM_SPLITS
-        r_in = (sc % chunks) * BLOCK_R + offs_rr  # rows within the sample
-        r = b * ROWS_PER_SAMPLE + r_in
-        valid = (r_in < ROWS_PER_SAMPLE) & (r >= row_lo) & (r < row_hi)
+        gc = step // key_blocks
+        chunk = gc % chunks
+        j0 = (gc // chunks) * SAMPLES  # index of the step's first sample among this program's
+        # rows: sample, row within the sample, validity
+        j_r = j0 + rr // ROWS_PAD
+        b_r = first + offset + j_r * NUM_SPLITS
+        r_in = chunk * ROWS_PAD + rr % ROWS_PAD
+        r = b_r * ROWS_PER_SAMPLE + r_in
+        valid = (j_r < mine) & (r_in < ROWS_PER_SAMPLE) & (r >= row_lo) & (r < row_hi)
         g = r_in // N_Q
         i = r_in - g * N_Q
         h = hk * GROUP + g
+        # keys: sample, position, validity
+        j_k = j0 + kk // KEYS
+        b_k = first + offset + j_k * NUM_SPLITS
+        n_k = kb * KEYS + kk % KEYS
+        if FULL_LENS:
+            len_r = tl.zeros([BLOCK_R], dtype=tl.int32) + N_BUF
+            len_k = tl.zeros([BLOCK_NB], dtype=tl.int32) + N_BUF
+        else:  # lengths outside [0, N_BUF] (unchecked on the hot path) never read out of bounds
+            len_r = tl.minimum(tl.maximum(tl.load(LENS + b_r, mask=valid, other=0).to(tl.int32), 0), N_BUF)
+            len_k = tl.minimum(tl.maximum(tl.load(LENS + b_k, mask=j_k < mine, other=0).to(tl.int32), 0), N_BUF)
+        limit = len_r
+        if CAUSAL:  # the Lq queries are the sample's last Lq valid entries
+            limit = tl.minimum(len_r, tl.maximum(len_r - N_Q + i + 1, 0))
+        limit = tl.where(valid, limit, 0)
+        key_ok = (j_k < mine) & (n_k < len_k)
         fresh = kb == 0
         m_i = tl.where(fresh, -1.0e30, m_i)
         l_i = tl.where(fresh, 0.0, l_i)
         acc = tl.where(fresh, 0.0, acc)
-        q = tl.load(Q + _rows(b, h, i, stride_qb, stride_qh, stride_qn)[:, None] + offs_d[None, :],
+        q = tl.load(Q + _rows(b_r, h, i, stride_qb, stride_qh, stride_qn)[:, None] + offs_d[None, :],
                     mask=valid[:, None] & d_mask[None, :], other=0.0)
-        if FULL_LENS:
-            length = N_BUF
-        else:  # lengths outside [0, N_BUF] (unchecked on the hot path) never read out of bounds
-            length = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), N_BUF)
-        limit = tl.zeros([BLOCK_R], dtype=tl.int32) + length
-        if CAUSAL:  # the Lq queries are the sample's last Lq valid entries
-            limit = tl.minimum(limit, tl.maximum(length - N_Q + i + 1, 0))
-        limit = tl.where(valid, limit, 0)
-        offs_n = kb * BLOCK_NB + offs_nb
-        kv_mask = (offs_n[:, None] < length) & d_mask[None, :]
-        b64 = b.to(tl.int64)
-        k = tl.load(KB + b64 * stride_kbb + hk64 * stride_kbh + offs_n[:, None] * stride_kbn + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        kv_rows = b_k.to(tl.int64) * stride_kbb + hk64 * stride_kbh + n_k.to(tl.int64) * stride_kbn
+        k = tl.load(KB + kv_rows[:, None] + offs_d[None, :], mask=key_ok[:, None] & d_mask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
-        s = tl.where(offs_n[None, :] < limit[:, None], s, float("-inf"))
+        same = (rr // ROWS_PAD)[:, None] == (kk // KEYS)[None, :]  # block diagonal: a row sees its own sample
+        s = tl.where(same & (n_k[None, :] < limit[:, None]), s, float("-inf"))
         # m starts finite, so rows with nothing visible yet keep alpha = 1 and p = 0, never NaN
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(VB + b64 * stride_vbb + hk64 * stride_vbh + offs_n[:, None] * stride_vbn + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        vb_rows = b_k.to(tl.int64) * stride_vbb + hk64 * stride_vbh + n_k.to(tl.int64) * stride_vbn
+        v = tl.load(VB + vb_rows[:, None] + offs_d[None, :], mask=key_ok[:, None] & d_mask[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
         m_i = m_new
         o, lse = _normalized(acc, l_i, m_i)
-        done = (tl.zeros([BLOCK_R], dtype=tl.int32) + kb) == key_blocks - 1  # the sample's last key block
-        _store_state(OUT_O, OUT_L, o, lse, _rows(b, h, i, stride_ob, stride_oh, stride_on),
-                     _rows(b, h, i, stride_lb, stride_lh, stride_ln), valid & done, offs_d, HEAD_DIM)
+        done = (tl.zeros([BLOCK_R], dtype=tl.int32) + kb) == key_blocks - 1  # the samples' last key block
+        _store_state(OUT_O, OUT_L, o, lse, _rows(b_r, h, i, stride_ob, stride_oh, stride_on),
+                     _rows(b_r, h, i, stride_lb, stride_lh, stride_ln), valid & done, offs_d, HEAD_DIM)
 
 
 @triton.jit
@@ -239,20 +257,24 @@ def _fits(config, element_size, block_d):
     return (context + buffer) * element_size
 
 
-# Under the interpreter: 16-row tiles, 16-key context blocks, 4-key buffer blocks and 4-row
-# buffer chunks (BLOCK_R, set by the launcher), so that tiny cases span several of each. On a GPU
-# the pruner keeps what fits the head dimension; the last entry is the smallest and fits every D.
+# BLOCK_NB counts the keys of one buffer step over all the samples it takes (see _buffer_phase).
+# Under the interpreter: 16-row tiles, 16-key context blocks, 8-key buffer steps and 4-row buffer
+# tiles (BLOCK_R, set by the launcher), so that tiny cases span several of each. On a GPU the
+# pruner keeps what fits the head dimension (the first entries suit D = 32, the next ones
+# D = 128); the last entry is the smallest and fits every D.
 _FUSED_CONFIGS = config_list(
     [
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=32),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=32),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_NB=32),
-        cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=32),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_NB=64),
+        cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256),
+        cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_NB=64),
         cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=64),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=32),
         cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16),
     ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=4),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8),
 )
 # The context kernel has no buffer phase (BLOCK_NB unused).
 _CONTEXT_CONFIGS = config_list(
@@ -270,14 +292,14 @@ _CONTEXT_CONFIGS = config_list(
 # rows one program streams through.
 _BUFFER_CONFIGS = config_list(
     [
-        cfg(4, 3, BLOCK_M=128, BLOCK_NB=32),
-        cfg(4, 3, BLOCK_M=256, BLOCK_NB=32),
-        cfg(4, 4, BLOCK_M=512, BLOCK_NB=32),
+        cfg(4, 3, BLOCK_M=128, BLOCK_NB=128),
+        cfg(4, 3, BLOCK_M=256, BLOCK_NB=128),
+        cfg(8, 4, BLOCK_M=512, BLOCK_NB=256),
         cfg(4, 3, BLOCK_M=128, BLOCK_NB=64),
         cfg(8, 3, BLOCK_M=256, BLOCK_NB=64),
         cfg(4, 2, BLOCK_M=64, BLOCK_NB=16),
     ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_NB=4),
+    cfg(1, 1, BLOCK_M=16, BLOCK_NB=8),
 )
 _KEY = ["R_BUCKET", "CTX_BUCKET", "BUF_BUCKET", "NUM_SPLITS", "BLOCK_D", "BLOCK_R", "CAUSAL", "FULL_LENS"]
 _PRUNE = {"early_config_prune": pruner(_fits)}
@@ -306,7 +328,7 @@ def shared_context_fused_kernel(
         R_BUCKET, CTX_BUCKET, BUF_BUCKET,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_BUFFER: tl.constexpr,
         FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr, IN_KERNEL_MERGE: tl.constexpr,
-        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, ROWS_PAD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NB: tl.constexpr):
     pid_m = tl.program_id(0)
     split = tl.program_id(1)
@@ -318,7 +340,8 @@ def shared_context_fused_kernel(
                       stride_vbb, stride_vbh, stride_vbn, stride_wbo_b, stride_wbo_h, stride_wbo_n,
                       stride_wbl_b, stride_wbl_h, stride_wbl_n,
                       R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
-                      HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, BLOCK_NB)
+                      HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, ROWS_PAD,
+                      BLOCK_NB)
         tl.debug_barrier()  # this CTA's buffer states are written before any thread reads them back
     q, valid, b, h, i, offs_d = _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL,
                                              ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
@@ -386,7 +409,7 @@ def context_attention_kernel(
         R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_CTX, NUM_SPLITS, scale_hi, scale_lo,
         R_BUCKET, CTX_BUCKET, BUF_BUCKET,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, ROWS_PAD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NB: tl.constexpr):
     """Attention over the shared context alone: one state (O, LSE) per split, O [S, B, H, Lq, D]."""
     pid_m = tl.program_id(0)
@@ -418,14 +441,14 @@ def buffer_attention_kernel(
         R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, scale_hi, scale_lo,
         R_BUCKET, CTX_BUCKET, BUF_BUCKET, NUM_SPLITS,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+        ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, ROWS_PAD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_NB: tl.constexpr):
     """Attention of each sample's rows over its own buffer alone: (O, LSE)."""
     _buffer_phase(Q, KB, VB, LENS, O, LSE, tl.program_id(0), 0, tl.program_id(2),
                   stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
                   stride_vbb, stride_vbh, stride_vbn, stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
                   R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, 1, softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE),
-                  HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, BLOCK_NB)
+                  HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, ROWS_PAD, BLOCK_NB)
 
 
 # ---------------------------------------------------------------- launchers
@@ -481,18 +504,22 @@ def _sizes(q, heads_kv):
     return batch, heads_q, n_q, head_dim, group, batch * group * n_q
 
 
-def block_rows(rows_per_sample: int, device) -> int:
-    """Rows of one sample per buffer step: its G * Lq rows padded to a tensor-core tile (16..64);
-    4 under the interpreter, so that the CPU gate walks samples in several chunks."""
+def buffer_rows(rows_per_sample: int, device) -> tuple:
+    """(BLOCK_R, ROWS_PAD) of the buffer phase: a step's rows (a tensor-core tile, 16..64; 4 under
+    the interpreter, so that the CPU gate walks several samples and row chunks per tile) and the
+    rows given to each sample in it (its G * Lq rows padded to a power of two, at most BLOCK_R)."""
     if torch.device(device).type == "cpu":
-        return 4
-    return max(16, min(64, triton.next_power_of_2(rows_per_sample)))
+        block_r = 4
+    else:
+        block_r = max(16, min(64, triton.next_power_of_2(rows_per_sample)))
+    return block_r, min(block_r, triton.next_power_of_2(rows_per_sample))
 
 
 def _common(q, head_dim, causal, full_lens, rows_per_sample):
+    block_r, rows_pad = buffer_rows(rows_per_sample, q.device)
     return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CAUSAL=bool(causal),
                 FULL_LENS=full_lens, ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
-                BLOCK_R=block_rows(rows_per_sample, q.device))
+                BLOCK_R=block_r, ROWS_PAD=rows_pad)
 
 
 def _launch(kernel, grid, args, constexprs, config):
@@ -610,5 +637,5 @@ def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *
     return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype)
 
 
-__all__ = ["block_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch", "fused_launch",
+__all__ = ["buffer_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch", "fused_launch",
            "interpreting", "multiprocessors"]

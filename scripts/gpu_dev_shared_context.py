@@ -37,14 +37,15 @@ PREDICTED_TBPS = 3.75  # assumed achievable bandwidth: ~88% of the H200's measur
 SFU_EXP2_PER_CLOCK = 16  # MUFU.EX2 results per SM per clock (Hopper)
 BOOST_GHZ = 1.98
 # Explicit launch configurations of the fused kernel to time beside the autotuned pick.
-FUSED_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=32, num_warps=8, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_NB=32, num_warps=4, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_NB=32, num_warps=8, num_stages=3),
-    dict(BLOCK_M=256, BLOCK_N=64, BLOCK_NB=32, num_warps=8, num_stages=2),
-    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64, num_warps=4, num_stages=3),
+FUSED_CONFIGS = [  # BLOCK_NB: buffer keys per step over the step's samples
+    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128, num_warps=8, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128, num_warps=4, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_NB=64, num_warps=8, num_stages=3),
+    dict(BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_NB=64, num_warps=4, num_stages=4),
     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=64, num_warps=8, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_NB=32, num_warps=4, num_stages=4),
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_NB=32, num_warps=4, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=32, num_warps=4, num_stages=2),
 ]
 SPLITS = (1, 2, 4, 8, 16, 32)
 

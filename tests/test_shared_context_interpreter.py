@@ -1,8 +1,8 @@
 """CPU gate for the shared_context operator: every variant against the float64 oracle.
 
 Tiny shapes (operators/shared_context TINY_SHAPES) cover context and buffer lengths that are not
-block multiples (the interpreter uses 16-row tiles, 16-key context blocks and 4-key buffer
-blocks), an empty buffer, per-sample lengths from 0 to full, GQA and MQA, head dims 24 and 80,
+block multiples (the interpreter uses 16-row tiles, 16-key context blocks and buffer steps of
+8 keys over 4 rows), an empty buffer, per-sample lengths from 0 to full, GQA and MQA, head dims 24 and 80,
 Lq 1, 2 and 3 with a causal buffer, rows that see no key, and several row tiles; fp32, fp16 and
 fp64 (bf16 is GPU-only: the interpreter's bf16 tl.dot is wrong). The split-K paths are forced
 with explicit split counts; the Hydragen and stride-0 peers' folding and merging run through

@@ -94,9 +94,10 @@ def _cases(rows, dtypes, **kw):
 
 # (B, H, Hkv, Lq, Nctx, Nbuf, D, causal, lengths)
 # The CPU gate: context and buffer lengths that are not block multiples (the interpreter uses
-# 16-key context blocks and 4-key buffer blocks), an empty buffer, varied lengths including 0 and
-# full, GQA and MQA, head dims 24 and 80, Lq 1, 2 and 3 (causal), rows that see no buffer key,
-# a context-free case whose rows see nothing at all, and enough samples for several row tiles.
+# 16-key context blocks and buffer steps of 8 keys over 4 rows, i.e. 2-8 keys a sample), an empty
+# buffer, varied lengths including 0 and full, GQA and MQA, head dims 24 and 80, Lq 1, 2 and 3
+# (causal), rows that see no buffer key, a context-free case whose rows see nothing at all, and
+# enough samples for several row tiles.
 TINY_SHAPES = [
     (3, 2, 2, 1, 37, 11, 24, False, "varied"),
     (2, 4, 2, 3, 21, 9, 16, True, "varied"),  # sample 0: length 0; sample 1: row 0 sees no buffer key
