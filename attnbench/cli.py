@@ -229,7 +229,8 @@ class Session:
         args, ran = self.args, False
         for plan in self.plans_check:
             op_results = check(plan.op, plan.cases, self.device, plan.variants, plan.modes, args.seed,
-                               not args.quiet, on_result=lambda r: self.file.add("checks", r))
+                               not args.quiet, on_result=lambda r: self.file.add("checks", r),
+                               extra_checks=not args.variant and not args.mode)
             self.checks += op_results
             self.console.print(f"\n## check {plan.op.name} ({len(plan.cases)} {plan.case_set} cases)\n"
                                + check_table(op_results))
@@ -306,6 +307,31 @@ def cmd_report(args):
     return EXIT_OK
 
 
+def cmd_capabilities(args):
+    """The live capability matrix of jvp_attention (which implementation differentiates which way)."""
+    from .operators.jvp_attention import capabilities
+
+    device = parse_device(args.device)
+    for option in ("json", "markdown"):
+        if getattr(args, option):
+            setattr(args, option, results.check_output_path(getattr(args, option), f"--{option}"))
+    known = capabilities.implementations()
+    for name in args.impl or ():
+        if name not in known:
+            raise UsageError(f"--impl {name}: not an implementation; known: {', '.join(known)}")
+    console = Console(sys.stdout)
+    console.print(_header(device))
+
+    def progress(line):
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    matrix = capabilities.compute(device, args.impl, progress)
+    capabilities.write(matrix, args.json, args.markdown)
+    console.print(matrix.markdown().rstrip("\n"))
+    return EXIT_OK
+
+
 def cmd_calibrate(args):
     device = parse_device(args.device)
     c = ceilings(device, refresh=True)
@@ -350,6 +376,13 @@ def build_parser():
            cases=True, timing=True)
     common(sub.add_parser("run", help="check, then bench: the main job"), cases=True, timing=True)
     common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings"))
+    cap = sub.add_parser("capabilities", help="which attention implementation differentiates which way, and "
+                                              "correctly (verified / wrong / error per mode)")
+    cap.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    cap.add_argument("--impl", action="append", help="implementation (repeatable; default: all)")
+    cap.add_argument("--json", help="write every cell here")
+    cap.add_argument("--markdown", help="write the summary table here")
+    cap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial")
     rep.add_argument("report", help="a JSON file written by check/bench/run --json")
     rep.add_argument("--markdown", help="write the summary here instead of printing it")
@@ -357,7 +390,7 @@ def build_parser():
     return parser
 
 
-SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report}
+SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report, "capabilities": cmd_capabilities}
 
 
 def main(argv=None):

@@ -76,6 +76,11 @@ class Operator:
         """Names of the outputs a mode produces (a variant may produce a subset, e.g. a peer without lse)."""
         raise NotImplementedError
 
+    def extra_checks(self, device, seed: int = 0) -> list:
+        """Checks of this operator that are not one variant on one case (verify.CheckResult rows),
+        run by ``runner.check`` after the variants when no variant or mode filter was given."""
+        return []
+
     def available_variants(self, device) -> dict[str, Variant]:
         return {n: v for n, v in self.variants.items() if v.unavailable_reason(torch.device(device)) is None}
 

@@ -78,11 +78,14 @@ def _cost(op, case, mode):
         return math.nan, math.nan
 
 
-def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, on_result=None) -> list:
+def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, on_result=None,
+          extra_checks=None) -> list:
     """Verify each variant on each case and mode against the float64 oracle. ``on_result(result)``
-    is called as each result is final (the CLI writes it to the result file there)."""
+    is called as each result is final (the CLI writes it to the result file there). The operator's
+    ``extra_checks`` follow when ``extra_checks`` is true (default: when neither variants nor
+    modes were chosen)."""
     names = select_variants(op, device, variants)
-    modes = modes or op.modes
+    modes_asked, modes = modes, modes or op.modes
     bar = Progress(len(cases) * len(modes) * len(names), progress)
     results = []
     for case in cases:
@@ -105,6 +108,15 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, o
                 _release(device)
         del x, oracle, lowp
         _release(device)
+    if extra_checks if extra_checks is not None else (variants is None and modes_asked is None):
+        extras = op.extra_checks(device, seed)
+        bar.total += len(extras)
+        for result in extras:
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+            bar.step(f"check {op.name} {result.variant} {result.mode} {result.case}  "
+                     f"{'skip' if result.skipped else 'ok' if result.passed else 'FAIL'}")
     return results
 
 

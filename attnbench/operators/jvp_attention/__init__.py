@@ -209,6 +209,13 @@ class JvpAttentionOperator(Operator):
     def oracle(self, case, inputs, dtype=torch.float64):
         return LazyOracle(case, inputs, dtype)
 
+    def extra_checks(self, device, seed=0):
+        """Second-order consistency (seed 003): forward-over-reverse vs reverse-over-reverse vs
+        finite differences, per dtype, for our attention and PyTorch's layer/batch/rms norms."""
+        from ...second_order import consistency_checks
+
+        return consistency_checks(device, seed=seed, op_name=self.name)
+
     def _register_variants(self):
         from ...attention import unavailable_reason
 
