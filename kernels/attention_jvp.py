@@ -82,7 +82,9 @@ def _jvp_shared_bytes(config, element_size, block_d):
 _JVP_CONFIGS = config_list(
     [
         cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+        cfg(8, 2, BLOCK_M=128, BLOCK_N=64),  # D = 128: three stages of K, K_t, V, V_t do not fit
         cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=64, BLOCK_N=128),
         cfg(8, 2, BLOCK_M=128, BLOCK_N=32),
         cfg(4, 3, BLOCK_M=128, BLOCK_N=64),
         cfg(4, 2, BLOCK_M=64, BLOCK_N=32),

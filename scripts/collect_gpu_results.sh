@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Files a GPU gate run's artefacts under results/ (run here, after the device call returned).
-#   scripts/collect_gpu_results.sh DIR     (DIR: the call's files_at folder, holding gpu-gate.tgz)
+# Files GPU gate artefacts under results/ (run here, after the device call returned).
+#   scripts/collect_gpu_results.sh DIR     (DIR: a call's files_at folder, holding gpu-gate-*.tgz)
 set -euo pipefail
-src=$(mktemp -d)
-tar xzf "$1/gpu-gate.tgz" -C "$src"
-machine=$(cat "$src/machine.txt")
-dest=results/gpu/$machine
-mkdir -p "$dest"
-for f in machine.txt nvidia-smi.csv calibration.txt gpu-tests.log gpu-tests.xml pytest-benchmark.json flash-progress.log asv-run.log; do
-  [[ -f "$src/$f" ]] && cp "$src/$f" "$dest/"
+for archive in "$1"/gpu-gate-*.tgz; do
+  src=$(mktemp -d)
+  tar xzf "$archive" -C "$src"
+  machine=$(cat "$src/machine.txt")
+  dest=results/gpu/$machine
+  mkdir -p "$dest"
+  # every file the gate wrote, except the asv archive, which unpacks into results/asv
+  find "$src" -maxdepth 1 -type f ! -name asv-results.tgz -exec cp {} "$dest/" \;
+  [[ -f "$src/asv-results.tgz" ]] && tar xzf "$src/asv-results.tgz"
+  for json in "$src"/*-"$machine".json; do
+    [[ -f "$json" && "$(basename "$json")" != capabilities-* ]] || continue
+    out="$dest/$(basename "${json%.json}")"
+    attnbench report "$json" --markdown "$out.md" --plot "$out.png"
+  done
 done
-cp "$src"/flash-*.json "$src"/flash-*.txt "$dest/" 2>/dev/null || true
-[[ -f "$src/asv-results.tgz" ]] && tar xzf "$src/asv-results.tgz"
-for json in "$dest"/flash-*.json; do
-  [[ -f "$json" ]] && attnbench report "$json" --markdown "${json%.json}.md" --plot "${json%.json}.png"
-done
-ls "$dest" results/asv
+ls results/gpu/*/ results/asv

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# The GPU gate in one call: install, calibrate, run the GPU-marked tests (with pytest-benchmark
-# timings), benchmark the anchor cases, and record an asv run; every artefact lands in $OUT.
+# The GPU gate: install, calibrate, then the stages asked for; every artefact lands in $OUT as one
+# archive (gpu-gate-<stages>.tgz), which scripts/collect_gpu_results.sh files under results/.
 #
-#   scripts/gpu_gate.sh [tests] [bench] [asv]      (default: all three)
+#   scripts/gpu_gate.sh [tests] [bench] [capabilities] [sanitize] [asv]     (default: all)
+#
+#   tests         GPU-marked pytest (real sizes vs float64, determinism, boundary witnesses, perf
+#                 gates, pytest-benchmark timings)
+#   bench         `attnbench run --op OP` on the anchor cases, one JSON + table per operator
+#                 (OPS="flash jvp_attention" limits the operators; default: every operator)
+#   capabilities  `attnbench capabilities`: the differentiation matrix of every implementation
+#   sanitize      compute-sanitizer memcheck over the attention kernels on odd shapes
+#   asv           an asv run on this commit; with ASV_REPORTS=DIR it records the numbers of the
+#                 `attnbench run` JSONs in DIR (same commit, same machine) instead of timing again
 #
 # For the lent GPU machine (offline), first, here: ../shared/device/wheelhouse.sh .wheelhouse and
-# git bundle create .gitbundle main; carry both; bring the artefacts home with
-# scripts/collect_gpu_results.sh.
+# git bundle create .gitbundle main; carry both. One call has 10 minutes: split the stages.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-# The device tool returns at most 8 files: artefacts collect in ART and travel as one archive.
+stages=${*:-tests bench capabilities sanitize asv}
 ART=$(mktemp -d)
-trap 'tar czf "$OUT/gpu-gate.tgz" -C "$ART" .' EXIT
-stages=${*:-tests bench asv}
+trap 'tar czf "$OUT/gpu-gate-${stages// /-}.tgz" -C "$ART" .' EXIT
 export PYTHONUNBUFFERED=1
 status=0
+has() { [[ " $stages " == *" $1 "* ]]; }
 
 if compgen -G ".wheelhouse/*.whl" >/dev/null; then
   python3 -m pip install --no-index --no-deps -q .wheelhouse/*.whl 2>&1 | grep -v "^WARNING" || true
@@ -25,21 +33,34 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 machine=$(python3 -c "from attnbench.roofline import machine_slug; print(machine_slug('cuda'))")
 echo "$machine" | tee "$ART/machine.txt"
 attnbench calibrate | tee "$ART/calibration.txt"
+ops=${OPS:-$(python3 -c "import attnbench; print(' '.join(attnbench.all_operators()))")}
 
-if [[ " $stages " == *" tests "* ]]; then
-  # Correctness at the default launch configs (no tuning sweep per shape); the perf gate and the
+if has tests; then
+  # Correctness at the default launch configs (no tuning sweep per shape); the perf gates and the
   # pytest-benchmark timings retune (tests/conftest.py: tuned_kernels); `attnbench run` below
   # verifies the tuned configs on the anchor cases.
-  ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider \
+  ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider -rA ${TESTS:-} \
       --junitxml "$ART/gpu-tests.xml" --benchmark-json "$ART/pytest-benchmark.json" \
-      --benchmark-timer attnbench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log"
+      --benchmark-timer attnbench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log" | grep -v "^PASSED"
   status=$((status | $?))
 fi
-if [[ " $stages " == *" bench "* ]]; then
-  attnbench run --json "$ART/flash-$machine.json" 2>"$ART/flash-progress.log" | tee "$ART/flash-$machine.txt"
+if has bench; then
+  for op in $ops; do
+    attnbench run --op "$op" --json "$ART/$op-$machine.json" 2>"$ART/$op-progress.log" | tee "$ART/$op-$machine.txt"
+    status=$((status | $?))
+  done
+fi
+if has capabilities; then
+  attnbench capabilities --json "$ART/capabilities-$machine.json" --markdown "$ART/capabilities-$machine.md" \
+      2>"$ART/capabilities-progress.log" | tee "$ART/capabilities-$machine.txt"
   status=$((status | $?))
 fi
-if [[ " $stages " == *" asv "* ]]; then
+if has sanitize; then
+  ATTNBENCH_AUTOTUNE=0 compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/gpu_dev_jvp.py --sanitize \
+      2>&1 | tail -n 20 | tee "$ART/sanitize.log"
+  status=$((status | $?))
+fi
+if has asv; then
   git config --global --add safe.directory "$PWD" 2>/dev/null
   # asv files results under a commit it must find in the repo. The device tool's copy of .git
   # cannot resolve HEAD, so history travels as a bundle: `git bundle create .gitbundle main`.
@@ -51,7 +72,7 @@ if [[ " $stages " == *" asv "* ]]; then
   fi
   commit=$(git rev-parse -q --verify "HEAD^{commit}") || { echo "asv: no git history here (carry .gitbundle)"; exit 1; }
   asv machine --yes --machine "$machine" >/dev/null
-  asv run -E existing:python3 --set-commit-hash "$commit" --machine "$machine" \
+  ATTNBENCH_ASV_REPORTS=${ASV_REPORTS:-} asv run -E existing:python3 --set-commit-hash "$commit" --machine "$machine" \
       --launch-method spawn --show-stderr 2>&1 | tee "$ART/asv-run.log" | tail -n 30
   status=$((status | $?))
   grep -q "Traceback" "$ART/asv-run.log" && status=1

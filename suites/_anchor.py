@@ -1,0 +1,125 @@
+"""What every operator's asv suite shares: one measuring pass and the benchmark bodies.
+
+asv's spawn launcher starts a fresh interpreter for every parameter combination, so suite modules
+never import torch at module level: each spells out its operator's case labels, variants and
+modes (tests/test_suites.py fails if they drift from the operator's own) and subclasses the two
+classes below. Their names start with "_", so asv does not collect them here, only through the
+suites' subclasses (it finds inherited methods).
+
+``measurement(op)`` is asv's ``setup_cache``: it verifies and times every (case, variant, mode)
+once through attnbench's timing core (CUDA events, L2 flushed, median of many) and the ``track_``
+benchmarks read their number from it. asv treats every number as lower-is-better, so latency is
+the regression signal; TF/s, GB/s, % of roofline and peak GPU memory are tracked for display.
+Without CUDA, or where a variant cannot run a case, setup raises NotImplementedError and asv
+records the benchmark as skipped.
+"""
+import math
+
+
+def measurement(op_name, case_set="anchor"):
+    def measure(*_bound_instance):
+        import os
+
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        reports = os.environ.get("ATTNBENCH_ASV_REPORTS")
+        if reports:
+            return from_report(op_name, reports)
+        import attnbench
+        from attnbench.runner import bench
+
+        op = attnbench.get(op_name)
+        rows = bench(op, op.cases(case_set), "cuda", progress=True)
+        return {(r.case, r.variant, r.mode): _entry(r.as_dict()) for r in rows if r.timing}
+
+    measure.__name__ = f"measure_{op_name}"
+    measure.timeout = 3000
+    return measure
+
+
+def _entry(row):
+    return {"latency_ms": row["timing"]["median_ms"], "iqr_ms": row["timing"]["iqr_ms"], "tflops": row["tflops"],
+            "gbps": row["gbps"], "roofline_pct": row["roofline_pct"],
+            "peak_mem_mb": (row.get("peak_mem_bytes") or 0) / 2**20}
+
+
+def from_report(op_name, directory):
+    """The rows of ``attnbench run --json`` files in ``directory`` (the gate's bench stage on this
+    commit and machine), so that asv records the very numbers the run printed instead of timing
+    everything a second time. Only complete files of this machine's GPU are used."""
+    import glob
+
+    import torch
+
+    from attnbench import results
+    from attnbench.roofline import machine_info
+
+    name = machine_info(torch.device("cuda"))["device_name"]
+    out = {}
+    for path in sorted(glob.glob(f"{directory}/{op_name}-*.json")):
+        data = results.load(path)
+        if data.get("machine", {}).get("device_name") != name or data.get("status", "complete") != "complete":
+            continue
+        out.update({(r["case"], r["variant"], r["mode"]): _entry(r) for r in data.get("bench", [])
+                    if r.get("timing") and r["op"] == op_name})
+    if not out:
+        raise RuntimeError(f"ATTNBENCH_ASV_REPORTS={directory}: no complete {op_name} run of a {name} there")
+    return out
+
+
+class _Anchor:
+    """Every variant, mode and anchor case: subclasses set ``params`` and ``setup_cache``."""
+
+    param_names = ["case", "variant", "mode"]
+    timeout = 600
+
+    def setup(self, results, case, variant, mode):
+        if (case, variant, mode) not in results:
+            raise NotImplementedError(f"{variant} did not run {mode} on {case} here (no CUDA, or unsupported)")
+        self.result = results[case, variant, mode]
+
+    def track_latency_ms(self, results, case, variant, mode):
+        return self.result["latency_ms"]
+
+    track_latency_ms.unit = "ms"
+
+    def track_tflops(self, results, case, variant, mode):
+        return self.result["tflops"]
+
+    track_tflops.unit = "TF/s"
+
+    def track_gbps(self, results, case, variant, mode):
+        return self.result["gbps"]
+
+    track_gbps.unit = "GB/s"
+
+    def track_roofline_pct(self, results, case, variant, mode):
+        return self.result["roofline_pct"]
+
+    track_roofline_pct.unit = "%"
+
+    def track_peak_gpu_memory_mb(self, results, case, variant, mode):
+        return self.result["peak_mem_mb"]
+
+    track_peak_gpu_memory_mb.unit = "MiB"
+
+
+class _Speedup:
+    """The subject's speed as a multiple of each peer's (peer latency / subject latency), same run."""
+
+    param_names = ["case", "mode", "peer"]
+    timeout = 600
+    subject = "triton"
+
+    def setup(self, results, case, mode, peer):
+        ours, theirs = results.get((case, self.subject, mode)), results.get((case, peer, mode))
+        if not ours or not theirs:
+            raise NotImplementedError(f"{self.subject} or {peer} did not run {mode} on {case} here")
+        self.ratio = theirs["latency_ms"] / ours["latency_ms"]
+
+    def track_speedup(self, results, case, mode, peer):
+        return self.ratio if math.isfinite(self.ratio) else math.nan
+
+    track_speedup.unit = "x"
