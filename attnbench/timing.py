@@ -114,7 +114,13 @@ def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_grap
         import triton.testing
 
         if cuda_graph:
-            samples = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
+            try:
+                samples = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
+            except RuntimeError as exc:  # a capture PyTorch refuses is a property of the route: report it
+                from .registry import Unsupported
+
+                torch.cuda.synchronize(device)
+                raise Unsupported(f"CUDA-graph capture failed: {str(exc).strip().splitlines()[0][:160]}") from None
             return summarize(samples, "cuda-graph")
         samples = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
         return summarize(samples, "cuda-events")

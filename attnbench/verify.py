@@ -156,13 +156,20 @@ def judge(name, out, oracle, reference_lowp, dtype=None, bounded=True) -> Output
     ref_err = relative_error(reference_lowp, oracle) if reference_lowp is not None else math.nan
     bound = BOUNDS[dtype] if bounded else math.inf
     relative_bar = max(2 * ref_err, FLOORS[dtype]) if math.isfinite(ref_err) else bound
-    local_ok = local <= LOCAL_FACTOR * BOUNDS[dtype] or not bounded
+    # the worst row: within LOCAL_FACTOR x the bound, or within 2x the eager reference's own worst
+    # row in this dtype (FlashAttention's rule, row by row). Second derivatives in bf16 need the
+    # latter: a causal row that sees one key has a Hessian row of exactly 0, and the rounding of
+    # P * S_t to bf16 for its matmul leaves noise there measured at 8.2% of a typical row (H200,
+    # D = 80), where the eager bf16 reference, measured against the same oracle, does worse.
+    ref_local = worst_row_error(reference_lowp, oracle) if reference_lowp is not None else math.nan
+    local_bar = max(LOCAL_FACTOR * BOUNDS[dtype], 2 * ref_local if math.isfinite(ref_local) else 0.0)
+    local_ok = local <= local_bar or not bounded
     passed = err <= bound and err <= relative_bar and local_ok
     detail = ""
     if not passed:
         detail = str(mismatch_report(out, oracle, rtol=max(min(bound, relative_bar), 1e-12)))
         if not local_ok:
-            detail = f"worst row {local:.2e} > {LOCAL_FACTOR} x bound; " + detail
+            detail = f"worst row {local:.2e} > {local_bar:.2e} (max of {LOCAL_FACTOR} x bound and 2 x eager's worst row); " + detail
     return OutputCheck(name, err, ref_err, min(bound, relative_bar), passed, detail, local)
 
 

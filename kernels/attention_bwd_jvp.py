@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .outputs import new_output
-from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
+from .precision import accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import load_lse_log2
 from .tuning import cfg, config_list, pruner, seq_bucket
 from .tiling import query_tile, visible_keys
@@ -86,6 +86,8 @@ _DKDV_CONFIGS = config_list(
         cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
         cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
         cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+        cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=32, BLOCK_N=128),
         cfg(8, 2, BLOCK_M=32, BLOCK_N=128),
         cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
         cfg(2, 1, BLOCK_M=16, BLOCK_N=32),
@@ -214,6 +216,8 @@ _DQ_CONFIGS = config_list(
         cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
         cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
         cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+        cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
         cfg(8, 2, BLOCK_M=128, BLOCK_N=32),
         cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
         cfg(2, 1, BLOCK_M=32, BLOCK_N=16),

@@ -73,8 +73,10 @@ def _reference(q, k, v):
 def test_fused_backends_pass_forward_and_first_order_backward(name):
     f, x = FUSED[name](), _inputs()
     assert verify.relative_error(f(*x), _reference(*x)) < verify.BOUNDS[torch.bfloat16]
-    grads = tf.grad(lambda *a: f(*a).float().sum(), (0, 1, 2))(*x)
-    want = tf.grad(lambda *a: _reference(*a).float().sum(), (0, 1, 2))(*x)
+    # plain autograd: FlexAttention's higher-order op does not run under torch.func.grad at all
+    leaves = [t.clone().requires_grad_() for t in x]
+    grads = torch.autograd.grad(f(*leaves).float().sum(), leaves)
+    want = torch.autograd.grad(_reference(*leaves).float().sum(), leaves)
     assert max(verify.relative_error(g, w) for g, w in zip(grads, want)) < 2e-2
 
 

@@ -386,3 +386,21 @@ def test_eager_reference_is_reported_not_bounded(flash):
     as_triton = verify.check_outputs(flash, "triton", CASE, "fwd", bad, oracle, bad)
     assert as_reference.passed and not as_triton.passed
     assert as_reference.max_error == pytest.approx(0.05, rel=1e-6)
+
+
+def test_worst_row_bar_follows_the_eager_reference_row_by_row():
+    """A row whose true value is 0 (a one-key causal row of a Hessian) and that carries bf16-sized
+    noise: it fails the fixed 8 x bound bar alone, and passes when plain PyTorch in the same dtype
+    has a worse worst row (FlashAttention's 2x rule, applied locally); a better reference fails it."""
+    g = torch.Generator().manual_seed(0)
+    oracle = torch.randn(1, 1, 1024, 32, generator=g, dtype=torch.float64)  # global error stays small
+    oracle[0, 0, 0] = 0.0
+    out = oracle.clone()
+    out[0, 0, 0] = 0.12 * oracle[0, 0, 1:].norm(dim=-1).mean() / 32 ** 0.5  # ~12% of a typical row
+    worse = oracle.clone()
+    worse[0, 0, 0] = 2 * out[0, 0, 0]
+    better = oracle.clone()
+    assert not judge("hq", out.bfloat16(), oracle, better.bfloat16()).passed
+    check = judge("hq", out.bfloat16(), oracle, worse.bfloat16())
+    assert check.passed, check
+    assert not judge("hq", out.bfloat16(), oracle, None).passed
