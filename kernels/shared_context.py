@@ -245,62 +245,58 @@ def _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL, ROWS_PE
 
 
 def _fits(config, element_size, block_d):
-    """Staged shared memory of a config (context and buffer phases added: compiled for sm_90 the
-    two are not overlapped), or inf when the context tile's fp32 accumulator and scores would take
-    more than ~128 registers a thread (they would spill)."""
+    """Staged shared memory of a config: the larger of the context and buffer phases (compiled
+    for sm_90 the two phases' buffers share the same memory: 112 KB at D = 128, BLOCK_M = 64, three
+    stages, which is the context phase alone), or inf when the context tile's fp32 accumulator and
+    scores would take more than ~128 registers a thread (they would spill)."""
     kw = config.kwargs
     block_m, block_n, block_nb = kw["BLOCK_M"], kw.get("BLOCK_N", 0), kw.get("BLOCK_NB", 0)
     if block_n and (block_m * block_d + block_m * block_n) / (32 * config.num_warps) > 128:
         return float("inf")
     context = (block_m * block_d + config.num_stages * 2 * block_n * block_d) if block_n else 0
     buffer = config.num_stages * (16 * block_d + 2 * block_nb * block_d)
-    return (context + buffer) * element_size
+    return max(context, buffer) * element_size
 
 
 # BLOCK_NB counts the keys of one buffer step over all the samples it takes (see _buffer_phase).
-# Under the interpreter: 16-row tiles, 16-key context blocks, 8-key buffer steps and 4-row buffer
-# tiles (BLOCK_R, set by the launcher), so that tiny cases span several of each. On a GPU the
-# pruner keeps what fits the head dimension (the first entries suit D = 32, the next ones
-# D = 128); the last entry is the smallest and fits every D.
-_FUSED_CONFIGS = config_list(
-    [
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_NB=64),
-        cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256),
-        cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_NB=64),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=64),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=32),
-        cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8),
-)
+# Three configurations per head-dim class (D <= 64: the TabPFN regime; D > 64: LLM heads), so that
+# autotuning a new shape compiles three kernels, not ten. Under the interpreter: 16-row tiles,
+# 16-key context blocks, 8-key buffer steps and 4-row buffer tiles (BLOCK_R, set by the launcher),
+# so that tiny cases span several of each. The pruner drops what does not fit; the last entry of a
+# list is its smallest.
+_FUSED_CONFIGS = {
+    "small_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
+                            cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256),
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128)],
+                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
+    "large_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=64),
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64),
+                            cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16)],
+                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
+}
 # The context kernel has no buffer phase (BLOCK_NB unused).
-_CONTEXT_CONFIGS = config_list(
-    [
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_NB=16),
-        cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=16),
-        cfg(4, 4, BLOCK_M=64, BLOCK_N=32, BLOCK_NB=16),
-        cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=4),
-)
+_CONTEXT_CONFIGS = {
+    "small_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
+                            cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=16),
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16)],
+                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
+    "large_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16),
+                            cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16)],
+                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
+}
 # The buffer kernel has no context phase (BLOCK_N unused): BLOCK_M only sets how many samples'
 # rows one program streams through.
-_BUFFER_CONFIGS = config_list(
-    [
-        cfg(4, 3, BLOCK_M=128, BLOCK_NB=128),
-        cfg(4, 3, BLOCK_M=256, BLOCK_NB=128),
-        cfg(8, 4, BLOCK_M=512, BLOCK_NB=256),
-        cfg(4, 3, BLOCK_M=128, BLOCK_NB=64),
-        cfg(8, 3, BLOCK_M=256, BLOCK_NB=64),
-        cfg(4, 2, BLOCK_M=64, BLOCK_NB=16),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_NB=8),
-)
+_BUFFER_CONFIGS = {
+    "small_d": config_list([cfg(4, 3, BLOCK_M=128, BLOCK_NB=128),
+                            cfg(8, 4, BLOCK_M=512, BLOCK_NB=256),
+                            cfg(4, 3, BLOCK_M=256, BLOCK_NB=64)],
+                           cfg(1, 1, BLOCK_M=16, BLOCK_NB=8)),
+    "large_d": config_list([cfg(4, 3, BLOCK_M=128, BLOCK_NB=64),
+                            cfg(8, 3, BLOCK_M=256, BLOCK_NB=64),
+                            cfg(4, 2, BLOCK_M=64, BLOCK_NB=16)],
+                           cfg(1, 1, BLOCK_M=16, BLOCK_NB=8)),
+}
 _KEY = ["R_BUCKET", "CTX_BUCKET", "BUF_BUCKET", "NUM_SPLITS", "BLOCK_D", "BLOCK_R", "CAUSAL", "FULL_LENS"]
 _PRUNE = {"early_config_prune": pruner(_fits)}
 
@@ -315,7 +311,6 @@ INTERPRETER_SMS = 4  # so that tiny CPU-gate cases take the split path too
 # ---------------------------------------------------------------- kernels
 
 
-@triton.autotune(_FUSED_CONFIGS, key=_KEY, prune_configs_by=_PRUNE)
 @triton.jit
 def shared_context_fused_kernel(
         Q, KC, VC, KB, VB, LENS, O, LSE, WB_O, WB_L, WS_O, WS_L, COUNTERS,
@@ -400,7 +395,6 @@ def shared_context_fused_kernel(
         _store_state(O, LSE, o, lse, o_rows, lse_rows, valid, offs_d, HEAD_DIM)
 
 
-@triton.autotune(_CONTEXT_CONFIGS, key=_KEY, prune_configs_by=_PRUNE)
 @triton.jit
 def context_attention_kernel(
         Q, KC, VC, O, LSE,
@@ -432,7 +426,6 @@ def context_attention_kernel(
                  valid, offs_d, HEAD_DIM)
 
 
-@triton.autotune(_BUFFER_CONFIGS, key=_KEY, prune_configs_by=_PRUNE)
 @triton.jit
 def buffer_attention_kernel(
         Q, KB, VB, LENS, O, LSE,
@@ -449,6 +442,25 @@ def buffer_attention_kernel(
                   stride_vbb, stride_vbh, stride_vbn, stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
                   R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, 1, softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE),
                   HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, ROWS_PAD, BLOCK_NB)
+
+
+def _autotuned(kernel, configs):
+    return {cls: triton.autotune(cfgs, key=_KEY, prune_configs_by=_PRUNE)(kernel) for cls, cfgs in configs.items()}
+
+
+# Each kernel autotuned over its head-dim class's list (the same compiled kernel underneath).
+FUSED = _autotuned(shared_context_fused_kernel, _FUSED_CONFIGS)
+CONTEXT = _autotuned(context_attention_kernel, _CONTEXT_CONFIGS)
+BUFFER = _autotuned(buffer_attention_kernel, _BUFFER_CONFIGS)
+
+
+def autotuners():
+    """Every autotuner of this module (tests clear their remembered picks)."""
+    return [tuner for table in (FUSED, CONTEXT, BUFFER) for tuner in table.values()]
+
+
+def _head_dim_class(head_dim):
+    return "small_d" if head_dim <= 64 else "large_d"
 
 
 # ---------------------------------------------------------------- launchers
@@ -578,7 +590,7 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
     constexprs = dict(_common(q, head_dim, causal, full, group * n_q), HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0,
                       IN_KERNEL_MERGE=merge)
     with _on_device(q):
-        _launch(shared_context_fused_kernel, lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
+        _launch(FUSED[_head_dim_class(head_dim)], lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
                 args, constexprs, config)
     return o, lse
 
@@ -597,7 +609,7 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
             *o.stride()[:4], *lse.stride(), rows, group * n_q, n_q, group, n_ctx, splits, *split_scale(sm_scale),
             seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(0))
     with _on_device(q):
-        _launch(context_attention_kernel, lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
+        _launch(CONTEXT[_head_dim_class(head_dim)], lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
                 args, _common(q, head_dim, False, True, group * n_q), config)
         if splits > 1:
             return merge_stack_launch(o, lse, out_dtype)
@@ -615,7 +627,7 @@ def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, o
             *o.stride()[:3], *lse.stride(), rows, group * n_q, n_q, group, n_buf, *split_scale(sm_scale),
             seq_bucket(rows), seq_bucket(0), seq_bucket(n_buf), 1)
     with _on_device(q):
-        _launch(buffer_attention_kernel, lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
+        _launch(BUFFER[_head_dim_class(head_dim)], lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
                 args, _common(q, head_dim, causal, buf_lens is None, group * n_q), config)
     return o, lse
 
@@ -637,5 +649,5 @@ def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *
     return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype)
 
 
-__all__ = ["buffer_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch", "fused_launch",
+__all__ = ["autotuners", "buffer_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch", "fused_launch",
            "interpreting", "multiprocessors"]
