@@ -78,11 +78,22 @@ class Verdict:
     verdict: str
 
 
-def _median_ms(row):
+def _timing(row):
+    """(median ms, clock) of a row; the clock is None when the row does not say."""
     timing = row.get("timing") if isinstance(row, dict) else getattr(row, "timing", None)
     if not timing:
-        return None
-    return timing.get("median_ms") if isinstance(timing, dict) else timing.median_ms
+        return None, None
+    if isinstance(timing, dict):
+        return timing.get("median_ms"), timing.get("method")
+    return timing.median_ms, timing.method
+
+
+def _comparable(a, b):
+    """As attnbench.timing.comparable: one clock, and never the interpreter's (numpy emulating a
+    GPU is no speed). Rows that do not name their clock are taken as measured side by side."""
+    if a is None or b is None:
+        return True
+    return a == b and a != "interpreter"
 
 
 def _field(row, name):
@@ -102,14 +113,17 @@ def decide(rows, comparisons=None, kinds=None, rules=RULES) -> list:
     """Verdicts for every (op, case, mode) in ``rows`` (BenchRow objects or their dicts) and every
     comparison whose candidate and baseline both ran. ``kinds``: {op: {variant: kind}} (default:
     the registry's), used to find the peers."""
-    times = {}
+    times, clocks = {}, {}
     for row in rows:
-        ms = _median_ms(row)
+        ms, clock = _timing(row)
         if ms is not None and math.isfinite(ms) and ms > 0:
-            times.setdefault((_field(row, "op"), _field(row, "case"), _field(row, "mode")), {})[_field(row, "variant")] = ms
+            key = (_field(row, "op"), _field(row, "case"), _field(row, "mode"))
+            times.setdefault(key, {})[_field(row, "variant")] = ms
+            clocks.setdefault(key, {})[_field(row, "variant")] = clock
     verdicts = []
     kinds = kinds if kinds is not None else {}
     for (op_name, case, mode), by_variant in times.items():
+        clock = clocks[op_name, case, mode]
         op_kinds = kinds.get(op_name) if op_name in kinds else _kinds(op_name)
         if comparisons is not None:
             wanted = comparisons
@@ -123,12 +137,14 @@ def decide(rows, comparisons=None, kinds=None, rules=RULES) -> list:
         for comp in wanted:
             if comp.candidate not in by_variant:
                 continue
+            ours = clock[comp.candidate]
             if comp.baseline == BEST_PEER:
                 pool = [v for v in by_variant if op_kinds.get(v) == "peer"]
             elif isinstance(comp.baseline, tuple):
                 pool = [v for v in comp.baseline if v in by_variant and v != comp.candidate]
             else:
                 pool = [comp.baseline] if comp.baseline in by_variant else []
+            pool = [v for v in pool if _comparable(ours, clock[v])]
             if not pool:
                 continue
             base = min(pool, key=by_variant.get)

@@ -54,6 +54,15 @@ def test_missing_candidate_or_baseline_gives_no_verdict():
     assert decide(rows, decisions.DEFAULT_COMPARISONS, KINDS) == []
 
 
+def test_only_comparable_clocks_are_divided():
+    """An interpreter timing is no speed; CUDA events and CPU wall clocks do not divide either."""
+    rows = [_row("triton", 1.0), _row("split", 2.0), _row("reference", 3.0)]
+    rows[0]["timing"]["method"] = "interpreter"
+    rows[1]["timing"]["method"] = rows[2]["timing"]["method"] = "cpu-wall"
+    got = {v.comparison for v in decide(rows, decisions.DEFAULT_COMPARISONS, KINDS)}
+    assert got == {"split vs reference"}
+
+
 def test_shared_context_declares_its_gate():
     op = attnbench.get("shared_context")
     comps = decisions.comparisons_for(op)
