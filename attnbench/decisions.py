@@ -157,7 +157,7 @@ def decide(rows, comparisons=None, kinds=None, rules=RULES) -> list:
 def markdown(verdicts, title="Decision points") -> str:
     lines = [f"# {title}", "", f"Rule ({SOURCE}): " + "; ".join(
         f"{r.verdict} for speedups in [{r.lower:g}, {r.upper:g})" for r in RULES) + ".", "",
-        "| op | case | mode | comparison | baseline that ran fastest | candidate ms | baseline ms | speedup | verdict |",
+        "| op | case | mode | comparison | fastest baseline | candidate ms | baseline ms | speedup | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in verdicts:
         lines.append(f"| {v.op} | {v.case} | {v.mode} | {v.comparison} | {v.baseline} | {v.candidate_ms:.4f} | "

@@ -109,7 +109,8 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
         m, s, acc = merge_step(m, s, acc, lse, o)
     o, lse = merge_finish(m, s, acc)
     out_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
-    tl.store(O + out_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(O + out_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty),
+             mask=row_mask[:, None] & d_mask[None, :])
     tl.store(L + _row_offsets(rows, DIM_Y, DIM_Z, s_l_x, s_l_y, s_l_z), lse.to(L.dtype.element_ty), mask=row_mask)
 
 

@@ -649,5 +649,6 @@ def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *
     return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype)
 
 
-__all__ = ["autotuners", "buffer_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch", "fused_launch",
+__all__ = ["autotuners", "buffer_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch",
+           "fused_launch",
            "interpreting", "multiprocessors"]

@@ -93,7 +93,8 @@ def run_case(case, device, rep_ms, ceil, with_configs, only=None):
             entries.append(dict(variant=name, kind=kind, skipped=str(exc)))
             return
         except Exception as exc:
-            entries.append(dict(variant=name, kind=kind, skipped=f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"))
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+            entries.append(dict(variant=name, kind=kind, skipped=reason))
             return
         timing, failure = timed(fn, device, rep_ms)
         if timing is None:
@@ -124,7 +125,8 @@ def run_case(case, device, rep_ms, ceil, with_configs, only=None):
         else:
             configs, splits = FUSED_CONFIGS, SPLITS
         for cfg in configs:
-            label = "autotuned" if cfg is None else "M{BLOCK_M} N{BLOCK_N} NB{BLOCK_NB} w{num_warps} s{num_stages}".format(**cfg)
+            label = ("autotuned" if cfg is None
+                     else "M{BLOCK_M} N{BLOCK_N} NB{BLOCK_NB} w{num_warps} s{num_stages}".format(**cfg))
             record(f"fused[{label}]", "config",
                    lambda cfg=cfg: kernels.fused_launch(*args, case.causal, case.softmax_scale, config=cfg))
         for s in splits:

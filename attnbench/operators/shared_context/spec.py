@@ -103,7 +103,8 @@ def check_inputs(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, caus
     n_buf = 0
     if k_buf is not None:
         if k_buf.shape != v_buf.shape:
-            raise ValueError(f"k_buf and v_buf must have the same shape; got {tuple(k_buf.shape)} and {tuple(v_buf.shape)}")
+            raise ValueError(f"k_buf and v_buf must have the same shape; got {tuple(k_buf.shape)} and "
+                             f"{tuple(v_buf.shape)}")
         if k_buf.shape[0] != batch:
             raise ValueError(f"k_buf batch ({k_buf.shape[0]}) must equal q batch ({batch})")
         if k_buf.shape[1] != heads_kv:
@@ -128,7 +129,8 @@ def check_inputs(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, caus
         if buf_lens.dtype not in LENGTH_DTYPES:
             raise TypeError(f"buf_lens has dtype {buf_lens.dtype}; it must be torch.int32 or torch.int64")
         if tuple(buf_lens.shape) != (batch,):
-            raise ValueError(f"buf_lens must have shape ({batch},) (one length per sample); got {tuple(buf_lens.shape)}")
+            raise ValueError(f"buf_lens must have shape ({batch},) (one length per sample); "
+                             f"got {tuple(buf_lens.shape)}")
         if buf_lens.device != q.device:
             raise ValueError(f"buf_lens must be on {q.device}; got {buf_lens.device}")
         if check_lengths and batch:
