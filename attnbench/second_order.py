@@ -63,8 +63,8 @@ def finite_difference_hvp(f, x, w, u, step=FD_STEP):
     return (4 * central(step / 2) - central(step)) / 3
 
 
-def _compare(name, out, want, dtype):
-    bound = max(verify.BOUNDS[dtype], TRUTH_ACCURACY)
+def _compare(name, out, want, dtype, floor=0.0):
+    bound = max(verify.BOUNDS[dtype], TRUTH_ACCURACY, floor)
     err = verify.relative_error(out, want)
     passed = err <= bound
     detail = "" if passed else str(verify.mismatch_report(out, want, rtol=bound))
@@ -95,8 +95,11 @@ def consistency_checks(device, dtypes=None, seed=0, op_name="jvp_attention", fun
                 truth = finite_difference_hvp(make(device, torch.float64), x64.to(device), w64.to(device), u64.to(device))
             x, w, u = (t.to(device=device, dtype=dtype) for t in (x64, w64, u64))
             fwd_rev, rev_rev = hvp_routes(make(device, dtype), x, w, u)
-            result.outputs.append(_compare("fwd-over-rev vs truth", fwd_rev, truth, dtype))
-            result.outputs.append(_compare("rev-over-rev vs truth", rev_rev, truth, dtype))
-            result.outputs.append(_compare("fwd-over-rev vs rev-over-rev", fwd_rev, rev_rev, dtype))
+            vs_truth = [_compare(f"{n} vs truth", h, truth, dtype) for n, h in (("fwd-over-rev", fwd_rev),
+                                                                                  ("rev-over-rev", rev_rev))]
+            # the routes against each other: beyond what their own rounding explains (2x the larger
+            # error against the truth; bf16 batch_norm's routes differ by 1.1e-2, each ~6e-3 off)
+            floor = 2 * max(c.error for c in vs_truth)
+            result.outputs += vs_truth + [_compare("fwd-over-rev vs rev-over-rev", fwd_rev, rev_rev, dtype, floor)]
             rows.append(result)
     return rows

@@ -120,6 +120,17 @@ def route_variant(make_forward, check_first=False):
     return prepare
 
 
+def declining(prepare, declines_mode):
+    """A prepare() that first asks ``declines_mode(mode)`` for a reason not to run (a peer's known
+    silent wrong answer), and raises Unsupported with it."""
+    def guarded(case, x, mode):
+        if reason := declines_mode(mode):
+            raise Unsupported(reason)
+        return prepare(case, x, mode)
+
+    return guarded
+
+
 def split_prepare(case, x, mode):
     q, k, v, do, tq, tk, tv = (x[n] for n in ("q", "k", "v", "do", "tq", "tk", "tv"))
     s, off = case.softmax_scale, case.causal_offset
@@ -245,7 +256,8 @@ class JvpAttentionOperator(Operator):
             "flex", "peer", route_variant(lambda case: peers.flex_forward(case, case.causal_offset, "cuda"), check_first=True),
             self.modes, "torch.compile(flex_attention) through PyTorch's AD", peers.flex_unavailable))
         self.add_variant(Variant(
-            "jvp_flash", "peer", route_variant(peers.jvp_flash_forward, check_first=True), self.modes,
+            "jvp_flash", "peer", declining(route_variant(peers.jvp_flash_forward, check_first=True),
+                                           peers.jvp_flash_declines_mode), self.modes,
             "jvp-flash-attention (PyPI): JVPAttn.fwd_dual under torch.func", peers.jvp_flash_unavailable))
 
 

@@ -37,6 +37,15 @@ def jvp_flash_declines(case):
     return None
 
 
+def jvp_flash_declines_mode(mode):
+    """jvp-flash-attention cannot differentiate its tangent output or its backward: its gradient
+    of a tangent output comes back as zeros without an error (rel. err 1.0 on the H200), and its
+    double backward raises. Declined in check and bench; the capability matrix shows both."""
+    if mode != "fwd_jvp":
+        return "jvp-flash-attention differentiates only to first order in forward mode (vjp of its tangent is zero)"
+    return None
+
+
 def jvp_flash_forward(case, checked=True):
     """f(q, k, v) -> o through JVPAttn.fwd_dual, its documented entry point under torch.func.jvp."""
     if checked and (reason := jvp_flash_declines(case)):
