@@ -2,12 +2,14 @@
 # The GPU gate: install, calibrate, then the stages asked for; every artefact lands in $OUT as one
 # archive (gpu-gate-<stages>.tgz), which scripts/collect_gpu_results.sh files under results/.
 #
-#   scripts/gpu_gate.sh [tests] [bench] [capabilities] [sanitize] [asv]     (default: all)
+#   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv]     (default: all)
 #
 #   tests         GPU-marked pytest (real sizes vs float64, determinism, boundary witnesses, perf
 #                 gates, pytest-benchmark timings)
 #   bench         `attnbench run --op OP` on the anchor cases, one JSON + table per operator
 #                 (OPS="flash jvp_attention" limits the operators; default: every operator)
+#   graphs        jvp_attention's routes as CUDA-graph replays beside CUDA events (the GPU's time
+#                 without the host's, for the sizes where eager PyTorch is host-bound)
 #   capabilities  `attnbench capabilities`: the differentiation matrix of every implementation
 #   sanitize      compute-sanitizer memcheck over the attention kernels on odd shapes
 #   asv           an asv run on this commit; with ASV_REPORTS=DIR it records the numbers of the
@@ -18,7 +20,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-stages=${*:-tests bench capabilities sanitize asv}
+stages=${*:-tests bench graphs capabilities sanitize asv}
 ART=$(mktemp -d)
 trap 'tar czf "$OUT/gpu-gate-${stages// /-}.tgz" -C "$ART" .' EXIT
 export PYTHONUNBUFFERED=1
@@ -49,6 +51,12 @@ if has bench; then
     attnbench run --op "$op" --json "$ART/$op-$machine.json" 2>"$ART/$op-progress.log" | tee "$ART/$op-$machine.txt"
     status=$((status | $?))
   done
+fi
+if has graphs; then
+  attnbench bench --op jvp_attention --graphs --variant triton --variant triton_fused --variant sdpa_math \
+      --mode fwd_jvp --mode hvp_fwd_rev --mode hvp_rev_rev --json "$ART/jvp_attention-graphs-$machine.json" \
+      2>"$ART/jvp_attention-graphs-progress.log" | tee "$ART/jvp_attention-graphs-$machine.txt" | tail -n 30
+  status=$((status | $?))
 fi
 if has capabilities; then
   attnbench capabilities --json "$ART/capabilities-$machine.json" --markdown "$ART/capabilities-$machine.md" \
