@@ -26,7 +26,7 @@ from .tuning import cfg, config_list, pruner, seq_bucket
 
 
 @triton.jit
-def _jvp_key_block(acc, acc_t, l_i, m_i, mu_i, q, tq, lse_log2, K_head, V_head, TK_head, TV_head,
+def _jvp_key_block(acc, acc_t, l_i, m_i, mu_i, mu_o, q, tq, lse_log2, K_head, V_head, TK_head, TV_head,
                    stride_kn, stride_vn, stride_tkn, stride_tvn, n0, offs_m, offs_d, N_K, HEAD_DIM,
                    causal_offset, qk_scale_log2, scale,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -63,15 +63,20 @@ def _jvp_key_block(acc, acc_t, l_i, m_i, mu_i, q, tq, lse_log2, K_head, V_head, 
     if not LSE_GIVEN:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
         mu_i = mu_i * alpha
+        mu_o = mu_o * alpha
         acc_t = acc_t * alpha[:, None]
     if HAS_TQ or HAS_TK:
         pst = p * (st * scale)
-        mu_i += tl.sum(pst, 1)
-        acc_t += tl.dot(pst.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        pst_rounded = pst.to(v.dtype)  # what the tensor cores multiply (bf16/fp16; exact otherwise)
+        mu_i += tl.sum(pst, 1)  # the LSE tangent: from the exact values
+        # O_t = sum P S_t V - mu O must cancel exactly where it should (a row with one key has
+        # O_t = V_t): its shift uses the same rounded P * S_t as the matmul, not the exact sum
+        mu_o += tl.sum(pst_rounded.to(ACC_DTYPE), 1)
+        acc_t += tl.dot(pst_rounded, v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     if HAS_TV:
         tv = tl.load(TV_head + offs_n[:, None] * stride_tvn + offs_d[None, :], mask=kv_mask, other=0.0)
         acc_t += tl.dot(p.to(tv.dtype), tv, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    return acc, acc_t, l_i, m_i, mu_i
+    return acc, acc_t, l_i, m_i, mu_i, mu_o
 
 
 def _jvp_shared_bytes(config, element_size, block_d):
@@ -131,19 +136,20 @@ def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     mu_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+    mu_o = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
     acc_t = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
-        acc, acc_t, l_i, m_i, mu_i = _jvp_key_block(
-            acc, acc_t, l_i, m_i, mu_i, q, tq, lse_log2, K_head, V_head, TK_head, TV_head,
+        acc, acc_t, l_i, m_i, mu_i, mu_o = _jvp_key_block(
+            acc, acc_t, l_i, m_i, mu_i, mu_o, q, tq, lse_log2, K_head, V_head, TK_head, TV_head,
             stride_kn, stride_vn, stride_tkn, stride_tvn, n0, offs_m, offs_d, N_K, HEAD_DIM,
             causal_offset, qk_scale_log2, scale, BLOCK_M, BLOCK_N, False, CAUSAL, LSE_GIVEN,
             HAS_TQ, HAS_TK, HAS_TV, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(full_hi, hi, BLOCK_N):
-        acc, acc_t, l_i, m_i, mu_i = _jvp_key_block(
-            acc, acc_t, l_i, m_i, mu_i, q, tq, lse_log2, K_head, V_head, TK_head, TV_head,
+        acc, acc_t, l_i, m_i, mu_i, mu_o = _jvp_key_block(
+            acc, acc_t, l_i, m_i, mu_i, mu_o, q, tq, lse_log2, K_head, V_head, TK_head, TV_head,
             stride_kn, stride_vn, stride_tkn, stride_tvn, n0, offs_m, offs_d, N_K, HEAD_DIM,
             causal_offset, qk_scale_log2, scale, BLOCK_M, BLOCK_N, True, CAUSAL, LSE_GIVEN,
             HAS_TQ, HAS_TK, HAS_TV, ACC_DTYPE, DOT_PRECISION)
@@ -154,11 +160,11 @@ def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
         # Blind rows read LSE = +inf, so p = 0 there: mu = 0 and acc_t = 0, and O = 0 is given.
         o = tl.load(O + o_ptrs, mask=row_mask, other=0.0).to(ACC_DTYPE)
         mu = mu_i
-        o_t = acc_t - mu[:, None] * o
+        o_t = acc_t - mu_o[:, None] * o
     else:
         o, lse, inv_l = finish_rows(acc, l_i, m_i, offs_m, causal_offset, CAUSAL, ACC_DTYPE)
         mu = mu_i * inv_l
-        o_t = acc_t * inv_l[:, None] - mu[:, None] * o
+        o_t = acc_t * inv_l[:, None] - (mu_o * inv_l)[:, None] * o
         tl.store(O + o_ptrs, o.to(O.dtype.element_ty), mask=row_mask)
         tl.store(LSE + row, lse.to(LSE.dtype.element_ty), mask=offs_m < N_Q)
     ot_ptrs = OT + b * stride_otb + h * stride_oth + offs_m[:, None] * stride_otn + offs_d[None, :]

@@ -20,6 +20,10 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.func as tf
 
+class DroppedDerivative(RuntimeError):
+    """An implementation returned no derivative at all (a None tangent) without raising."""
+
+
 OUTPUTS = {
     "fwd_jvp": ("o", "lse", "o_t", "lse_t"),
     "hvp_fwd_rev": ("hq", "hk", "hv"),
@@ -47,6 +51,8 @@ def hvp_fwd_rev(f, x):
         duals = [fwAD.make_dual(a, x[t]) for a, t in zip(leaves, ("tq", "tk", "tv"))]
         grads = torch.autograd.grad(_output(f(*duals)), leaves, x["do"], create_graph=True)
         hvp = [fwAD.unpack_dual(g).tangent for g in grads]
+    if any(t is None for t in hvp):
+        raise DroppedDerivative("the gradient came back without a tangent: forward mode was dropped without an error")
     return dict(zip(OUTPUTS["hvp_fwd_rev"], hvp))
 
 
