@@ -72,14 +72,19 @@ def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
         raise ValueError(f"head_dim {head_dim} is unsupported: flash needs {MIN_HEAD_DIM} <= head_dim <= {MAX_HEAD_DIM}")
     if seqlen_q == 0 or k.shape[2] == 0 or batch == 0 or heads_q == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
+    return check_scale(scale, head_dim), causal_offset(causal, seqlen_q, k.shape[2])
+
+
+def check_scale(scale, head_dim) -> float:
+    """The softmax scale (default 1/sqrt(head_dim)): a real number (numpy scalars too, not bool),
+    positive and finite once rounded to fp32, the precision kernels receive it in (1e39 would
+    silently give NaN outputs, 1e-50 would round to 0)."""
     if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    # Real numbers only (numpy scalars too, not bool), positive and finite once rounded to fp32,
-    # the precision the kernels receive it in: 1e39 would silently give NaN outputs.
-    elif (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
-          or not (math.isfinite(float(scale)) and FLOAT32_TINY / 2 < float(scale) <= FLOAT32_MAX)):
+        return 1.0 / math.sqrt(head_dim)
+    if (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+            or not (math.isfinite(float(scale)) and FLOAT32_TINY / 2 < float(scale) <= FLOAT32_MAX)):
         raise ValueError(f"scale must be a positive finite number (in float32), got {scale!r}")
-    return float(scale), causal_offset(causal, seqlen_q, k.shape[2])
+    return float(scale)
 
 
 def check_like(name, t, like, shape=None, dtype=None):

@@ -13,12 +13,11 @@ Row i of sample b sees every context key, and buffer key j when j < buf_lens[b] 
 softmax(scale * q [k_ctx; k_buf]^T + mask) [v_ctx; v_buf] and the row logsumexp; a row that sees
 no key at all gets O = 0 and LSE = -inf. GQA: query head h reads KV head h // (H / Hkv).
 """
-import math
-import numbers
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from ...attention.spec import check_scale
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LENGTH_DTYPES = (torch.int32, torch.int64)
@@ -52,20 +51,6 @@ def _tensor(name, t, dims, layout):
         raise ValueError(f"{name} must have {dims} dimensions {layout}; got shape {tuple(t.shape)}")
     if t.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
-
-
-def check_scale(scale, head_dim) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    # Real numbers only (numpy scalars too, not bool), positive and finite once rounded to fp32,
-    # the precision the kernels receive it in.
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)):
-        raise ValueError(f"scale must be a positive finite number (in float32), got {scale!r}")
-    with np.errstate(over="ignore", under="ignore"):
-        as_fp32 = float(np.float32(scale))
-    if not 0 < as_fp32 < np.inf:
-        raise ValueError(f"scale must be a positive finite number (in float32), got {scale!r}")
-    return float(scale)
 
 
 def check_inputs(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False, scale=None,
