@@ -11,7 +11,9 @@ and dtype, with L(x) = <w, f(x)> and a direction u:
                   steps 1e-4 and 5e-5 (O(h^4) truncation: the float64 routes agree with it to
                   4e-12 .. 1e-11, measured on every function here)
 Each route is held to the dtype's bound (verify.BOUNDS; float64: TRUTH_ACCURACY, the truth's own),
-and the two routes to the same bound against each other.
+and, in float32 and float64, the two routes to the same bound against each other (there they agree
+to ~1e-7 and 1e-16, far inside it; in bf16 each route's own rounding, ~5e-3, is as large as the
+bound, so that comparison would say nothing the two checks against the truth do not).
 """
 import torch
 import torch.func as tf
@@ -63,8 +65,8 @@ def finite_difference_hvp(f, x, w, u, step=FD_STEP):
     return (4 * central(step / 2) - central(step)) / 3
 
 
-def _compare(name, out, want, dtype, floor=0.0):
-    bound = max(verify.BOUNDS[dtype], TRUTH_ACCURACY, floor)
+def _compare(name, out, want, dtype):
+    bound = max(verify.BOUNDS[dtype], TRUTH_ACCURACY)
     err = verify.relative_error(out, want)
     passed = err <= bound
     detail = "" if passed else str(verify.mismatch_report(out, want, rtol=bound))
@@ -95,11 +97,9 @@ def consistency_checks(device, dtypes=None, seed=0, op_name="jvp_attention", fun
                 truth = finite_difference_hvp(make(device, torch.float64), x64.to(device), w64.to(device), u64.to(device))
             x, w, u = (t.to(device=device, dtype=dtype) for t in (x64, w64, u64))
             fwd_rev, rev_rev = hvp_routes(make(device, dtype), x, w, u)
-            vs_truth = [_compare(f"{n} vs truth", h, truth, dtype) for n, h in (("fwd-over-rev", fwd_rev),
-                                                                                  ("rev-over-rev", rev_rev))]
-            # the routes against each other: beyond what their own rounding explains (2x the larger
-            # error against the truth; bf16 batch_norm's routes differ by 1.1e-2, each ~6e-3 off)
-            floor = 2 * max(c.error for c in vs_truth)
-            result.outputs += vs_truth + [_compare("fwd-over-rev vs rev-over-rev", fwd_rev, rev_rev, dtype, floor)]
+            result.outputs += [_compare(f"{n} vs truth", h, truth, dtype) for n, h in (("fwd-over-rev", fwd_rev),
+                                                                                      ("rev-over-rev", rev_rev))]
+            if dtype in (torch.float32, torch.float64):
+                result.outputs.append(_compare("fwd-over-rev vs rev-over-rev", fwd_rev, rev_rev, dtype))
             rows.append(result)
     return rows

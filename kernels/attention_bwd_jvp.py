@@ -17,8 +17,9 @@ Two launches like the FA2 backward, no atomics, bitwise deterministic: a dK_t/dV
 program per key block, walking the query blocks of its GQA group: 10 matmul units when every
 tangent is present) and a dQ_t pass (one program per query block: 8 units). Absent tangents drop
 their matmuls at compile time (a Hessian-vector product has dO_t = 0: 8 + 7 units).
-Masking follows flash_bwd.py: query rows past N_Q read LSE = +inf (P = 0), keys past N_K load
-as zeros and add nothing to dQ_t, so only the causal diagonal needs explicit masks.
+Masking follows flash_bwd.py: query rows past N_Q read LSE = +inf (P = 0); keys past N_K load as
+zeros, and the dQ_t pass masks their P in its last key block (exp2(0 - LSE) overflows for rows
+whose LSE is below -88).
 """
 import triton
 import triton.language as tl
@@ -27,7 +28,7 @@ from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import load_lse_log2
 from .tuning import cfg, config_list, pruner, seq_bucket
-from .tiling import query_tile, visible_keys
+from .tiling import query_tile, row_strides, visible_keys
 
 
 @triton.jit
@@ -182,8 +183,11 @@ def _dq_t_key_block(dq_t, q, do, tq, tdo, lse_log2, mu, delta, delta_t, K_head, 
     v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
     p = tl.math.exp2(s - lse_log2[:, None])
-    if MASKED and CAUSAL:  # keys past N_K need no mask: K, K_t load as 0 and add nothing to dQ_t
-        p = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_offset, p, 0.0)
+    if MASKED:  # keys past N_K load K = 0, so s = 0 there and exp2(-lse) overflows for LSE < -88
+        keep = offs_n[None, :] < N_K
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
+        p = tl.where(keep, p, 0.0)
     st = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC_DTYPE)
     if HAS_TQ:
         st += tl.dot(tq, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
@@ -283,9 +287,6 @@ def bwd_jvp_dq_kernel(Q, K, V, DO, TQ, TK, TV, TDO, LSE, MU, DELTA, TDELTA, DQT,
              dq_t.to(DQT.dtype.element_ty), mask=row_mask)
 
 
-def _strides(t):
-    return t.stride(0), t.stride(1), t.stride(2)
-
 
 def attention_bwd_jvp_launch(q, k, v, o, lse, do, tq, tk, tv, tdo, lse_t, delta, delta_t, sm_scale: float,
                              causal_offset):
@@ -300,7 +301,7 @@ def attention_bwd_jvp_launch(q, k, v, o, lse, do, tq, tk, tv, tdo, lse_t, delta,
     # an absent tangent is replaced by its primal, never read (its HAS_ flag is off)
     tq_, tk_, tv_, tdo_ = (t if t is not None else p for t, p in ((tq, q), (tk, k), (tv, v), (tdo, do)))
     tensors = (q, k, v, do, tq_, tk_, tv_, tdo_, lse, lse_t, delta, delta_t)
-    strides = [s for t in (q, k, v, do, tq_, tk_, tv_, tdo_) for s in _strides(t)]
+    strides = [s for t in (q, k, v, do, tq_, tk_, tv_, tdo_) for s in row_strides(t)]
     causal = causal_offset is not None
     scalars = (n_q, n_k, head_dim, heads_q, group, int(causal_offset) if causal else 0,
                *split_scale(sm_scale), seq_bucket(max(n_q, n_k)))
@@ -308,7 +309,7 @@ def attention_bwd_jvp_launch(q, k, v, o, lse, do, tq, tk, tv, tdo, lse_t, delta,
                  HAS_TK=tk is not None, HAS_TV=tv is not None, HAS_TDO=tdo is not None,
                  ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype))
     bwd_jvp_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
-        *tensors, dk_t, dv_t, *strides, *_strides(dk_t), *_strides(dv_t), *scalars, **flags)
+        *tensors, dk_t, dv_t, *strides, *row_strides(dk_t), *row_strides(dv_t), *scalars, **flags)
     bwd_jvp_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
-        *tensors, dq_t, *strides, *_strides(dq_t), *scalars, **flags)
+        *tensors, dq_t, *strides, *row_strides(dq_t), *scalars, **flags)
     return dq_t, dk_t, dv_t

@@ -20,8 +20,8 @@ import triton.language as tl
 
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale, softmax_scale_log2, split_scale
-from .softmax_rows import finish_rows, load_lse_log2
-from .tiling import query_tile, visible_keys
+from .softmax_rows import blind_rows, finish_rows, load_lse_log2
+from .tiling import query_tile, row_strides, visible_keys
 from .tuning import cfg, config_list, pruner, seq_bucket
 
 
@@ -167,13 +167,15 @@ def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
         o_t = acc_t * inv_l[:, None] - (mu_o * inv_l)[:, None] * o
         tl.store(O + o_ptrs, o.to(O.dtype.element_ty), mask=row_mask)
         tl.store(LSE + row, lse.to(LSE.dtype.element_ty), mask=offs_m < N_Q)
+    # rows the mask leaves without keys have zero tangents, whatever their query or tangent holds
+    # (p = 0 there, but 0 * NaN would not be)
+    blind = blind_rows(offs_m, causal_offset, CAUSAL)
+    mu = tl.where(blind, 0.0, mu)
+    o_t = tl.where(blind[:, None], 0.0, o_t)
     ot_ptrs = OT + b * stride_otb + h * stride_oth + offs_m[:, None] * stride_otn + offs_d[None, :]
     tl.store(ot_ptrs, o_t.to(OT.dtype.element_ty), mask=row_mask)
     tl.store(LSET + row, mu.to(LSET.dtype.element_ty), mask=offs_m < N_Q)
 
-
-def _strides(t):
-    return t.stride(0), t.stride(1), t.stride(2)
 
 
 def attention_jvp_launch(q, k, v, tq, tk, tv, sm_scale: float, causal_offset, o=None, lse=None):
@@ -196,8 +198,8 @@ def attention_jvp_launch(q, k, v, tq, tk, tv, sm_scale: float, causal_offset, o=
 
     attention_jvp_kernel[grid](
         q, k, v, tq_, tk_, tv_, o, lse, o_t, lse_t,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(tq_), *_strides(tk_), *_strides(tv_),
-        *_strides(o), *_strides(o_t),
+        *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(tq_), *row_strides(tk_), *row_strides(tv_),
+        *row_strides(o), *row_strides(o_t),
         n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
         0 if causal_offset is None else int(causal_offset), *split_scale(sm_scale), seq_bucket(max(n_q, n_k)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CAUSAL=causal_offset is not None, LSE_GIVEN=lse_given,

@@ -11,9 +11,10 @@
 Splitting dQ into its own pass costs two extra matmuls (recomputing S and dP) but each output is
 owned by one program, so there are no atomics and the result does not depend on scheduling.
 
-Masking is cheap here: out-of-range query rows load L = +inf (so P = 0 and they add nothing),
-out-of-range keys load K = V = 0 (their dK/dV rows are never stored, and in the dQ pass a zero
-K row adds nothing to dS K), so only the causal diagonal needs explicit masks. A fully masked
+Masking is cheap here: out-of-range query rows load L = +inf (so P = 0 and they add nothing);
+out-of-range keys load K = V = 0 and their dK/dV rows are never stored, but in the dQ pass their
+P = exp2(0 - L) is masked explicitly, in the last (masked) key block only: for a row whose LSE is
+below -88 it would overflow to inf, and inf * 0 is NaN. A fully masked
 row has L = -inf from the forward; it is read as +inf so its P is 0, not NaN.
 """
 import triton
@@ -132,8 +133,11 @@ def _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_
     v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
     p = tl.math.exp2(s - lse_log2[:, None])
-    if MASKED and CAUSAL:  # keys past N_K need no mask: their K rows load as 0 and add nothing
-        p = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_offset, p, 0.0)
+    if MASKED:  # keys past N_K load K = 0, so s = 0 there and exp2(-lse) overflows for LSE < -88
+        keep = offs_n[None, :] < N_K
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
+        p = tl.where(keep, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)

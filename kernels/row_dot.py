@@ -5,12 +5,12 @@ logsumexp output, when it is used); its tangent needs rowsum(dO * O_t + dO_t * O
 Both are this one kernel: A*, B* are [B, H, N, D] tensors with a contiguous last dimension,
 C is [B, H, N] contiguous, and out is [B, H, N] in the accumulator dtype.
 """
-import torch
 import triton
 import triton.language as tl
 
 from .outputs import new_output
-from .precision import accumulator_dtype
+from .precision import accumulator_dtype, lse_dtype
+from .tiling import row_strides
 
 
 @triton.jit
@@ -41,24 +41,20 @@ def row_dot_kernel(A1, B1, A2, B2, C, OUT,
     tl.store(OUT + row, out, mask=offs_m < N)
 
 
-def _strides(t):
-    return t.stride(0), t.stride(1), t.stride(2)
 
-
-def row_dot_launch(shape, device, acc_dtype, first=None, second=None, minus=None):
+def row_dot_launch(shape, device, dtype, first=None, second=None, minus=None):
     """rowsum(first[0] * first[1]) + rowsum(second[0] * second[1]) - minus for [B, H, N, D] pairs
-    (a pair or ``minus`` may be None: left out). Returns [B, H, N] in the accumulator dtype of
-    ``acc_dtype`` inputs (fp64 for fp64, else fp32)."""
+    of ``dtype`` (a pair or ``minus`` may be None: left out). Returns [B, H, N] in the accumulator
+    dtype (fp64 for fp64, else fp32), the dtype of the LSE and its statistics."""
     batch, heads, n, head_dim = shape
-    acc = accumulator_dtype(acc_dtype)
-    out = new_output((batch, heads, n), acc_dtype if acc_dtype == torch.float64 else torch.float32, device)
+    out = new_output((batch, heads, n), lse_dtype(dtype), device)
     # an absent operand is replaced by ``out`` itself: the kernel never reads it (its flag is off)
     a1, b1 = first if first is not None else (out.unsqueeze(-1), out.unsqueeze(-1))
     a2, b2 = second if second is not None else (out.unsqueeze(-1), out.unsqueeze(-1))
     block_m = 16 if device.type == "cpu" else 64
     row_dot_kernel[(triton.cdiv(n, block_m), heads, batch)](
         a1, b1, a2, b2, out if minus is None else minus.contiguous(), out,
-        *_strides(a1), *_strides(b1), *_strides(a2), *_strides(b2),
+        *row_strides(a1), *row_strides(b1), *row_strides(a2), *row_strides(b2),
         n, head_dim, heads, HAS_FIRST=first is not None, HAS_SECOND=second is not None, HAS_C=minus is not None,
-        BLOCK_M=block_m, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), ACC_DTYPE=acc)
+        BLOCK_M=block_m, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), ACC_DTYPE=accumulator_dtype(dtype))
     return out

@@ -1,4 +1,5 @@
-"""Tile bookkeeping shared by the kernels that own a block of query rows (forward and dQ pass)."""
+"""Tile bookkeeping shared by the kernels that own a block of query rows (forward and dQ pass),
+and the launchers' stride helper."""
 import triton
 import triton.language as tl
 
@@ -30,3 +31,8 @@ def visible_keys(m0, N_K, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.const
         hi = N_K
         full_hi = N_K // BLOCK_N * BLOCK_N
     return full_hi, hi
+
+
+def row_strides(t):
+    """(batch, head, row) strides of a [B, H, N, D] tensor whose last dimension is contiguous."""
+    return t.stride(0), t.stride(1), t.stride(2)

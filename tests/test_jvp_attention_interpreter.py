@@ -335,6 +335,7 @@ def test_cpu_fused_sdpa_grad_of_grad():
 def test_cpu_sdpa_math_differentiates_every_way():
     x, u = tuple(t.float() for t in qkv(1, 2, 2, 16, 16, 16)), tuple(t.float() for t in qkv(1, 2, 2, 16, 16, 16, seed=5))
     w = torch.randn(1, 2, 16, 16)
+    # fp32 math against the fp64 reference, absolute: HVP entries are O(1) here, fp32 rounding ~1e-6
     assert max_diff(hvp_fwd_rev(sdpa("MATH"), x, w, u), hvp_fwd_rev(o_only(ref("top_left")), x, w, u)) < 1e-4
     assert math.isfinite(tf.jvp(sdpa("MATH"), x, u)[1].sum().item())
 
@@ -353,3 +354,92 @@ def test_one_key_rows_cancel_exactly_in_low_precision():
     typical = hq[:, :, 1:].float().norm(dim=-1).mean()
     # measured: 4e-8 of a typical row with the matched shift, 3.9e-4 without it
     assert hq[:, :, 0].float().norm(dim=-1).max() < 1e-5 * typical
+
+
+def test_very_negative_lse_keeps_gradients_finite():
+    """Keys past N_K load as zeros: their score is 0 and exp(0 - LSE) overflows when a row's LSE is
+    below -88 (fp32) or -709 (fp64). The dQ passes must mask them, or inf * 0 = NaN (found in
+    review: flash's dq and kernel 3's hq came out NaN where eager is finite)."""
+    g = torch.Generator().manual_seed(0)
+    q = (3.5 + 0.1 * torch.randn(1, 1, 17, 64, generator=g)).requires_grad_()
+    k = -3.5 + 0.1 * torch.randn(1, 1, 17, 64, generator=g)
+    v = torch.randn(1, 1, 17, 64, generator=g)
+    o, lse = flash_attention(q, k, v, return_lse=True)
+    assert lse.max() < -88
+    (dq,) = torch.autograd.grad(o.sum(), q)
+    want = torch.autograd.grad(ref(None)(q.double(), k.double(), v.double())[0].sum(), q)[0]
+    # finite is the point; the value to fp32 accuracy at scores near -95 (measured 1.2e-5)
+    assert torch.isfinite(dq).all() and verify.relative_error(dq, want) < 1e-4
+    x = (20 + 0.1 * fp64(1, 1, 17, 16, seed=1), -20 + 0.1 * fp64(1, 1, 17, 16, seed=2), fp64(1, 1, 17, 16, seed=3))
+    u, do = qkv(1, 1, 1, 17, 17, 16, seed=4), fp64(1, 1, 17, 16, seed=5)
+    o, lse = flash_fwd(*x)
+    assert lse.max() < -709
+    h = attention_bwd_jvp(do, *x, o, lse, *u)
+    want = hvp_fwd_rev(o_only(ref(None)), x, do, u)
+    assert all(torch.isfinite(t).all() for t in h) and max_diff(h, want) < 1e-8 * max(t.abs().max() for t in want)
+
+
+def test_blind_rows_have_zero_tangents_whatever_their_query_holds():
+    from attnbench.attention.ops import attention_jvp_op
+
+    q, k, v = qkv(1, 2, 1, 12, 5, 16)
+    tq, tk, tv = qkv(1, 2, 1, 12, 5, 16, seed=6)
+    q[0, 0, 2] = float("nan")  # row 2 is blind (rows 0..6 see no key)
+    tq[0, 1, 3] = float("nan")
+    o, lse, o_t, lse_t = attention_jvp(q, k, v, tq, tk, tv, causal="bottom_right")
+    o_t2, lse_t2 = attention_jvp_op(q, k, v, o, lse, tq, tk, tv, 0.25, -7)  # the tangent-only launch
+    for ot, lt in ((o_t, lse_t), (o_t2, lse_t2)):
+        assert torch.all(ot[0, :, :7] == 0) and torch.all(lt[0, :, :7] == 0)
+        assert torch.isfinite(ot[0, :, 7:]).all()
+
+
+def test_split_rescales_across_many_key_blocks():
+    """The tiny cases fit one split key block (256 keys): force several, so the online rescaling of
+    the tangent accumulators is exercised."""
+    from attnbench.operators.jvp_attention import split
+
+    x, t = qkv(1, 2, 1, 13, 19, 16), qkv(1, 2, 1, 13, 19, 16, seed=3)
+    do = fp64(1, 2, 13, 16, seed=9)
+    o, lse, o_t, lse_t = split.attention_jvp(*x, *t, 0.25, 6, block_n=4)  # bottom-right: Nk - Nq
+    want = tf.jvp(ref("bottom_right"), x, t)
+    assert max_diff((o, o_t), (want[0][0], want[1][0])) < 1e-12
+    finite = torch.isfinite(want[1][1])
+    assert (lse_t[finite] - want[1][1][finite]).abs().max() < 1e-12
+    h = split.bwd_jvp(do, *x, o, lse, *t, None, o_t, lse_t, 0.25, 6, block_n=4)
+    assert max_diff(h, hvp_fwd_rev(o_only(ref("bottom_right")), x, do, t)) < 1e-12
+
+
+def test_a_tangent_of_another_dtype_is_cast_to_its_primal():
+    """forward AD accepts a float64 tangent on a float32 primal; the kernels take one dtype."""
+    x = tuple(t.float() for t in qkv(1, 2, 2, 9, 11, 16))
+    t = qkv(1, 2, 2, 9, 11, 16, seed=2)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(flash_attention(*[fwAD.make_dual(a, b) for a, b in zip(x, t)])).tangent
+    want = tf.jvp(o_only(ref(None)), tuple(a.double() for a in x), t)[1]
+    assert tangent.dtype == torch.float32 and verify.relative_error(tangent, want) < 1e-5
+
+
+def test_manual_backward_recomputes_the_forward_tangents():
+    """flash_bwd's o may carry a tangent that is not the forward's (here o is computed from a
+    detached v): forward mode through flash_bwd must still give the Hessian along the tangent."""
+    x, t, do = qkv(1, 2, 2, 9, 11, 16), qkv(1, 2, 2, 9, 11, 16, seed=2), fp64(1, 2, 9, 16, seed=4)
+    got = tf.jvp(lambda a, b, c: flash_bwd(do, a, b, c, *flash_fwd(a, b, c.detach())), x, t)[1]
+    assert max_diff(got, hvp_fwd_rev(o_only(ref(None)), x, do, t)) < 1e-12
+
+
+def test_batches_past_the_grid_limit_launch_in_chunks(monkeypatch):
+    """CUDA caps the batch's grid axis at 65535 and vmap/jacrev fold into the batch: the launch
+    layer chunks it. With the limit lowered to 2, a batch of 5 gives the same bits."""
+    import attnbench.attention.ops as ops
+
+    x, t, do = qkv(5, 2, 1, 9, 11, 16), qkv(5, 2, 1, 9, 11, 16, seed=2), fp64(5, 2, 9, 16, seed=4)
+
+    def everything():
+        o, lse, o_t, lse_t = attention_jvp(*x, *t, causal="bottom_right")
+        return (o, lse, o_t, lse_t, *flash_bwd(do, *x, o, lse, causal="bottom_right"),
+                *attention_bwd_jvp(do, *x, o, lse, *t, causal="bottom_right"))
+
+    whole = everything()
+    monkeypatch.setattr(ops, "MAX_GRID_BATCH", 2)
+    chunked = everything()
+    assert all(torch.equal(a, b) for a, b in zip(whole, chunked))

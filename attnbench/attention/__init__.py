@@ -16,7 +16,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from ..kernels.precision import lse_dtype
-from .autograd import Attention, AttentionBackward, AttentionBackwardJvp, AttentionWithTangent
+from .autograd import Attention, AttentionBackward, AttentionBackwardJvp, AttentionWithTangent, matched
 from .ops import _check_device, unavailable_reason, unsupported_on_cuda
 from .spec import check_like, check_qkv
 
@@ -46,7 +46,7 @@ def _forward_mode_only_tangents(q, k, v):
     interpreter = torch._C._functorch.peek_interpreter_stack()
     if interpreter is not None and interpreter.key() != torch._C._functorch.TransformType.Jvp:
         return None
-    tangents = [fwAD.unpack_dual(t).tangent for t in (q, k, v)]
+    tangents = list(matched(*(fwAD.unpack_dual(t).tangent for t in (q, k, v)), like=(q, k, v)))
     # gradcheck's batched forward-grad test maps tangents with the legacy vmap, which cannot
     # unpack a dual tensor (no batching rule for aten::alias): the general wiring handles it
     legacy = torch._C._functorch.is_legacy_batchedtensor
@@ -69,12 +69,12 @@ def _forward(q, k, v, scale, offset):
 
 @torch.compiler.allow_in_graph
 def _attention_backward(q, k, v, o, lse, do, dlse, scale, offset):
-    return AttentionBackward.apply(q, k, v, o, lse, do, dlse, scale, offset)
+    return AttentionBackward.apply(q, k, v, o, lse, do, dlse, scale, offset, False)
 
 
 @torch.compiler.allow_in_graph
-def _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, tdo, tdlse, scale, offset):
-    return AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, tq, tk, tv, None, None, tdo, tdlse, scale, offset)
+def _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset):
+    return AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset)
 
 
 def _checked(q, k, v, scale, causal):
@@ -132,16 +132,22 @@ def attention_jvp(q, k, v, tq=None, tk=None, tv=None, *, scale=None, causal=None
 
 
 def attention_bwd_jvp(do, q, k, v, o, lse, tq=None, tk=None, tv=None, tdo=None, *, scale=None, causal=None,
-                      dlse=None, tdlse=None):
+                      dlse=None, tdlse=None, o_t=None, lse_t=None):
     """The tangent of ``flash_bwd(do, q, k, v, o, lse)`` along (tq, tk, tv, tdo, tdlse): with
-    tdo = None it is the Hessian of <do, o> applied to (tq, tk, tv). Not differentiable further."""
+    tdo = None it is the Hessian of <do, o> applied to (tq, tk, tv). ``o_t``/``lse_t``: the
+    forward's tangents along (tq, tk, tv) when already at hand (``attention_jvp`` returns them),
+    else computed here. Not differentiable further."""
     scale, offset = _checked(q, k, v, scale, causal)
     check_like("do", do, q)
     _check_saved(o, lse, q)
     _check_tangents(tq, tk, tv, q, k, v)
     if tdo is not None:
         check_like("tdo", tdo, q)
-    for name, t in (("dlse", dlse), ("tdlse", tdlse)):
+    for name, t in (("dlse", dlse), ("tdlse", tdlse), ("lse_t", lse_t)):
         if t is not None:
             check_like(name, t, lse)
-    return _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, tdo, tdlse, scale, offset)
+    if o_t is not None:
+        check_like("o_t", o_t, q)
+    if (o_t is None) != (lse_t is None):
+        raise ValueError("o_t and lse_t come together (the forward's tangents), or neither")
+    return _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset)

@@ -21,6 +21,12 @@ from torch.autograd import Function
 
 from .ops import attention_bwd_jvp_op, attention_bwd_op, attention_fwd_jvp_op, attention_fwd_op, attention_jvp_op
 
+def matched(*tangents, like):
+    """Tangents in their primals' dtypes: forward AD accepts a float64 tangent on a float32 primal,
+    the kernels take one dtype."""
+    return tuple(t if t is None or t.dtype == p.dtype else t.to(p.dtype) for t, p in zip(tangents, like))
+
+
 THIRD_ORDER = ("third-order derivatives of attention are not supported: the Triton kernels cover the forward, "
                "its backward, forward-mode tangents and every second-order composition of them")
 
@@ -47,12 +53,12 @@ class Attention(Function):
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do
-        return (*AttentionBackward.apply(q, k, v, o, lse, do, dlse, ctx.scale, ctx.offset), None, None)
+        return (*AttentionBackward.apply(q, k, v, o, lse, do, dlse, ctx.scale, ctx.offset, True), None, None)
 
     @staticmethod
     def jvp(ctx, tq, tk, tv, _scale, _offset):
         q, k, v, o, lse = ctx.saved_tensors
-        return AttentionJvp.apply(q, k, v, o, lse, tq, tk, tv, ctx.scale, ctx.offset)
+        return AttentionJvp.apply(q, k, v, o, lse, *matched(tq, tk, tv, like=(q, k, v)), ctx.scale, ctx.offset)
 
 
 class AttentionJvp(Function):
@@ -101,7 +107,7 @@ def _tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_o, c_lse, x_nee
         gx = AttentionBackwardJvp.apply(q, k, v, o, lse, c_o, c_lse, tq, tk, tv, o_t, lse_t, None, None,
                                         ctx.scale, ctx.offset)
     if any(t_needs):
-        gt = AttentionBackward.apply(q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset)
+        gt = AttentionBackward.apply(q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset, True)
     return (*_only_needed(gx, x_needs), *_only_needed(gt, t_needs))
 
 
@@ -130,7 +136,7 @@ class AttentionWithTangent(Function):
         grads = list(_tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_ot, c_lset, needs[:3], needs[3:6]))
         if (c_o is not None or c_lse is not None) and any(needs[:3]):
             c_o = torch.zeros_like(o) if c_o is None else c_o
-            primal = AttentionBackward.apply(q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset)
+            primal = AttentionBackward.apply(q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset, True)
             grads[:3] = [p if g is None else g + p for g, p in zip(grads[:3], _only_needed(primal, needs[:3]))]
         return (*grads, None, None)
 
@@ -141,27 +147,31 @@ class AttentionWithTangent(Function):
 
 
 class AttentionBackward(Function):
-    """(q, k, v, o, lse, dO, dLSE) -> (dq, dk, dv), given the forward's o and lse at (q, k, v)."""
+    """(q, k, v, o, lse, dO, dLSE) -> (dq, dk, dv), given the forward's o and lse at (q, k, v).
+    ``reuse_forward_tangents``: o and lse come from Attention itself, so their tangents are the
+    forward's tangents and kernel 3 may reuse them (Attention.backward); a caller of the manual
+    API may hand in an o whose tangent means something else, so there kernel 3 recomputes them."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(q, k, v, o, lse, do, dlse, scale, offset):
+    def forward(q, k, v, o, lse, do, dlse, scale, offset, reuse_forward_tangents):
         return attention_bwd_op(q, k, v, o, lse, do, dlse, scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, o, lse, do, dlse, scale, offset = inputs
+        q, k, v, o, lse, do, dlse, scale, offset, reuse = inputs
         ctx.save_for_backward(q, k, v, o, lse, do, dlse)
         ctx.save_for_forward(q, k, v, o, lse, do, dlse)
-        ctx.scale, ctx.offset = scale, offset
+        ctx.scale, ctx.offset, ctx.reuse = scale, offset, reuse
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def jvp(ctx, tq, tk, tv, to, tlse, tdo, tdlse, _scale, _offset):
+    def jvp(ctx, tq, tk, tv, to, tlse, tdo, tdlse, _scale, _offset, _reuse):
         q, k, v, o, lse, do, dlse = ctx.saved_tensors
-        if to is None or tlse is None:  # no forward tangents to reuse: kernel 3 computes them
+        if not ctx.reuse or to is None or tlse is None:  # no forward tangents to reuse: kernel 3 computes them
             to = tlse = None
+        tq, tk, tv, to, tdo = matched(tq, tk, tv, to, tdo, like=(q, k, v, o, do))
         return AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, tq, tk, tv, to, tlse, tdo, tdlse,
                                           ctx.scale, ctx.offset)
 
@@ -178,7 +188,7 @@ class AttentionBackward(Function):
         if any(needs[:3]):
             gx = _only_needed(AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, uq, uk, uv, o_t, lse_t, None, None,
                                                          ctx.scale, ctx.offset), needs[:3])
-        return (*gx, None, None, o_t if needs[5] else None, lse_t if needs[6] else None, None, None)
+        return (*gx, None, None, o_t if needs[5] else None, lse_t if needs[6] else None, None, None, None)
 
 
 class AttentionBackwardJvp(Function):

@@ -68,9 +68,20 @@ def interpreter_upcasts(dtype) -> bool:
     return dtype == torch.bfloat16 and interpreting()
 
 
+# CUDA caps a grid's third axis, which the kernels give to the batch, at 65535 programs; a larger
+# batch (vmap, jacrev and hessian fold their mapped dimension into it) launches in chunks.
+MAX_GRID_BATCH = 65535
+
+
 def _launch(launcher, *args):
     """Call a launcher on the tensors' GPU with unit-stride views; bfloat16 in the interpreter runs
-    as float32 and its [B, H, N, D] results are rounded back (row statistics stay float32)."""
+    as float32 and its [B, H, N, D] results are rounded back (row statistics stay float32). Every
+    tensor argument and output has the batch first, so a batch past MAX_GRID_BATCH is chunked."""
+    batch = next(a for a in args if isinstance(a, Tensor)).shape[0]
+    if batch > MAX_GRID_BATCH:
+        parts = [_launch(launcher, *(a[b0:b0 + MAX_GRID_BATCH] if isinstance(a, Tensor) else a for a in args))
+                 for b0 in range(0, batch, MAX_GRID_BATCH)]
+        return tuple(None if outs[0] is None else torch.cat(outs) for outs in zip(*parts))
     tensors = [a for a in args if isinstance(a, Tensor)]
     device = tensors[0].device
     upcast = interpreter_upcasts(tensors[0].dtype)
@@ -131,7 +142,7 @@ def _(q, k, v, scale, offset):
 @torch.library.custom_op("attnbench::attention_fwd_jvp", mutates_args=())
 def attention_fwd_jvp_op(q: Tensor, k: Tensor, v: Tensor, tq: Optional[Tensor], tk: Optional[Tensor],
                          tv: Optional[Tensor], scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _launch(lambda *a: attention_jvp_launch(*a), q, k, v, tq, tk, tv, scale, offset)
+    return _launch(attention_jvp_launch, q, k, v, tq, tk, tv, scale, offset)
 
 
 @attention_fwd_jvp_op.register_fake

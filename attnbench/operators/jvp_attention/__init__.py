@@ -28,7 +28,6 @@ from ..flash.peers import SDPA_BACKENDS
 from . import peers, reference, routes, split
 
 FLOP_FACTOR = {"fwd_jvp": 3.0, "hvp_fwd_rev": 8.5, "hvp_rev_rev": 8.5, "vjp_of_jvp": 8.5}
-Q_INPUTS, KV_INPUTS = ("q", "do", "tq"), ("k", "v", "tk", "tv")
 
 # Tiny shapes for the CPU gate: lengths off the interpreter's 16-blocks, Nq != Nk both ways, GQA
 # and MQA, a head dim that is not a power of two, both causal alignments, rows that see no key.
@@ -163,8 +162,8 @@ def triton_fused_prepare(case, x, mode):
         return hvp
 
     def vjp_of_jvp():
-        o, lse, _, _ = attention_jvp(q, k, v, tq, tk, tv, **kw)
-        gx = attention_bwd_jvp(do, q, k, v, o, lse, tq, tk, tv, **kw)
+        o, lse, o_t, lse_t = attention_jvp(q, k, v, tq, tk, tv, **kw)
+        gx = attention_bwd_jvp(do, q, k, v, o, lse, tq, tk, tv, o_t=o_t, lse_t=lse_t, **kw)
         return dict(zip(routes.OUTPUTS[mode], (*gx, *flash_bwd(do, q, k, v, o, lse, **kw))))
     return vjp_of_jvp
 

@@ -45,9 +45,9 @@ def shapes(device):
 
 
 def _ours(case):
-    from ...attention import flash_attention
+    from . import triton_forward
 
-    return functools.partial(flash_attention, scale=case.softmax_scale, causal=case.causal)
+    return lambda q, k, v: triton_forward(case)(q, k, v)[0]
 
 
 def implementations():

@@ -10,8 +10,6 @@ import torch
 from ..flash.reference import attention
 from . import routes
 
-# outputs shaped like k and v (one per KV head); every other output is per query head
-KV_OUTPUTS = {"hk", "hv", "gk", "gv", "gtk", "gtv"}
 Q_INPUTS = ("q", "do", "tq")
 KV_INPUTS = ("k", "v", "tk", "tv")
 

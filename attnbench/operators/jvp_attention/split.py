@@ -18,7 +18,8 @@ group axis. Low precision computes in float32, float64 in float64.
 """
 import torch
 
-from ..flash.split import BLOCK_N, compute_dtype, finish_rows, flash_bwd, flash_fwd, grouped, key_blocks, lse_dtype
+from ..flash.split import (BLOCK_N, compute_dtype, finish_rows, flash_bwd, flash_fwd, grouped, key_blocks, lse_dtype,
+                           masked_scores)
 from ...attention.spec import causal_mask
 
 
@@ -50,9 +51,7 @@ def attention_jvp(q, k, v, tq, tk, tv, scale: float, offset, block_n: int = BLOC
         n1 = min(seqlen_k, n0 + block_n)
         kb, vb = (t[:, :, n0:n1].to(cdt).unsqueeze(2) for t in (k, v))
         tkb = None if tk is None else tk[:, :, n0:n1].to(cdt).unsqueeze(2)
-        s = scale * (qg @ kb.transpose(-1, -2))
-        if mask is not None:
-            s = s.masked_fill(~mask[:, n0:n1], float("-inf"))
+        s = masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1])
         pst_factor = _score_tangent(qg, tqg, kb, tkb, scale)
         m_new = torch.maximum(m, s.amax(dim=-1))
         p = torch.exp(s - m_new.unsqueeze(-1))
@@ -102,10 +101,7 @@ def bwd_jvp(do, q, k, v, o, lse, tq, tk, tv, tdo, o_t, lse_t, scale: float, offs
         n1 = min(seqlen_k, n0 + block_n)
         kb, vb = (t[:, :, n0:n1].to(cdt).unsqueeze(2) for t in (k, v))
         tkb, tvb = (None if t is None else t[:, :, n0:n1].to(cdt).unsqueeze(2) for t in (tk, tv))
-        s = scale * (qg @ kb.transpose(-1, -2))
-        if mask is not None:
-            s = s.masked_fill(~mask[:, n0:n1], float("-inf"))
-        p = torch.exp(s - lse_g)
+        p = torch.exp(masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1]) - lse_g)
         p_t = p * (_score_tangent(qg, tqg, kb, tkb, scale) - mu)
         dp = dog @ vb.transpose(-1, -2)
         dp_t = torch.zeros_like(dp)
