@@ -269,6 +269,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=None, help="case set (default: anchor on CUDA, tiny on CPU)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N cases")
+    parser.add_argument("--case-index", type=int, action="append", help="only these cases (repeatable)")
     parser.add_argument("--variant", action="append", help="only these variants (repeatable; default: all)")
     parser.add_argument("--no-configs", action="store_true", help="skip the explicit fused-kernel configurations")
     parser.add_argument("--sweep", action="store_true", help="also the B x Nctx x Nbuf speedup curve (+ plot)")
@@ -287,6 +288,8 @@ def main(argv=None):
     else:
         print("# CPU: Triton runs in the interpreter; times check that the script works, nothing more")
     cases = OP.cases(args.cases or ("anchor" if device == "cuda" else "tiny"))[:args.limit]
+    if args.case_index:
+        cases = [cases[i] for i in args.case_index]
     report = {"machine": info, "ceilings": ceil.__dict__ if ceil else None, "predicted_tbps": PREDICTED_TBPS,
               "cases": []}
     bench_rows = []

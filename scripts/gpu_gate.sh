@@ -7,7 +7,9 @@
 #   tests         GPU-marked pytest (real sizes vs float64, determinism, boundary witnesses, perf
 #                 gates, pytest-benchmark timings)
 #   bench         `attnbench run --op OP` on the anchor cases, one JSON + table per operator
-#                 (OPS="flash jvp_attention" limits the operators; default: every operator)
+#                 (OPS="flash jvp_attention" limits the operators; default: every operator;
+#                 RUN_ARGS="--mode fwd_jvp" is passed on and TAG=fwd names the files <op>-fwd-<gpu>.*,
+#                 so that a run longer than one call splits into parts that asv reads together)
 #   graphs        jvp_attention's routes as CUDA-graph replays beside CUDA events (the GPU's time
 #                 without the host's, for the sizes where eager PyTorch is host-bound)
 #   capabilities  `attnbench capabilities`: the differentiation matrix of every implementation
@@ -48,7 +50,10 @@ if has tests; then
 fi
 if has bench; then
   for op in $ops; do
-    attnbench run --op "$op" --json "$ART/$op-$machine.json" 2>"$ART/$op-progress.log" | tee "$ART/$op-$machine.txt"
+    name="$op${TAG:+-$TAG}"
+    # shellcheck disable=SC2086
+    attnbench run --op "$op" ${RUN_ARGS:-} --json "$ART/$name-$machine.json" 2>"$ART/$name-progress.log" \
+        | tee "$ART/$name-$machine.txt"
     status=$((status | $?))
   done
 fi

@@ -62,8 +62,9 @@ def from_report(op_name, directory):
         data = results.load(path)
         if data.get("machine", {}).get("device_name") != name or data.get("status", "complete") != "complete":
             continue
+        # CUDA events only: a --graphs run of the same rows times something else (GPU time alone)
         out.update({(r["case"], r["variant"], r["mode"]): _entry(r) for r in data.get("bench", [])
-                    if r.get("timing") and r["op"] == op_name})
+                    if r.get("timing") and r["timing"].get("method") == "cuda-events" and r["op"] == op_name})
     if not out:
         raise RuntimeError(f"ATTNBENCH_ASV_REPORTS={directory}: no complete {op_name} run of a {name} there")
     return out

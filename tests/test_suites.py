@@ -47,3 +47,30 @@ def test_measurement_is_empty_without_cuda_so_asv_skips(suite):
     speedup = next(c for c in public if hasattr(c, "track_speedup"))
     with pytest.raises(NotImplementedError):
         speedup().setup({}, suite.LABELS[0], suite.MODES[0], suite.RATIO_PEERS[0])
+
+
+def test_asv_reads_run_reports_split_in_parts_and_only_their_cuda_event_rows(tmp_path, monkeypatch):
+    """ASV_REPORTS: a run split over several files (one per mode) is read as one; a --graphs run of
+    the same rows times GPU time alone and must not replace the events numbers; partial runs and
+    other GPUs are ignored."""
+    import json
+
+    import attnbench.roofline
+    from suites._anchor import from_report
+
+    monkeypatch.setattr(attnbench.roofline, "machine_info", lambda device: {"device_name": "GPU X"})
+
+    def row(mode, ms, method="cuda-events"):
+        return {"op": "jvp_attention", "case": "c", "variant": "triton", "mode": mode, "tflops": 1.0, "gbps": 1.0,
+                "roofline_pct": 1.0, "timing": {"median_ms": ms, "iqr_ms": 0.0, "method": method}}
+
+    def write(name, rows, device="GPU X", status="complete"):
+        (tmp_path / name).write_text(json.dumps({"status": status, "machine": {"device_name": device}, "bench": rows}))
+
+    write("jvp_attention-fwd-gpu-x.json", [row("fwd_jvp", 1.0)])
+    write("jvp_attention-hvp-gpu-x.json", [row("hvp_rev_rev", 2.0)])
+    write("jvp_attention-graphs-gpu-x.json", [row("fwd_jvp", 0.5, "cuda-graph"), row("hvp_rev_rev", 0.7, "cuda-graph")])
+    write("jvp_attention-partial-gpu-x.json", [row("vjp_of_jvp", 3.0)], status="interrupted")
+    write("jvp_attention-other-gpu.json", [row("vjp_of_jvp", 4.0)], device="GPU Y")
+    got = {key[2]: entry["latency_ms"] for key, entry in from_report("jvp_attention", str(tmp_path)).items()}
+    assert got == {"fwd_jvp": 1.0, "hvp_rev_rev": 2.0}
