@@ -226,6 +226,30 @@ def test_gradient_of_a_tangent_output_and_dual_tensors():
     assert max_diff(grads, grad_of_tangent(r)) < 1e-12
 
 
+def test_forward_mode_shortcut_never_drops_a_gradient(monkeypatch):
+    """torch.func.jvp under forward-only transforms runs the fused op without its autograd Function
+    (host time); wherever reverse mode can reach the call (a grad transform around it, or an input
+    that requires grad from core autograd) the Function must be there, and gradients must match."""
+    import attnbench.attention as api
+
+    shape = (1, 2, 1, 7, 9, 16)
+    x, t, c = qkv(*shape), qkv(*shape, seed=10), fp64(1, 2, 7, 16, seed=20)
+    f, r = o_only(ours(None)), o_only(ref(None))
+    shortcuts = []
+    real = api._only_forward_transforms
+    monkeypatch.setattr(api, "_only_forward_transforms", lambda *a: shortcuts.append(real(*a)) or shortcuts[-1])
+    assert max_diff(tf.jvp(f, x, t), tf.jvp(r, x, t)) < 1e-12
+    xb, tb = (tuple(torch.stack([a, 2 * a]) for a in z) for z in (x, t))
+    assert max_diff(tf.vmap(lambda *a: tf.jvp(f, a[:3], a[3:]))(*xb, *tb),
+                    tf.vmap(lambda *a: tf.jvp(r, a[:3], a[3:]))(*xb, *tb)) < 1e-12
+    assert shortcuts == [True, True]
+    leaves = [a.clone().requires_grad_() for a in x]  # core autograd around torch.func.jvp
+    (tf.jvp(f, tuple(leaves), t)[1] * c).sum().backward()
+    expected = tf.grad(lambda *a: (tf.jvp(r, a, t)[1] * c).sum(), argnums=(0, 1, 2))(*x)
+    assert max_diff([a.grad for a in leaves], expected) < 1e-12
+    assert shortcuts[-1] is False
+
+
 def test_lse_is_differentiable():
     """The LSE output carries gradients and tangents (its derivative is P): against the reference."""
     x, u = qkv(1, 2, 1, 9, 13, 16), qkv(1, 2, 1, 9, 13, 16, seed=10)
