@@ -19,7 +19,17 @@ online softmax itself.
 Split-K. When the row tiles times KV heads cannot fill the GPU (decode with a small batch), the
 context is cut into NUM_SPLITS chunks, one program per (row tile, chunk, KV head), and sample b's
 buffer goes to chunk b % NUM_SPLITS; each program's partial state is merged exactly
-(``merge_states``), flash-decoding style. ``choose_splits`` decides how many.
+(``merge_states``), flash-decoding style. How many is measured, not guessed: the fastest count
+depends on more than the row tiles (the buffer's bytes, how programs fall into waves, the merge's
+partial-state traffic). On an H200 (bf16, D 128, H 32/8, Lq 1), B256 Nctx4096 Nbuf512 takes
+0.196 ms at 2 splits but 0.328 ms at the 3 that ``choose_splits`` (~2 programs per SM) would pick,
+while B512 Nctx8192 Nbuf256 is fastest at its pick of 1 (0.283 ms; 0.319 at 2). So on CUDA the
+first call for a key times the launch at ``split_candidates`` (the heuristic's count and 1, 2, 4,
+8) and remembers the fastest (``pick_splits``; ``clear_split_picks`` forgets), as Triton's
+autotuner does for tile configs. ``choose_splits`` alone decides where nothing can be timed: the
+interpreter, ATTNBENCH_AUTOTUNE=0, and CUDA-graph capture or torch.compile tracing (these two reuse
+a pick already measured, so a captured graph splits like the eager calls before it). An explicit
+``num_splits`` always wins.
 
 Kernels:
 - ``shared_context_fused_kernel`` (the shipped path): buffer, context and merge in one launch. With
@@ -43,7 +53,7 @@ from . import interpreting
 from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
 from .outputs import new_output
 from .precision import LN2, LOG2E, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
-from .tuning import cfg, config_list, pruner, seq_bucket
+from .tuning import autotune_enabled, cfg, config_list, pruner, seq_bucket
 
 # ---------------------------------------------------------------- device functions
 
@@ -483,16 +493,83 @@ def multiprocessors(device) -> int:
     return _SM_COUNT[index]
 
 
-def choose_splits(rows_per_head: int, heads_kv: int, n_keys: int, device) -> int:
-    """How many chunks to cut the keys into: enough programs for ~2 per SM, never fewer than
-    MIN_KEYS_PER_SPLIT keys a chunk (16 under the interpreter), at most MAX_SPLITS."""
-    sms = multiprocessors(device)
+def _split_cap(n_keys: int, device) -> int:
+    """The most chunks with MIN_KEYS_PER_SPLIT keys each (16 under the interpreter), at most MAX_SPLITS."""
     min_keys = 16 if torch.device(device).type == "cpu" else MIN_KEYS_PER_SPLIT
+    return max(1, min(n_keys // min_keys, MAX_SPLITS))
+
+
+def choose_splits(rows_per_head: int, heads_kv: int, n_keys: int, device) -> int:
+    """How many chunks to cut the keys into, by heuristic: enough programs for ~2 per SM, within
+    ``_split_cap``."""
+    sms = multiprocessors(device)
     programs = triton.cdiv(rows_per_head, NOMINAL_BLOCK_M) * heads_kv
     if programs >= sms:
         return 1
-    wanted = triton.cdiv(2 * sms, programs)
-    return max(1, min(wanted, n_keys // min_keys, MAX_SPLITS))
+    return min(triton.cdiv(2 * sms, programs), _split_cap(n_keys, device))
+
+
+SPLIT_CANDIDATES = (1, 2, 4, 8)
+
+
+def split_candidates(rows_per_head: int, heads_kv: int, n_keys: int, device) -> list:
+    """The counts a measured pick times: the heuristic's and SPLIT_CANDIDATES, capped like it."""
+    cap = _split_cap(n_keys, device)
+    heuristic = choose_splits(rows_per_head, heads_kv, n_keys, device)
+    return sorted({min(splits, cap) for splits in (heuristic, *SPLIT_CANDIDATES)})
+
+
+_SPLIT_PICKS = {}
+
+
+def clear_split_picks():
+    """Forget the measured split counts (tests clear them with the autotuners' picks)."""
+    _SPLIT_PICKS.clear()
+
+
+def time_ms(fn) -> float:
+    """Median GPU time of fn() in ms; a module-level hook so that tests can time without a GPU."""
+    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+
+
+def pick_splits(key, candidates, runner) -> int:
+    """The fastest candidate count for key, timed on first use and then remembered. runner(splits)
+    allocates that count's own outputs and returns the launch that writes them (the call to time;
+    its first run autotunes the tile config, inside do_bench's warm-up). Ties go to fewer splits."""
+    if key not in _SPLIT_PICKS:
+        times = {splits: time_ms(runner(splits)) for splits in candidates}
+        _SPLIT_PICKS[key] = min(candidates, key=times.__getitem__)
+    return _SPLIT_PICKS[key]
+
+
+def _tune_key(rows, n_ctx, n_buf, common, config):
+    """What the kernels' autotune key (_KEY) buckets, less NUM_SPLITS; plus a forced config."""
+    return (seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf), common["BLOCK_D"], common["BLOCK_R"],
+            common["CAUSAL"], common["FULL_LENS"], None if config is None else tuple(sorted(config.items())))
+
+
+def _measured_splits_enabled(device) -> bool:
+    """Split counts are measured only for compiled kernels on CUDA, with autotuning on (the
+    correctness gate turns it off to keep one deterministic launch per shape)."""
+    return device.type == "cuda" and not interpreting() and autotune_enabled()
+
+
+def _split_count(kernel, num_splits, rows, heads_kv, n_keys, q, tune_key, runner) -> int:
+    """An explicit count; else, on CUDA, the measured pick; else the heuristic's."""
+    if num_splits:
+        return num_splits
+    heuristic = choose_splits(rows, heads_kv, n_keys, q.device)
+    if not _measured_splits_enabled(q.device):
+        return heuristic
+    key = (kernel, *tune_key, heads_kv, q.dtype, q.device.index)
+    cap = _split_cap(n_keys, q.device)  # a shape may allow fewer splits than the one timed for its key
+    with _on_device(q):  # q's stream is the one that may be capturing, and the one to time on
+        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+            return min(_SPLIT_PICKS.get(key, heuristic), cap)  # nothing may be timed here
+        candidates = split_candidates(rows, heads_kv, n_keys, q.device)
+        if len(candidates) == 1:
+            return heuristic
+        return min(pick_splits(key, candidates, runner), cap)
 
 
 _COUNTERS = {}
@@ -565,34 +642,45 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
     heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
     kb, vb, lens, n_buf, skb, svb, full = _buffer_args(k_buf, v_buf, buf_lens, q)
-    splits = num_splits or choose_splits(rows, heads_kv, n_ctx + n_buf, q.device)
-    o = new_output(q.shape, out_dtype or q.dtype, q.device)
-    lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-    if n_buf:  # the buffer states, passed from the buffer phase to the context phase through L2
-        wb_o = new_output((batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
-        wb_l = new_output((batch, heads_q, n_q), lse.dtype, q.device)
-    else:
-        wb_o, wb_l = o, lse
-    merge = splits > 1
-    if merge:
-        ws_o = new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
-        ws_l = new_output((splits, batch, heads_q, n_q), lse.dtype, q.device)
-        counters = _counters(q.device, heads_kv * triton.cdiv(rows, 16))
-    else:
-        ws_o, ws_l, counters = o, lse, lse
-    args = (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, kb, vb, lens, o, lse, wb_o, wb_l, ws_o, ws_l, counters,
-            *q.stride()[:3], *(k_ctx.stride()[:2] if n_ctx else (0, 0)), *(v_ctx.stride()[:2] if n_ctx else (0, 0)),
-            *skb, *svb, *o.stride()[:3], *lse.stride(),
-            *(wb_o.stride()[:3] if n_buf else (0, 0, 0)), *(wb_l.stride() if n_buf else (0, 0, 0)),
-            *(ws_o.stride()[:4] if merge else (0, 0, 0, 0)), *(ws_l.stride() if merge else (0, 0, 0, 0)),
-            rows, group * n_q, n_q, group, n_ctx, n_buf, splits, *split_scale(sm_scale),
-            seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf))
-    constexprs = dict(_common(q, head_dim, causal, full, group * n_q), HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0,
-                      IN_KERNEL_MERGE=merge)
-    with _on_device(q):
-        _launch(FUSED[_head_dim_class(head_dim)], lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
-                args, constexprs, config)
-    return o, lse
+    common = _common(q, head_dim, causal, full, group * n_q)
+
+    def runner(splits):
+        """Fresh outputs for this split count, and the launch that writes them."""
+        o = new_output(q.shape, out_dtype or q.dtype, q.device)
+        lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+        if n_buf:  # the buffer states, passed from the buffer phase to the context phase through L2
+            wb_o = new_output((batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
+            wb_l = new_output((batch, heads_q, n_q), lse.dtype, q.device)
+        else:
+            wb_o, wb_l = o, lse
+        merge = splits > 1
+        if merge:
+            ws_o = new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
+            ws_l = new_output((splits, batch, heads_q, n_q), lse.dtype, q.device)
+            counters = _counters(q.device, heads_kv * triton.cdiv(rows, 16))
+        else:
+            ws_o, ws_l, counters = o, lse, lse
+        args = (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, kb, vb, lens, o, lse, wb_o, wb_l, ws_o, ws_l,
+                counters, *q.stride()[:3], *(k_ctx.stride()[:2] if n_ctx else (0, 0)),
+                *(v_ctx.stride()[:2] if n_ctx else (0, 0)), *skb, *svb, *o.stride()[:3], *lse.stride(),
+                *(wb_o.stride()[:3] if n_buf else (0, 0, 0)), *(wb_l.stride() if n_buf else (0, 0, 0)),
+                *(ws_o.stride()[:4] if merge else (0, 0, 0, 0)), *(ws_l.stride() if merge else (0, 0, 0, 0)),
+                rows, group * n_q, n_q, group, n_ctx, n_buf, splits, *split_scale(sm_scale),
+                seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf))
+        constexprs = dict(common, HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0, IN_KERNEL_MERGE=merge)
+
+        def launch():
+            # Every launch runs to completion, so its last arrivals leave the merge tickets at zero.
+            with _on_device(q):
+                _launch(FUSED[_head_dim_class(head_dim)],
+                        lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, constexprs, config)
+            return o, lse
+
+        return launch
+
+    splits = _split_count("fused", num_splits, rows, heads_kv, n_ctx + n_buf, q,
+                          _tune_key(rows, n_ctx, n_buf, common, config), runner)
+    return runner(splits)()  # the caller's own outputs, untouched by any timing run
 
 
 def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, out_dtype=None):
@@ -600,20 +688,32 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
     several splits the partial states are reduced by ``merge_stack_launch`` (a second launch)."""
     heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
-    splits = num_splits or choose_splits(rows, heads_kv, n_ctx, q.device)
     out_dtype = out_dtype or q.dtype
-    part_dtype = _state_dtype(q) if splits > 1 else out_dtype
-    o = new_output((splits, batch, heads_q, n_q, head_dim), part_dtype, q.device)
-    lse = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-    args = (q, k_ctx, v_ctx, o, lse, *q.stride()[:3], *k_ctx.stride()[:2], *v_ctx.stride()[:2],
-            *o.stride()[:4], *lse.stride(), rows, group * n_q, n_q, group, n_ctx, splits, *split_scale(sm_scale),
-            seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(0))
-    with _on_device(q):
-        _launch(CONTEXT[_head_dim_class(head_dim)], lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
-                args, _common(q, head_dim, False, True, group * n_q), config)
-        if splits > 1:
-            return merge_stack_launch(o, lse, out_dtype)
-    return o[0], lse[0]
+    common = _common(q, head_dim, False, True, group * n_q)
+
+    def runner(splits):
+        """Fresh partial states for this split count, and the launches (kernel, then the
+        reduction) that write them and return (o, lse)."""
+        part_dtype = _state_dtype(q) if splits > 1 else out_dtype
+        o = new_output((splits, batch, heads_q, n_q, head_dim), part_dtype, q.device)
+        lse = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+        args = (q, k_ctx, v_ctx, o, lse, *q.stride()[:3], *k_ctx.stride()[:2], *v_ctx.stride()[:2],
+                *o.stride()[:4], *lse.stride(), rows, group * n_q, n_q, group, n_ctx, splits, *split_scale(sm_scale),
+                seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(0))
+
+        def launch():
+            with _on_device(q):
+                _launch(CONTEXT[_head_dim_class(head_dim)],
+                        lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, common, config)
+                if splits > 1:
+                    return merge_stack_launch(o, lse, out_dtype)
+            return o[0], lse[0]
+
+        return launch
+
+    splits = _split_count("context", num_splits, rows, heads_kv, n_ctx, q, _tune_key(rows, n_ctx, 0, common, config),
+                          runner)
+    return runner(splits)()
 
 
 def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, out_dtype=None):
@@ -649,6 +749,5 @@ def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *
     return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype)
 
 
-__all__ = ["autotuners", "buffer_rows", "buffer_launch", "choose_splits", "composed_launch", "context_launch",
-           "fused_launch",
-           "interpreting", "multiprocessors"]
+__all__ = ["autotuners", "buffer_rows", "buffer_launch", "choose_splits", "clear_split_picks", "composed_launch",
+           "context_launch", "fused_launch", "interpreting", "multiprocessors", "pick_splits", "split_candidates"]

@@ -147,13 +147,15 @@ def test_triton_stays_prioritized_over_the_best_baseline(oracles, tuned_shared_c
 @pytest.fixture(scope="module")
 def tuned_shared_context():
     """Kernels autotuned as shipped (the GPU gate runs correctness with ATTNBENCH_AUTOTUNE=0, and
-    Triton's autotuners remember their picks per key: clear them and tune again)."""
+    Triton's autotuners and the split-count picks are remembered per key: clear them and tune again)."""
     from attnbench.kernels import shared_context as sc
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNBENCH_AUTOTUNE", "1")
         for tuner in sc.autotuners():
             tuner.cache.clear()
+        sc.clear_split_picks()
         yield
         for tuner in sc.autotuners():
             tuner.cache.clear()
+        sc.clear_split_picks()

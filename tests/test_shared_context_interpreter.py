@@ -75,10 +75,11 @@ def _args(x):
     return x["q"], x["k_ctx"], x["v_ctx"], x["k_buf"], x["v_buf"], x["buf_lens"]
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+@pytest.mark.parametrize("splits", [1, 2, 3, 4, 7, 8])
 def test_forced_split_counts_are_exact_in_fp64(oracles, splits):
-    """Split-K over context and buffer, merged in the fused kernel or by merge_stack: any count,
-    including more splits than key blocks (empty splits), gives the oracle to fp64 rounding."""
+    """Split-K over context and buffer, merged in the fused kernel or by merge_stack: any count
+    (those a measured pick tries: 1, 2, 4, 8 and the heuristic's), including more splits than key
+    blocks (empty splits), gives the oracle to fp64 rounding."""
     case = SharedContextCase(3, 4, 2, 2, 61, 14, 24, True, "varied", "float64")
     x, oracle, _ = oracles(case)
     for api in (shared_context_attention, shared_context_attention_composed):

@@ -79,7 +79,8 @@ def _num_splits(num_splits):
 def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False, scale=None,
                              check_lengths=True, num_splits=None, config=None):
     """The shipped path: context, buffer and merge in one fused launch. ``num_splits`` forces the
-    split-K count (None: ``choose_splits``); ``config`` forces one launch configuration."""
+    split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
+    kernels/shared_context.py); ``config`` forces one launch configuration."""
     num_splits = _num_splits(num_splits)
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens) = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
                                                                  scale, check_lengths)
