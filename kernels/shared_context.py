@@ -529,6 +529,8 @@ def clear_split_picks():
 
 def time_ms(fn) -> float:
     """Median GPU time of fn() in ms; a module-level hook so that tests can time without a GPU."""
+    import triton.testing  # a submodule `import triton` does not load
+
     return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
 
 
