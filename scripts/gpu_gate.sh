@@ -14,7 +14,8 @@
 #                 without the host's, for the sizes where eager PyTorch is host-bound)
 #   capabilities  `attnbench capabilities`: the differentiation matrix of every implementation
 #   sanitize      compute-sanitizer memcheck over the attention kernels on odd shapes
-#   asv           an asv run on this commit; with ASV_REPORTS=DIR it records the numbers of the
+#   asv           an asv run on this commit (ASV_BENCH=regex: those benchmarks only); with
+#                 ASV_REPORTS=DIR it records the numbers of the
 #                 `attnbench run` JSONs in DIR (same commit, same machine) instead of timing again
 #
 # For the lent GPU machine (offline), first, here: ../shared/device/wheelhouse.sh .wheelhouse and
@@ -85,8 +86,10 @@ if has asv; then
   fi
   commit=$(git rev-parse -q --verify "HEAD^{commit}") || { echo "asv: no git history here (carry .gitbundle)"; exit 1; }
   asv machine --yes --machine "$machine" >/dev/null
+  # ASV_BENCH=regex runs only the matching benchmarks (asv spawns one interpreter per benchmark:
+  # every suite together takes longer than one 10-minute call; results of a commit accumulate)
   ATTNBENCH_ASV_REPORTS=${ASV_REPORTS:-} asv run -E existing:python3 --set-commit-hash "$commit" --machine "$machine" \
-      --launch-method spawn --show-stderr 2>&1 | tee "$ART/asv-run.log" | tail -n 30
+      --launch-method spawn --show-stderr ${ASV_BENCH:+--bench "$ASV_BENCH"} 2>&1 | tee "$ART/asv-run.log" | tail -n 30
   status=$((status | $?))
   grep -q "Traceback" "$ART/asv-run.log" && status=1
   tar czf "$ART/asv-results.tgz" results/asv
