@@ -78,11 +78,11 @@ if has asv; then
   git config --global --add safe.directory "$PWD" 2>/dev/null
   # asv files results under a commit it must find in the repo. The device tool's copy of .git
   # cannot resolve HEAD, so history travels as a bundle: `git bundle create .gitbundle main`.
-  if ! git rev-parse -q --verify "HEAD^{commit}" >/dev/null 2>&1; then
-    if [[ -f .gitbundle ]]; then
-      rm -rf .git && git init -q && git fetch -q .gitbundle "+refs/heads/*:refs/heads/*" \
-        && git symbolic-ref HEAD refs/heads/main
-    fi
+  # The copy's own .git may also resolve to an older commit (measured: asv filed a run of this tree
+  # under the commit before), so a carried bundle always wins.
+  if [[ -f .gitbundle ]]; then
+    rm -rf .git && git init -q && git fetch -q .gitbundle "+refs/heads/*:refs/heads/*" \
+      && git symbolic-ref HEAD refs/heads/main
   fi
   commit=$(git rev-parse -q --verify "HEAD^{commit}") || { echo "asv: no git history here (carry .gitbundle)"; exit 1; }
   asv machine --yes --machine "$machine" >/dev/null
