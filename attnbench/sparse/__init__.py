@@ -6,7 +6,8 @@
 
 ``info`` holds the structures (SparseProductInfo, SparseScaleInfo) and their builders, ``functional`` the
 split-PyTorch implementation with its autograd Functions and checked wrappers, ``reference`` the dense einsum
-oracle. Tensors are [N, M, C...]; an input without N is shared by the batch.
+oracle, ``so3`` the real-basis Clebsch-Gordan coefficients and Wigner D matrices that give tensor products of
+irreps their sparse structure. Tensors are [N, M, C...]; an input without N is shared by the batch.
 """
 from .functional import (CHANNEL_RANKS, DENSE_OPS, PRODUCT_FUNCTIONS, SparseInner, SparseMatTVec, SparseMul,
                          SparseOuter, SparseScale, SparseScaVec, SparseVecMat, SparseVecSca, sparse_inner,
