@@ -197,6 +197,22 @@ def test_potential_invariance_and_force_equivariance():
         assert (forces_r - forces @ R.T).abs().max() / forces.abs().max() < EQUIVARIANCE_TOL
 
 
+def test_potential_float32_matches_float64():
+    potential64 = ToyPotential(channels=3, l_hidden=2, l_sh=2, seed=3)
+    potential32 = ToyPotential(channels=3, l_hidden=2, l_sh=2, seed=3, dtype=torch.float32)
+    positions, species, src, dst = tiny_system(4, seed=6)
+    target = randn(4, 3, seed=8)
+    energy64, forces64 = potential64.energy_and_forces(positions, species, src, dst)
+    energy32, forces32 = potential32.energy_and_forces(positions.float(), species, src, dst)
+    assert forces32.dtype == torch.float32
+    torch.testing.assert_close(energy32.double(), energy64, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(forces32.double(), forces64, rtol=1e-4, atol=1e-5)
+    potential32.force_loss(positions.float(), species, src, dst, target.float()).backward()
+    potential64.force_loss(positions, species, src, dst, target).backward()
+    for p32, p64 in zip(potential32.parameters(), potential64.parameters()):
+        torch.testing.assert_close(p32.grad.double(), p64.grad, rtol=1e-3, atol=1e-4)
+
+
 def test_potential_harmonics_are_rotated_by_wigner_d():
     """The edge features the potential feeds its layers transform as Y(R r) = D(R) Y(r)."""
     vectors = randn(6, 3, seed=5)

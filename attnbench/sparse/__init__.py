@@ -26,3 +26,8 @@ __all__ = [
     "sparse_scavec", "sparse_mat_t_vec", "sparse_product", "sparse_product_split", "sparse_scale_split",
     "dense_coefficients", "dense_scale_matrix", "sparse_product_reference", "sparse_scale_reference",
 ]
+
+# the end-to-end equivariant layer and toy potential (tensor_product), built only from the ops above
+from .tensor_product import FullyConnectedTensorProduct, ToyPotential, cg_product_infos  # noqa: E402
+
+__all__ += ["cg_product_infos", "FullyConnectedTensorProduct", "ToyPotential"]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from . import so3
-from .functional import SparseScale, SparseVecMat, SparseVecSca
+from .functional import sparse_scale, sparse_vecmat, sparse_vecsca
 from .info import product_infos, scale_infos
 
 __all__ = ["cg_product_infos", "FullyConnectedTensorProduct", "ToyPotential", "edge_infos", "all_pairs",
@@ -125,8 +125,8 @@ class FullyConnectedTensorProduct(nn.Module):
         if y.shape[-1] != size2 or y.dim() not in (1, 2):
             raise ValueError(f"y must be [N, {size2}] or shared [{size2}], got {tuple(y.shape)}")
         coupling, mixing = self.infos(x.device)
-        coupled = SparseVecSca.apply(x, y, *coupling, False)
-        return SparseVecMat.apply(coupled, self.weight, *mixing, False)
+        coupled = sparse_vecsca(x, y, coupling)  # the checked wrappers of SparseVecSca / SparseVecMat
+        return sparse_vecmat(coupled, self.weight, mixing)
 
     def extra_repr(self):
         return (f"l_max=({self.l1_max}, {self.l2_max}, {self.l3_max}), channels={self.channels_in}->"
@@ -163,7 +163,7 @@ def irreps_spherical_harmonics(l_max, vectors):
 
 def _sparse_scale_rows(h, infos):
     """SparseScale over the first dim of h [M, ...]: reshaped to [M, prod(...)] so the sparse dim is dim -2."""
-    flat = SparseScale.apply(h.reshape(h.shape[0], -1), *infos)
+    flat = sparse_scale(h.reshape(h.shape[0], -1), *infos)
     return flat.reshape(flat.shape[0], *h.shape[1:])
 
 
