@@ -69,7 +69,7 @@ def _prune(configs, named_args, **constexprs):
 _PRODUCT_CONFIGS = config_list(
     [
         cfg(4, 1, BLOCK_N=2, BLOCK_C=64, BLOCK_R=16),
-        cfg(4, 1, BLOCK_N=1, BLOCK_C=128, BLOCK_R=16),
+        cfg(4, 1, BLOCK_N=2, BLOCK_C=128, BLOCK_R=16),
         cfg(4, 1, BLOCK_N=4, BLOCK_C=32, BLOCK_R=16),
         cfg(4, 1, BLOCK_N=8, BLOCK_C=32, BLOCK_R=8),
         cfg(8, 1, BLOCK_N=4, BLOCK_C=128, BLOCK_R=8),
@@ -80,7 +80,7 @@ _PRODUCT_CONFIGS = config_list(
 _SCALE_CONFIGS = config_list(
     [
         cfg(4, 1, BLOCK_N=4, BLOCK_C=64),
-        cfg(4, 1, BLOCK_N=1, BLOCK_C=128),
+        cfg(4, 1, BLOCK_N=2, BLOCK_C=128),
         cfg(4, 1, BLOCK_N=8, BLOCK_C=32),
         cfg(8, 1, BLOCK_N=8, BLOCK_C=128),
         cfg(4, 1, BLOCK_N=16, BLOCK_C=16),
@@ -113,15 +113,15 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
     start = tl.load(BOUNDS + row)
     end = tl.load(BOUNDS + OUT_SIZE + row)
     acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+    # values used after the loop are defined before it (a compiled Triton loop scopes its body's names)
+    offs_n0 = tl.arange(0, BLOCK_N)
     if ACCUMULATE:  # z summed over the batch: this program walks every batch block (grid axis 0 is 1)
         num_blocks = tl.cdiv(N, BLOCK_N)
     else:
+        offs_n0 += tl.program_id(0) * BLOCK_N
         num_blocks = 1
     for nb in range(0, num_blocks):
-        if ACCUMULATE:
-            offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        else:
-            offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = offs_n0 + nb * BLOCK_N
         n_mask = offs_n[:, None] < N
         m2 = n_mask & c_mask[None, :]
         x_n = X + offs_n.to(tl.int64)[:, None] * s_xn  # [BLOCK_N, 1] row pointers (batch stride 0: shared)
@@ -171,8 +171,8 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
     if ACCUMULATE:
         tl.store(Z + row * s_zm + offs_c, tl.sum(acc, 0).to(Z.dtype.element_ty), mask=c_mask)
     else:
-        z_ptrs = Z + offs_n.to(tl.int64)[:, None] * s_zn + row * s_zm + offs_c[None, :]
-        tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=m2)
+        z_ptrs = Z + offs_n0.to(tl.int64)[:, None] * s_zn + row * s_zm + offs_c[None, :]
+        tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=(offs_n0[:, None] < N) & c_mask[None, :])
 
 
 @triton.autotune(_SCALE_CONFIGS, key=["C", "HAS_SCALE"], prune_configs_by={"early_config_prune": _prune})
