@@ -207,7 +207,7 @@ def test_scale_gradcheck_and_gradgradcheck(scale_info_pair, triton_only):
 # ---- determinism, dispatch, torch.compile, vmap
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", ["mul", "outer", "inner", "vecmat"])  # each code path of the kernel's OP switch
 def test_deterministic(infos, op):
     """No atomics anywhere: two runs are bitwise equal (the batch-summing path too, by construction: it loops over
     the batch inside the program; checked once, on outer)."""
