@@ -5,14 +5,16 @@
     sparse scale:    y[n, m]     += s[t] * x[n, index[t]]                (y = S x, S sparse)
 
 ``info`` holds the structures (SparseProductInfo, SparseScaleInfo) and their builders, ``functional`` the
-split-PyTorch implementation with its autograd Functions and checked wrappers, ``reference`` the dense einsum
+split-PyTorch implementation with its autograd Functions and checked wrappers (Triton kernels on CUDA, through
+``triton_ops``; ``use_implementation`` overrides), ``reference`` the dense einsum
 oracle, ``so3`` the real-basis Clebsch-Gordan coefficients and Wigner D matrices that give tensor products of
 irreps their sparse structure. Tensors are [N, M, C...]; an input without N is shared by the batch.
 """
-from .functional import (CHANNEL_RANKS, DENSE_OPS, PRODUCT_FUNCTIONS, SparseInner, SparseMatTVec, SparseMul,
+from .functional import (CHANNEL_RANKS, DENSE_OPS, IMPLEMENTATIONS, PRODUCT_FUNCTIONS, SparseInner, SparseMatTVec, SparseMul,
                          SparseOuter, SparseScale, SparseScaVec, SparseVecMat, SparseVecSca, sparse_inner,
                          sparse_mat_t_vec, sparse_mul, sparse_outer, sparse_product, sparse_product_split,
-                         sparse_scale, sparse_scale_split, sparse_scavec, sparse_vecmat, sparse_vecsca)
+                         sparse_scale, sparse_scale_split, sparse_scavec, sparse_vecmat, sparse_vecsca,
+                         use_implementation)
 from .info import (SparseProductInfo, SparseScaleInfo, product_infos, product_terms, random_product_infos,
                    random_scale_infos, scale_infos, scale_terms)
 from .reference import dense_coefficients, dense_scale_matrix, sparse_product_reference, sparse_scale_reference
@@ -25,6 +27,7 @@ __all__ = [
     "sparse_scale", "sparse_mul", "sparse_outer", "sparse_inner", "sparse_vecmat", "sparse_vecsca",
     "sparse_scavec", "sparse_mat_t_vec", "sparse_product", "sparse_product_split", "sparse_scale_split",
     "dense_coefficients", "dense_scale_matrix", "sparse_product_reference", "sparse_scale_reference",
+    "IMPLEMENTATIONS", "use_implementation",
 ]
 
 # the end-to-end equivariant layer and toy potential (tensor_product), built only from the ops above

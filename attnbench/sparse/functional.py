@@ -1,4 +1,5 @@
-"""Differentiable sparse ops: ``SparseScale`` and the seven sparse products, split-PyTorch implementation.
+"""Differentiable sparse ops: ``SparseScale`` and the seven sparse products, split-PyTorch implementation, and
+the choice between it and the Triton kernels (``use_implementation``, ``implementation_for``).
 
     sparse product:  z[n, i3] += s * x[n, i1] ∘ y[n, i2]   over the terms of a SparseProductInfo
     sparse scale:    y[n, m]  += s * x[n, index]           over the terms of a SparseScaleInfo (y = S x)
@@ -13,21 +14,27 @@ Function's backward calls a sibling Function's ``apply`` with the infos rotated 
     gy = OpBy.apply(gz, x, info_bwd2, info_fwd, info_bwd1, out_accumulated=y shared)
 
 so every derivative is again one of these Functions and double backward works by construction.
-``generate_vmap_rule`` gives vmap from the torch ops of the forward. There is no ``jvp`` staticmethod on
+The forward runs the split implementation or the Triton CSR segment kernels (``triton_ops``): Triton on CUDA
+tensors, split elsewhere, unless ``use_implementation`` says otherwise; the backward needs no choice of its own,
+since it is made of the same Functions. ``generate_vmap_rule`` gives vmap from the torch ops of the forward. There is no ``jvp`` staticmethod on
 purpose: Dynamo refuses to trace a Function that defines one (torch 2.13, "Unsupported custom jvp"), and
 torch.compile(fullgraph=True) matters more here than forward-mode AD (jacfwd, hessian).
 """
+import contextlib
+
 from torch import Tensor
 from torch.autograd import Function
 
 from .info import SparseProductInfo, SparseScaleInfo
+from .triton_ops import sparse_product_triton, sparse_scale_triton
 
 __all__ = [
     "DENSE_OPS", "CHANNEL_RANKS", "sparse_product_split", "sparse_scale_split",
     "SparseScale", "SparseMul", "SparseOuter", "SparseInner", "SparseVecMat", "SparseVecSca", "SparseScaVec",
     "SparseMatTVec", "PRODUCT_FUNCTIONS",
     "sparse_scale", "sparse_mul", "sparse_outer", "sparse_inner", "sparse_vecmat", "sparse_vecsca",
-    "sparse_scavec", "sparse_mat_t_vec", "sparse_product",
+    "sparse_scavec", "sparse_mat_t_vec", "sparse_product", "IMPLEMENTATIONS", "use_implementation",
+    "implementation_for",
 ]
 
 
@@ -104,14 +111,57 @@ def sparse_scale_split(x: Tensor, info: SparseScaleInfo):
     return terms.new_zeros(out_shape).index_add(x.dim() - 2, info.term_out, terms)
 
 
+# ---- which implementation the Functions' forward runs
+
+IMPLEMENTATIONS = ("split", "triton")
+_implementation = None  # None: by device (Triton on CUDA, split elsewhere); else one of IMPLEMENTATIONS
+
+
+@contextlib.contextmanager
+def use_implementation(name):
+    """Within this block every Function's forward (hence every derivative, since backward calls sibling
+    Functions) runs ``name``: "triton" (the CSR segment kernels; on CPU through TRITON_INTERPRET=1),
+    "split" (PyTorch ops), or None (by device, the default). A module global, not thread-local, so that
+    torch.compile guards on it and recompiles when it changes."""
+    global _implementation
+    if name is not None and name not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown sparse implementation {name!r}; known: {', '.join(IMPLEMENTATIONS)}")
+    before = _implementation
+    _implementation = name
+    try:
+        yield
+    finally:
+        _implementation = before
+
+
+def implementation_for(x: Tensor) -> str:
+    """The implementation a forward on ``x`` runs: the override, else Triton on CUDA and split elsewhere."""
+    if _implementation is not None:
+        return _implementation
+    return "triton" if x.is_cuda else "split"
+
+
+def _scale_forward(x, info):
+    if implementation_for(x) == "triton":
+        return sparse_scale_triton(x, info)
+    return sparse_scale_split(x, info)
+
+
+def _product_forward(op, x, y, info, out_accumulated):
+    if implementation_for(x) == "triton":
+        return sparse_product_triton(op, x, y, info, out_accumulated)
+    return sparse_product_split(op, x, y, info, out_accumulated)
+
+
 class SparseScale(Function):
-    """y = S x (``sparse_scale_split``); backward gx = S^T gy = SparseScale.apply(gy, info_bwd, info_fwd)."""
+    """y = S x (``sparse_scale_split`` or the Triton kernel: ``use_implementation``); backward
+    gx = S^T gy = SparseScale.apply(gy, info_bwd, info_fwd)."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, info_fwd, info_bwd):
-        return sparse_scale_split(x, info_fwd)
+        return _scale_forward(x, info_fwd)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -156,7 +206,7 @@ def _make_product_function(op):
 
         @staticmethod
         def forward(x, y, info_fwd, info_bwd1, info_bwd2, out_accumulated=False):
-            return sparse_product_split(op, x, y, info_fwd, out_accumulated)
+            return _product_forward(op, x, y, info_fwd, out_accumulated)
 
         @staticmethod
         def setup_context(ctx, inputs, output):

@@ -1,0 +1,98 @@
+"""The sparse kernels (``kernels/sparse_segment.py``) as PyTorch custom ops.
+
+``attnbench::sparse_product`` and ``attnbench::sparse_scale`` take the info's tensors one by one (custom ops
+take no dataclasses) and keep each launch opaque to torch.compile: a fake implementation gives the output
+shape, so Dynamo and AOTAutograd trace through the autograd Functions without tracing into Triton. A vmap rule
+runs the op once per mapped slice and stacks the results (simple and correct; vmap over these ops is a test
+path, not a fast one).
+
+Launches run on the tensors' own GPU, or on the CPU through Triton's interpreter (TRITON_INTERPRET=1), where
+bfloat16 runs as a float32 upcast rounded back to bfloat16, as the attention kernels do
+(``attnbench.attention.ops.interpreter_upcasts``).
+"""
+import contextlib
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels import interpreting
+from ..kernels.sparse_segment import product_out_shape, scale_out_shape, sparse_product_launch, sparse_scale_launch
+
+__all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason"]
+
+
+def unavailable_reason(device) -> Optional[str]:
+    """Why the Triton sparse kernels cannot run on ``device`` in this process, or None."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "TRITON_INTERPRET=1 runs kernels on the CPU; use CPU tensors or unset it" if interpreting() else None
+    if device.type == "cpu" and interpreting():
+        return None
+    return f"the Triton sparse kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); got {device}"
+
+
+def _launch(launcher, *tensors_then_args):
+    tensors = [t for t in tensors_then_args if isinstance(t, Tensor)]
+    if reason := unavailable_reason(tensors[0].device):
+        raise ValueError(reason)
+    dtype = tensors[0].dtype
+    upcast = dtype == torch.bfloat16 and interpreting()
+    args = [a.float() if upcast and isinstance(a, Tensor) and a.dtype == torch.bfloat16 else a
+            for a in tensors_then_args]
+    with torch.cuda.device(tensors[0].device) if tensors[0].is_cuda else contextlib.nullcontext():
+        out = launcher(*args)
+    return out.to(torch.bfloat16) if upcast else out
+
+
+@torch.library.custom_op("attnbench::sparse_product", mutates_args=())
+def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Tensor, index2: Tensor,
+                      seg_out: Tensor, gather_index: Optional[Tensor], index_out: Tensor, out_size: int, op: str,
+                      out_accumulated: bool) -> Tensor:
+    info = SimpleNamespace(scale=scale, index1=index1, index2=index2, seg_out=seg_out, gather_index=gather_index,
+                           index_out=index_out, out_size=out_size)
+    return _launch(lambda a, b: sparse_product_launch(op, a, b, info, out_accumulated), x, y)
+
+
+@sparse_product_op.register_fake
+def _(x, y, scale, index1, index2, seg_out, gather_index, index_out, out_size, op, out_accumulated):
+    return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
+
+
+@torch.library.custom_op("attnbench::sparse_scale", mutates_args=())
+def sparse_scale_op(x: Tensor, scale: Optional[Tensor], index: Tensor, seg_out: Tensor, out_size: int) -> Tensor:
+    info = SimpleNamespace(scale=scale, index=index, seg_out=seg_out, out_size=out_size)
+    return _launch(lambda a: sparse_scale_launch(a, info), x)
+
+
+@sparse_scale_op.register_fake
+def _(x, scale, index, seg_out, out_size):
+    return x.new_empty(scale_out_shape(x.shape, out_size))
+
+
+def _slice_and_stack(op, num_mapped):
+    """vmap rule: call ``op`` once per index of the mapped dim (on the first ``num_mapped`` args) and stack."""
+    def rule(info, in_dims, *args):
+        outs = []
+        for i in range(info.batch_size):
+            sliced = [a if d is None else a.select(d, i) for a, d in zip(args[:num_mapped], in_dims[:num_mapped])]
+            outs.append(op(*sliced, *args[num_mapped:]))
+        return torch.stack(outs), 0
+
+    return rule
+
+
+torch.library.register_vmap(sparse_product_op, _slice_and_stack(sparse_product_op, 2))
+torch.library.register_vmap(sparse_scale_op, _slice_and_stack(sparse_scale_op, 1))
+
+
+def sparse_product_triton(op, x, y, info, out_accumulated=False):
+    """``sparse_product_split`` on the Triton kernel (same shapes and dtype)."""
+    return sparse_product_op(x, y, info.scale, info.index1, info.index2, info.seg_out, info.gather_index,
+                             info.index_out, info.out_size, op, bool(out_accumulated))
+
+
+def sparse_scale_triton(x, info):
+    """``sparse_scale_split`` on the Triton kernel (same shapes and dtype)."""
+    return sparse_scale_op(x, info.scale, info.index, info.seg_out, info.out_size)

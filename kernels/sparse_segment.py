@@ -1,0 +1,313 @@
+"""CSR segment kernels of the ``sparse`` operator: SparseScale and the seven sparse products.
+
+    scale:    z[n, m, c] = sum_{t in seg_out[m]:seg_out[m+1]} scale[t] x[n, index[t], c]
+    product:  z[n, index_out[j]] = sum_{k in seg_out[j]:seg_out[j+1]} s[t] x[n, index1[t]] ∘ y[n, index2[t]],
+              t = gather_index[k] (k without it), s = scale (1 without it)
+
+Both are memory-bound gathers (1-20 FLOP per byte), so the layout is chosen for bandwidth:
+
+* Grid (batch block, output row, channel tile). A program owns one output row (every row of the output, not only
+  the rows of index_out), BLOCK_N batch items and BLOCK_C output channels; it walks the row's terms in CSR
+  order, accumulates in registers (fp32, fp64 for fp64 inputs) and stores its tile exactly once. Rows without
+  a segment store zeros, so outputs need no zero fill and no element is written twice: no atomics, and the
+  result is bitwise deterministic (the sum order is the CSR order, fixed by the info).
+* ``out_accumulated`` (z summed over the batch): the program loops over all batch blocks itself (grid axis 0
+  is then 1) and reduces its [BLOCK_N, BLOCK_C] accumulator over the batch at the end: deterministic as well.
+  This trades parallelism (rows x channel tiles programs) for determinism; the issue allowed atomics here, but
+  none are used.
+* Channel loads are along the contiguous channel dim, so a warp reads consecutive addresses of one gathered
+  row; a shared operand (no batch dim) has batch stride 0 and is read once per term per program, then
+  broadcast over the batch block in registers.
+* The product kernel is one kernel with a constexpr ``OP`` switch. Output channels are flattened (outer's
+  (C1, C2) is c = a * C2 + b); ops that contract (inner, vecmat, mat_t_vec) loop over the contracted dim R in
+  BLOCK_R chunks inside each term. Channel strides are arguments, so the transposed views the backward passes
+  (vecmat's y^T, outer's gz^T) are read in place without a copy.
+
+Grid axes 1 and 2 are capped at 65535 programs by CUDA: rows launch in chunks (ROW0), channel tiles never come
+close for the channel sizes this operator sees (the launcher checks).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .outputs import new_output
+from .precision import accumulator_dtype
+from .tuning import autotune_enabled, cfg, config_list
+
+__all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
+           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel"]
+
+# op codes of the product kernel's constexpr switch
+MUL: tl.constexpr = tl.constexpr(0)
+OUTER: tl.constexpr = tl.constexpr(1)
+INNER: tl.constexpr = tl.constexpr(2)
+VECMAT: tl.constexpr = tl.constexpr(3)
+VECSCA: tl.constexpr = tl.constexpr(4)
+SCAVEC: tl.constexpr = tl.constexpr(5)
+MAT_T_VEC: tl.constexpr = tl.constexpr(6)
+PRODUCT_OPS = {"mul": 0, "outer": 1, "inner": 2, "vecmat": 3, "vecsca": 4, "scavec": 5, "mat_t_vec": 6}
+# (channel rank of x, of y, of z) per op, as in attnbench.sparse.functional
+CHANNEL_RANKS = {
+    "mul": (1, 1, 1), "outer": (1, 1, 2), "inner": (1, 1, 0), "vecmat": (1, 2, 1),
+    "vecsca": (1, 0, 1), "scavec": (0, 1, 1), "mat_t_vec": (2, 1, 1),
+}
+MAX_GRID_YZ = 65535
+
+
+def _prune(configs, named_args, **constexprs):
+    """Channel tiles wider than the (power-of-two) output channel count only idle lanes: drop them, keeping at
+    least the narrowest config. ATTNBENCH_AUTOTUNE=0 keeps the first survivor only."""
+    width = max(16, triton.next_power_of_2(max(1, int(named_args["CZ"]))))
+    fitting = [c for c in configs if c.kwargs["BLOCK_C"] <= width]
+    fitting = fitting or [min(configs, key=lambda c: c.kwargs["BLOCK_C"])]
+    return fitting if autotune_enabled() else fitting[:1]
+
+
+# GPU: 4 warps; channel tiles 32-128 wide, a few batch rows per program (a shared operand is then read once for
+# them all), contraction chunks of 8-16. Not measured here (no GPU in this session): sensible defaults, default
+# first. Interpreter: tiny blocks, so tiny test shapes span several batch blocks, channel tiles and R chunks.
+_PRODUCT_CONFIGS = config_list(
+    [
+        cfg(4, 1, BLOCK_N=2, BLOCK_C=64, BLOCK_R=16),
+        cfg(4, 1, BLOCK_N=2, BLOCK_C=128, BLOCK_R=16),
+        cfg(4, 1, BLOCK_N=4, BLOCK_C=32, BLOCK_R=16),
+        cfg(4, 1, BLOCK_N=8, BLOCK_C=32, BLOCK_R=8),
+        cfg(8, 1, BLOCK_N=4, BLOCK_C=128, BLOCK_R=8),
+        cfg(4, 1, BLOCK_N=16, BLOCK_C=16, BLOCK_R=8),
+    ],
+    cfg(1, 1, BLOCK_N=2, BLOCK_C=2, BLOCK_R=2),
+)
+_SCALE_CONFIGS = config_list(
+    [
+        cfg(4, 1, BLOCK_N=4, BLOCK_C=64),
+        cfg(4, 1, BLOCK_N=2, BLOCK_C=128),
+        cfg(4, 1, BLOCK_N=8, BLOCK_C=32),
+        cfg(8, 1, BLOCK_N=8, BLOCK_C=128),
+        cfg(4, 1, BLOCK_N=16, BLOCK_C=16),
+    ],
+    cfg(1, 1, BLOCK_N=2, BLOCK_C=2),
+)
+
+
+@triton.autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
+                          N, OUT_SIZE, ROW0, CZ, C2, R,
+                          s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, s_zn, s_zm,
+                          OP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_GATHER: tl.constexpr,
+                          ACCUMULATE: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    # The op's body is written inline (no helper calls): the interpreter pays milliseconds per nested call.
+    row = ROW0 + tl.program_id(1)  # output row: rows without a segment have start == end and store zeros
+    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_mask = offs_c < CZ
+    # channel offsets of x and y on the output tile, per op (z channels are flattened: outer's c = a * C2 + b)
+    if OP == OUTER:
+        a = offs_c // C2
+        x_c = a * s_xa
+        y_c = (offs_c - a * C2) * s_ya
+    else:
+        x_c = offs_c * s_xa  # mul, vecsca; mat_t_vec's column offset uses s_xb below
+        y_c = offs_c * s_ya  # mul, scavec; vecmat's column offset uses s_yb below
+    start = tl.load(BOUNDS + row)
+    end = tl.load(BOUNDS + OUT_SIZE + row)
+    acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+    # values used after the loop are defined before it (a compiled Triton loop scopes its body's names)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    if ACCUMULATE:  # z summed over the batch: this program walks every batch block (grid axis 0 is 1)
+        num_blocks = tl.cdiv(N, BLOCK_N)
+    else:
+        offs_n0 += tl.program_id(0) * BLOCK_N
+        num_blocks = 1
+    for nb in range(0, num_blocks):
+        offs_n = offs_n0 + nb * BLOCK_N
+        n_mask = offs_n[:, None] < N
+        m2 = n_mask & c_mask[None, :]
+        x_n = X + offs_n.to(tl.int64)[:, None] * s_xn  # [BLOCK_N, 1] row pointers (batch stride 0: shared)
+        y_n = Y + offs_n.to(tl.int64)[:, None] * s_yn
+        for k in range(start, end):  # the segment's terms in CSR order: a fixed summation order
+            if HAS_GATHER:
+                t = tl.load(GATHER + k)
+            else:
+                t = k
+            x_row = x_n + tl.load(INDEX1 + t) * s_xm
+            y_row = y_n + tl.load(INDEX2 + t) * s_ym
+            if OP == MUL or OP == OUTER:
+                term = (tl.load(x_row + x_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE)
+                        * tl.load(y_row + y_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE))
+            elif OP == VECSCA:
+                term = (tl.load(x_row + x_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE)
+                        * tl.load(y_row, mask=n_mask, other=0.0).to(ACC_DTYPE))
+            elif OP == SCAVEC:
+                term = (tl.load(x_row, mask=n_mask, other=0.0).to(ACC_DTYPE)
+                        * tl.load(y_row + y_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE))
+            elif OP == INNER:  # z[] = sum_r x[r] y[r]: one value per batch row, broadcast over the tile
+                total = tl.zeros([BLOCK_N], dtype=ACC_DTYPE)
+                for r0 in range(0, R, BLOCK_R):
+                    offs_r = r0 + tl.arange(0, BLOCK_R)
+                    mr = n_mask & (offs_r[None, :] < R)
+                    total += tl.sum(tl.load(x_row + offs_r[None, :] * s_xa, mask=mr, other=0.0).to(ACC_DTYPE)
+                                    * tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0).to(ACC_DTYPE), 1)
+                term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE) + total[:, None]
+            else:  # VECMAT z[c] = sum_r x[r] y[r, c];  MAT_T_VEC z[c] = sum_r x[r, c] y[r]: [N, R, C] tiles
+                term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+                for r0 in range(0, R, BLOCK_R):
+                    offs_r = r0 + tl.arange(0, BLOCK_R)
+                    mr = n_mask[:, :, None] & (offs_r < R)[None, :, None]
+                    m3 = mr & c_mask[None, None, :]
+                    if OP == VECMAT:
+                        vec = tl.load(x_row[:, :, None] + offs_r[None, :, None] * s_xa, mask=mr, other=0.0)
+                        mat = tl.load(y_row[:, :, None] + offs_r[None, :, None] * s_ya
+                                      + offs_c[None, None, :] * s_yb, mask=m3, other=0.0)
+                    else:
+                        mat = tl.load(x_row[:, :, None] + offs_r[None, :, None] * s_xa
+                                      + offs_c[None, None, :] * s_xb, mask=m3, other=0.0)
+                        vec = tl.load(y_row[:, :, None] + offs_r[None, :, None] * s_ya, mask=mr, other=0.0)
+                    term += tl.sum(vec.to(ACC_DTYPE) * mat.to(ACC_DTYPE), 1)
+            if HAS_SCALE:
+                term = term * tl.load(SCALE + t).to(ACC_DTYPE)
+            acc += term
+    if ACCUMULATE:
+        tl.store(Z + row * s_zm + offs_c, tl.sum(acc, 0).to(Z.dtype.element_ty), mask=c_mask)
+    else:
+        z_ptrs = Z + offs_n0.to(tl.int64)[:, None] * s_zn + row * s_zm + offs_c[None, :]
+        tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=(offs_n0[:, None] < N) & c_mask[None, :])
+
+
+@triton.autotune(_SCALE_CONFIGS, key=["C", "HAS_SCALE"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def sparse_scale_kernel(X, Z, SCALE, INDEX, SEG_OUT, N, ROW0, C, CZ,
+                        s_xn, s_xm, s_xc, s_zn, s_zm,
+                        HAS_SCALE: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    row = ROW0 + tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (offs_n[:, None] < N) & (offs_c[None, :] < C)
+    offs_n = offs_n.to(tl.int64)
+    acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+    x_cols = X + offs_n[:, None] * s_xn + offs_c[None, :] * s_xc
+    for t in range(tl.load(SEG_OUT + row), tl.load(SEG_OUT + row + 1)):  # row's terms, CSR order
+        xv = tl.load(x_cols + tl.load(INDEX + t) * s_xm, mask=mask, other=0.0).to(ACC_DTYPE)
+        if HAS_SCALE:
+            xv = xv * tl.load(SCALE + t).to(ACC_DTYPE)
+        acc += xv
+    tl.store(Z + offs_n[:, None] * s_zn + row * s_zm + offs_c[None, :], acc.to(Z.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------- launchers
+
+
+def _is_shared(t, rank):
+    return t.dim() == rank + 1
+
+
+def product_out_shape(op, x_shape, y_shape, out_size, out_accumulated):
+    """Shape of z for x, y of these shapes: [N, out_size, Cz...], without N when both inputs are shared or
+    ``out_accumulated`` (as ``sparse_product_split``)."""
+    rank_x, rank_y, _ = CHANNEL_RANKS[op]
+    cx, cy = tuple(x_shape[len(x_shape) - rank_x:]), tuple(y_shape[len(y_shape) - rank_y:])
+    cz = {"mul": cx, "outer": cx + cy, "inner": (), "vecmat": cy[1:], "vecsca": cx, "scavec": cy,
+          "mat_t_vec": cx[1:]}[op]
+    batch = x_shape[0] if len(x_shape) == rank_x + 2 else (y_shape[0] if len(y_shape) == rank_y + 2 else None)
+    if batch is None or out_accumulated:
+        return (out_size, *cz)
+    return (batch, out_size, *cz)
+
+
+def scale_out_shape(x_shape, out_size):
+    return (*x_shape[:-2], out_size, x_shape[-1])
+
+
+def _row_bounds(info):
+    """[2, out_size]: the (start, end) positions of every output row's segment, (0, 0) for rows of no segment,
+    so one program per output row finds its terms (and the rows outside index_out are written as zeros)."""
+    bounds = torch.zeros(2, info.out_size, dtype=torch.int64, device=info.index1.device)
+    bounds[0, info.index_out] = info.seg_out[:-1]
+    bounds[1, info.index_out] = info.seg_out[1:]
+    return bounds
+
+
+def _operand(t, rank):
+    """(tensor, s_n, s_m, s_a, s_b): batch stride 0 for a shared operand; channel strides 0 where absent."""
+    shared = _is_shared(t, rank)
+    s_n = 0 if shared else t.stride(0)
+    lead = 0 if shared else 1
+    s_m = t.stride(lead)
+    chans = [t.stride(lead + 1 + i) for i in range(rank)] + [0] * (2 - rank)
+    return t, s_n, s_m, chans[0], chans[1]
+
+
+def _on_device(t):
+    import contextlib
+
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def sparse_product_launch(op, x, y, info, out_accumulated=False):
+    """z of ``sparse_product_split(op, x, y, info, out_accumulated)`` from the product kernel, in x's dtype.
+
+    ``info`` needs scale, index1, index2, seg_out, gather_index, index_out and out_size (a SparseProductInfo or
+    any object with those). x and y have one dtype; any strides (no copy)."""
+    rank_x, rank_y, _ = CHANNEL_RANKS[op]
+    out_shape = product_out_shape(op, x.shape, y.shape, info.out_size, out_accumulated)
+    z = new_output(out_shape, x.dtype, x.device)
+    shared = _is_shared(x, rank_x) and _is_shared(y, rank_y)
+    batch = 1 if shared else (y.shape[0] if _is_shared(x, rank_x) else x.shape[0])
+    accumulate = bool(out_accumulated) and not shared
+    cx = x.shape[x.dim() - rank_x:]
+    cy = y.shape[y.dim() - rank_y:]
+    cz = torch.Size(out_shape[len(out_shape) - CHANNEL_RANKS[op][2]:]).numel()  # output channels, flattened
+    if z.numel() == 0:
+        return z
+    if batch == 0 or info.index1.numel() == 0:
+        return z.zero_()
+    c2 = cy[0] if op == "outer" else 1
+    r = cx[0] if op in ("inner", "vecmat", "mat_t_vec") else 1  # the contracted channel dim
+    x, s_xn, s_xm, s_xa, s_xb = _operand(x, rank_x)
+    y, s_yn, s_ym, s_ya, s_yb = _operand(y, rank_y)
+    zv = z.reshape(1 if shared or accumulate else batch, info.out_size, cz)
+    bounds = _row_bounds(info)
+    scale = info.scale if info.scale is not None else bounds  # a dummy pointer when HAS_SCALE is False
+    gather = info.gather_index if info.gather_index is not None else bounds
+    for row0 in range(0, info.out_size, MAX_GRID_YZ):
+        rows = min(MAX_GRID_YZ, info.out_size - row0)
+
+        def grid(meta, rows=rows):
+            c_tiles = triton.cdiv(cz, meta["BLOCK_C"])
+            if c_tiles > MAX_GRID_YZ:
+                raise ValueError(f"sparse {op}: {cz} output channels need {c_tiles} channel tiles, over {MAX_GRID_YZ}")
+            return (1 if accumulate else triton.cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
+
+        with _on_device(z):
+            sparse_product_kernel[grid](
+                x, y, zv, scale, info.index1, info.index2, gather, bounds,
+                batch, info.out_size, row0, cz, c2, r,
+                s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, zv.stride(0), zv.stride(1),
+                OP=PRODUCT_OPS[op], HAS_SCALE=info.scale is not None, HAS_GATHER=info.gather_index is not None,
+                ACCUMULATE=accumulate, ACC_DTYPE=accumulator_dtype(x.dtype))
+    return z
+
+
+def sparse_scale_launch(x, info):
+    """y of ``sparse_scale_split(x, info)``: x [..., in_size, C] -> [..., out_size, C] in x's dtype."""
+    z = new_output(scale_out_shape(x.shape, info.out_size), x.dtype, x.device)
+    if z.numel() == 0:
+        return z
+    xv = x.reshape(-1, x.shape[-2], x.shape[-1])  # leading dims as one batch (a view when strides allow)
+    zv = z.view(-1, info.out_size, x.shape[-1])
+    batch, channels = xv.shape[0], xv.shape[-1]
+    scale = info.scale if info.scale is not None else info.index  # dummy pointer when HAS_SCALE is False
+    for row0 in range(0, info.out_size, MAX_GRID_YZ):
+        rows = min(MAX_GRID_YZ, info.out_size - row0)
+
+        def grid(meta, rows=rows):
+            return (triton.cdiv(batch, meta["BLOCK_N"]), rows, triton.cdiv(channels, meta["BLOCK_C"]))
+
+        with _on_device(z):
+            sparse_scale_kernel[grid](
+                xv, zv, scale, info.index, info.seg_out, batch, row0, channels, channels,
+                xv.stride(0), xv.stride(1), xv.stride(2), zv.stride(0), zv.stride(1),
+                HAS_SCALE=info.scale is not None, ACC_DTYPE=accumulator_dtype(x.dtype))
+    return z

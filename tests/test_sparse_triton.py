@@ -1,0 +1,257 @@
+"""The Triton CSR segment kernels of the sparse operator (kernels/sparse_segment.py) on the interpreter, against
+the float64 dense reference: every product and SparseScale, batched and shared inputs on each side,
+out_accumulated on and off, float64/float32/float16/bfloat16, odd channel counts, empty structures; gradcheck and
+gradgradcheck through the Functions with the Triton implementation forced (so the backward kernels are Triton
+too); determinism; torch.compile and vmap over the custom ops.
+
+The interpreter config uses blocks of 2 (batch, channels, contraction), so BATCH = 3 and C = 3 span two
+blocks with a masked tail and C = 17 spans nine. Outputs are NaN-poisoned, so an output element the kernels
+forget (the rows outside index_out included) fails. Sizes are tiny: the interpreter costs ~0.05-0.3 s a launch.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from attnbench.kernels import poisoned_outputs
+from attnbench.sparse import (CHANNEL_RANKS, functional, product_infos, random_product_infos, random_scale_infos,
+                              sparse_inner, sparse_mul, sparse_outer, sparse_product, sparse_product_reference,
+                              sparse_scale, sparse_scale_reference, use_implementation)
+
+pytestmark = pytest.mark.interpreter
+
+OPS = list(CHANNEL_RANKS)
+SIZE1, SIZE2, SIZE3, TERMS, BATCH = 4, 3, 5, 12, 3
+CHANNELS = {
+    "mul": ((3,), (3,)), "outer": ((3,), (2,)), "inner": ((3,), (3,)), "vecmat": ((3,), (3, 2)),
+    "vecsca": ((3,), ()), "scavec": ((), (3,)), "mat_t_vec": ((3, 2), (3,)),
+}
+SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True), "shared_both": (True, True)}
+# per op: both inputs batched with and without the batch sum, each side shared, both shared
+VALUE_CASES = [("batched", False), ("batched", True), ("shared_x", False), ("shared_y", True), ("shared_both", False)]
+
+
+@pytest.fixture(scope="module")
+def infos():
+    """Empty output segments in all three groupings, repeated terms, backward infos through gather_index."""
+    return random_product_infos(SIZE1, SIZE2, SIZE3, TERMS, torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def scale_info_pair():
+    return random_scale_infos(5, 7, 12, torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def triton_only(monkeypatch):
+    """Triton forced, and the split implementation made to fail: every forward, every derivative's included,
+    must run on the kernels."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the split implementation ran under use_implementation('triton')")
+
+    monkeypatch.setattr(functional, "sparse_product_split", refuse)
+    monkeypatch.setattr(functional, "sparse_scale_split", refuse)
+    with use_implementation("triton"):
+        yield
+
+
+def make_inputs(op, shared_x, shared_y, seed=0, dtype=torch.float64, channels=None, sizes=(SIZE1, SIZE2),
+                batch=BATCH, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    cx, cy = channels or CHANNELS[op]
+
+    def tensor(shared, size, chans):
+        shape = (() if shared else (batch,)) + (size,) + chans
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype).requires_grad_(requires_grad)
+
+    return tensor(shared_x, sizes[0], cx), tensor(shared_y, sizes[1], cy)
+
+
+def _product(op, x, y, infos, out_accumulated=False):
+    with use_implementation("triton"), poisoned_outputs():
+        return sparse_product(op, x, y, infos, out_accumulated)
+
+
+# ---- values against the float64 reference
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_product_matches_reference(infos, op):
+    for sharing, out_accumulated in VALUE_CASES:
+        x, y = make_inputs(op, *SHARING[sharing])
+        z = _product(op, x, y, infos, out_accumulated)
+        expected = sparse_product_reference(op, x, y, infos[0], out_accumulated)
+        assert z.shape == expected.shape and z.dtype == torch.float64, (sharing, out_accumulated)
+        torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12, msg=f"{sharing}, {out_accumulated}")
+
+
+@pytest.mark.parametrize("rotation", [1, 2])
+def test_rotated_infos_with_gather_index(infos, rotation):
+    """The backward infos as the forward (gather_index, unsorted term tensors), as every derivative runs them."""
+    rotated = infos[rotation:] + infos[:rotation]
+    x, y = make_inputs("vecmat", False, True, seed=4, sizes=(rotated[0].size1, rotated[0].size2))
+    assert rotated[0].gather_index is not None
+    torch.testing.assert_close(_product("vecmat", x, y, rotated), sparse_product_reference("vecmat", x, y, rotated[0]),
+                               rtol=1e-12, atol=1e-12)
+
+
+def _abs_bound(op, x, y, info, out_accumulated):
+    """sum of |s x ∘ y| over each output's terms: a bound on |z| and on every partial sum of it."""
+    abs_info = dataclasses.replace(info, scale=info.scale.abs())
+    return sparse_product_reference(op, x.double().abs(), y.double().abs(), abs_info, out_accumulated)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", OPS)
+def test_product_low_precision(infos, op, dtype):
+    """Error bound, not a measured tolerance: the kernel accumulates in fp32 (bf16 in the interpreter runs as an
+    fp32 upcast) and rounds once to ``dtype``, so |z - z64| <= (eps/2 + T eps32) * sum|terms|; eps * sum|terms|
+    covers it (T <= 12 terms a segment here, times N = 3 with the batch sum). The reference is float64 on the
+    same (rounded) inputs."""
+    eps = torch.finfo(dtype).eps
+    cases = [("shared_y", False), ("batched", True)] if dtype == torch.float32 else [("batched", True)]
+    for sharing, out_accumulated in cases:
+        x, y = make_inputs(op, *SHARING[sharing], seed=7, dtype=dtype)
+        z = _product(op, x, y, infos, out_accumulated)
+        assert z.dtype == dtype
+        expected = sparse_product_reference(op, x.double(), y.double(), infos[0], out_accumulated)
+        bound = eps * _abs_bound(op, x, y, infos[0], out_accumulated) + 1e-30
+        error = (z.double() - expected).abs()
+        assert (error <= bound).all(), f"{sharing}: max error / bound {(error / bound).max():.3g}"
+
+
+@pytest.mark.parametrize("op,channels", [("mul", ((17,), (17,))), ("vecmat", ((17,), (17, 3))),
+                                         ("outer", ((1,), (17,))), ("mat_t_vec", ((2, 17), (2,)))])
+def test_product_odd_channels(infos, op, channels):
+    """17 channels: nine channel tiles (or nine contraction chunks) with a masked tail."""
+    x, y = make_inputs(op, False, True, seed=5, channels=channels, batch=1)
+    torch.testing.assert_close(_product(op, x, y, infos), sparse_product_reference(op, x, y, infos[0]),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,dtype", [((5, 3), torch.float64), ((3, 5, 3), torch.float64),
+                                         ((2, 1, 5, 17), torch.float64), ((3, 5, 3), torch.float32)])
+def test_scale_matches_reference(scale_info_pair, shape, dtype):
+    x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(dtype)
+    with use_implementation("triton"), poisoned_outputs():
+        y = sparse_scale(x, *scale_info_pair)
+    expected = sparse_scale_reference(x.double(), scale_info_pair[0])
+    assert y.shape == expected.shape and y.dtype == dtype
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-6  # fp32: <= 12 terms of |s x| < 4 each, eps32 = 1.2e-7
+    torch.testing.assert_close(y.double(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_empty_structure_gives_zeros(triton_only):
+    empty = torch.zeros(0, dtype=torch.int64)
+    infos = product_infos(empty, empty, empty, None, SIZE1, SIZE2, SIZE3)
+    x, y = make_inputs("outer", False, True, requires_grad=True)
+    with poisoned_outputs():
+        z = sparse_outer(x, y, infos)
+        assert z.shape == (BATCH, SIZE3, 3, 2) and not z.any()
+        gx, gy = torch.autograd.grad(z.sum(), (x, y))
+    assert gx.shape == x.shape and gy.shape == y.shape and not gx.any() and not gy.any()
+    scaling = random_scale_infos(4, 3, 0, torch.Generator().manual_seed(0))
+    with poisoned_outputs():
+        assert not sparse_scale(torch.randn(2, 4, 3, dtype=torch.float64), *scaling).any()
+
+
+# ---- derivatives: float64, the Functions on Triton only (fast gradcheck: random projections of the Jacobian,
+# since full gradgradcheck takes hundreds of interpreter launches per op; the split tests run the full checks)
+
+
+GRAD_CASES = [("batched", False), ("shared_x", True), ("shared_y", False), ("shared_both", False)]
+# smaller than CHANNELS (one channel tile each): the exact gradient test below covers the full sizes
+GRAD_CHANNELS = {
+    "mul": ((2,), (2,)), "outer": ((2,), (1,)), "inner": ((2,), (2,)), "vecmat": ((2,), (2, 1)),
+    "vecsca": ((2,), ()), "scavec": ((), (2,)), "mat_t_vec": ((2, 1), (2,)),
+}
+
+
+@pytest.fixture(scope="module")
+def small_infos():
+    """Three outputs of 3 rows (one empty in each grouping) and 6 terms, one of them repeated."""
+    return random_product_infos(3, 3, 3, 6, torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_product_gradcheck_and_gradgradcheck(small_infos, op, triton_only):
+    infos = small_infos
+    sharing, out_accumulated = GRAD_CASES[OPS.index(op) % len(GRAD_CASES)]  # every case, spread over the ops
+    x, y = make_inputs(op, *SHARING[sharing], channels=GRAD_CHANNELS[op], sizes=(3, 3), batch=2,
+                       requires_grad=True)
+
+    def fn(a, b):
+        return sparse_product(op, a, b, infos, out_accumulated)
+
+    assert torch.autograd.gradcheck(fn, (x, y), fast_mode=True)
+    assert torch.autograd.gradgradcheck(fn, (x, y), fast_mode=True)
+
+
+def test_product_gradients_match_reference(infos, triton_only):
+    """Exact first derivatives of every op (x batched, y shared: gy sums over the batch) against autograd
+    through the einsum reference."""
+    for op in OPS:
+        x, y = make_inputs(op, False, True, requires_grad=True)
+        weight = torch.randn_like(sparse_product_reference(op, x, y, infos[0]))
+        got = torch.autograd.grad((sparse_product(op, x, y, infos) * weight).sum(), (x, y))
+        expected = torch.autograd.grad((sparse_product_reference(op, x, y, infos[0]) * weight).sum(), (x, y))
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, msg=op)
+
+
+def test_scale_gradcheck_and_gradgradcheck(scale_info_pair, triton_only):
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: sparse_scale(a, *scale_info_pair), (x,), fast_mode=True)
+    assert torch.autograd.gradgradcheck(lambda a: sparse_scale(a, *scale_info_pair), (x,), fast_mode=True)
+
+
+# ---- determinism, dispatch, torch.compile, vmap
+
+
+@pytest.mark.parametrize("op", ["mul", "outer", "inner", "vecmat"])  # each code path of the kernel's OP switch
+def test_deterministic(infos, op):
+    """No atomics anywhere: two runs are bitwise equal (the batch-summing path too, by construction: it loops over
+    the batch inside the program; checked once, on outer)."""
+    cases = [("batched", False)] + ([("shared_x", True)] if op == "outer" else [])
+    for sharing, out_accumulated in cases:
+        x, y = make_inputs(op, *SHARING[sharing], seed=3)
+        assert torch.equal(_product(op, x, y, infos, out_accumulated), _product(op, x, y, infos, out_accumulated))
+
+
+def test_implementation_choice():
+    x = torch.zeros(2)
+    assert functional.implementation_for(x) == "split"  # CPU tensors default to split, CUDA ones to Triton
+    with use_implementation("triton"):
+        assert functional.implementation_for(x) == "triton"
+        with use_implementation(None):
+            assert functional.implementation_for(x) == "split"
+    with pytest.raises(ValueError, match="unknown sparse implementation"):
+        with use_implementation("cuda"):
+            pass
+
+
+def test_torch_compile_fullgraph_on_triton(infos, triton_only):
+    """The launches are custom ops with fake implementations: Dynamo traces the Functions (forward and the
+    backward's sibling Functions) without graph breaks."""
+    def pipeline(x, y, w):
+        z = sparse_outer(x, y, infos, out_accumulated=True).flatten(-2)  # [SIZE3, 6], shared below
+        return sparse_inner(w, z, infos[1:] + infos[:1]).square().sum()  # w [N, SIZE2, 6] -> [N, SIZE1]
+
+    x, y = make_inputs("outer", False, True, requires_grad=True)
+    w = torch.randn(BATCH, SIZE2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2),
+                    requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(pipeline, backend="aot_eager", fullgraph=True)
+    eager_out = pipeline(x, y, w)
+    eager_grads = torch.autograd.grad(eager_out, (x, y, w))
+    compiled_out = compiled(x, y, w)
+    compiled_grads = torch.autograd.grad(compiled_out, (x, y, w))
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(compiled_grads, eager_grads, rtol=1e-12, atol=1e-12)
+
+
+def test_vmap_over_the_custom_op(infos, triton_only):
+    x, y = make_inputs("mul", False, True)
+    xs = torch.randn(2, *x.shape, dtype=torch.float64)
+    zs = torch.func.vmap(lambda a: sparse_mul(a, y, infos))(xs)
+    torch.testing.assert_close(zs, torch.stack([sparse_product_reference("mul", a, y, infos[0]) for a in xs]))
