@@ -290,3 +290,22 @@ def test_force_jacobian_symmetric_by_finite_differences():
     J_autograd = torch.autograd.functional.jacobian(forces_graph, positions.clone()).reshape(n, n)
     torch.testing.assert_close(J_autograd, J_autograd.T, rtol=1e-12, atol=1e-12)
     assert torch.linalg.matrix_norm(J_autograd - J_fd) / torch.linalg.matrix_norm(J_fd) < 1e-8
+
+
+@pytest.mark.interpreter  # TRITON_INTERPRET=1: the CSR segment kernels on the CPU
+def test_force_training_step_runs_on_the_triton_kernels():
+    """Energy -> forces -> force loss -> weight gradient (a derivative of a gradient) with every sparse op on
+    the Triton kernels, forward and both backward levels, equal to the split path in float64."""
+    from attnbench.sparse import use_implementation
+
+    positions, species, src, dst = tiny_system()
+    target = randn(3, 3, seed=7)
+    results = {}
+    for implementation in ("split", "triton"):
+        potential = tiny_potential()
+        with use_implementation(implementation):
+            loss = potential.force_loss(positions, species, src, dst, target)
+            grads = torch.autograd.grad(loss, list(potential.parameters()))
+        results[implementation] = (loss, *grads)
+    for got, want in zip(results["triton"], results["split"]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
