@@ -76,6 +76,11 @@ class Operator:
         """Names of the outputs a mode produces (a variant may produce a subset, e.g. a peer without lse)."""
         raise NotImplementedError
 
+    def case_outputs(self, case, mode: str) -> tuple:
+        """The outputs a mode produces on ``case``; ``outputs(mode)`` unless they depend on the case (sparse: a
+        SparseScale case has no y, hence no grad_y)."""
+        return self.outputs(mode)
+
     def extra_checks(self, device, seed: int = 0) -> list:
         """Checks of this operator that are not one variant on one case (verify.CheckResult rows),
         run by ``runner.check`` after the variants when no variant or mode filter was given."""

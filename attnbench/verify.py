@@ -178,7 +178,7 @@ def check_outputs(op, variant, case, mode, outputs, oracle, reference_lowp) -> C
     subset (SDPA returns no LSE) but not none."""
     result = CheckResult(op.name, variant, case.label, mode)
     kind = op.variants[variant].kind
-    for name in op.outputs(mode):
+    for name in op.case_outputs(case, mode):
         if name in outputs:
             lowp = reference_lowp.get(name) if reference_lowp else None
             result.outputs.append(judge(name, outputs[name], oracle[name], lowp, bounded=kind != "reference"))

@@ -1,0 +1,358 @@
+"""The ``sparse`` operator: SparseScale and the seven sparse products of ``attnbench.sparse``, to second order.
+
+    product:  z[n, i3] += s x[n, i1] ∘ y[n, i2]   (the CG tensor product of irreps 0..L: so3.tensor_product_coo)
+    scale:    z[n, m]  += s x[n, index]          (y = S x, S a CSR matrix: the edge -> atom segment sum, or a
+                                                  random CSR with the same number of terms)
+
+Modes, each timed alone (what it needs beforehand is built in prepare, untimed):
+  fwd         z
+  bwd         (grad_x, grad_y): the gradients of <g, z> for a fixed random cotangent g (grad_x alone for scale)
+  double_bwd  (ggrad_x, ggrad_y, ggrad_g): the gradients w.r.t. x, y and g of <h, grad> for a second fixed random
+              cotangent h = (h_x, h_y), the derivative of a gradient that force training needs. For scale only
+              ggrad_g = S h_x: grad_x = S^T g does not depend on x, so its x-derivative is identically zero.
+
+Cost model. A product term does ``w`` multiply-adds of channel work (C for mul, inner, vecsca, scavec; C^2 for outer,
+vecmat, mat_t_vec), so fwd = 2 T w N FLOPs (T terms; a shared operand does not change the work). bwd = 2 x fwd:
+grad_x and grad_y are each one product over the same T terms with the same channel work (the Functions' rotated
+infos). double_bwd = 4 x fwd: the backward of grad_x = Bx(y, g) gives two products (w.r.t. y and g), that of
+grad_y = By(g, x) two more (w.r.t. g and x). Scale: fwd = 2 nnz W (W the row width), bwd one S^T product, double_bwd
+one S product (1x each). Minimum bytes: every operand read once and every output written once per mode, with
+X, Y, Z the sizes of x, y, z (a shared operand counted once):
+  fwd:         X + Y + Z                   (read x, y; write z)
+  bwd:         2X + 2Y + Z                 (read x, y, g; write grad_x, grad_y)
+  double_bwd:  3X + 3Y + 2Z                (read x, y, g, h_x, h_y; write ggrad_x, ggrad_y, ggrad_g)
+plus the structure read once per product launched (1, 2, 4 infos; 3 int64 indices + a float64 scale per term).
+Scale: X + Z in every mode (fwd reads x writes z; bwd reads g writes grad_x; double_bwd reads h_x writes ggrad_g),
+plus nnz x (int64 index + float64 scale) and the CSR row offsets.
+
+Case sets (labels like "vecsca L3 N100000 C32 fp32"; "shared-y": y has no batch dim, as the weight of vecmat in the
+fully connected layer; "scale-rand": a random CSR):
+  tiny    the CPU gate: every op at L 1-2, N 2-5, C 3-8, fp32 and fp64, shared operands and both scale structures
+  gpu     real sizes, fp32 and bf16
+  anchor  the issue's target grid for the ops of the fully connected layer and the message-passing segment sum:
+          vecsca, vecmat (shared y) and scale, L in {2, 3, 4, 6}, C in {32, 128}, N in {1e4, 1e5}, fp32 and bf16.
+          N = 1e6 is left to the sweep: at L 6 C 128 fp32 one feature tensor is 25 GB.
+  sweep   the full grid (every op, L {2,3,4,6}, C {32,128}, N {1e4,1e5,1e6}, fp32/bf16) less the cases whose operands
+          and output together exceed SWEEP_BYTE_CAP (8 GiB: double_bwd holds about three times that, plus the graph).
+The split implementation materializes [N, T, C...] terms (T = 11896 at L 6), so it runs out of memory on the
+largest cases; the runner records those rows as skipped ("out of memory").
+"""
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ...registry import Operator, Variant, register
+from ...sparse import functional, reference
+from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
+from ...sparse.info import random_scale_infos, scale_infos
+from ...sparse.tensor_product import cg_product_infos
+from . import peers
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+PRODUCTS = tuple(PRODUCT_FUNCTIONS)  # mul, outer, inner, vecmat, vecsca, scavec, mat_t_vec
+OPS = ("scale",) + PRODUCTS
+# channel multiply-adds per term and batch item, per op
+CHANNEL_WORK = {"mul": 1, "inner": 1, "vecsca": 1, "scavec": 1, "outer": 2, "vecmat": 2, "mat_t_vec": 2}  # powers of C
+# products launched per mode (bwd: grad_x and grad_y; double_bwd: two per first-order gradient)
+PRODUCTS_PER_MODE = {"fwd": 1, "bwd": 2, "double_bwd": 4}
+OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x", "grad_y"), "double_bwd": ("ggrad_x", "ggrad_y", "ggrad_g")}
+SCALE_OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x",), "double_bwd": ("ggrad_g",)}
+NEIGHBORS = 16  # edges per atom of the segment-sum structure
+SWEEP_BYTE_CAP = 8 * 2**30
+
+
+@dataclass(frozen=True)
+class SparseCase:
+    op: str  # "scale" or a product (a key of functional.PRODUCT_FUNCTIONS)
+    l_max: int  # irreps 0..L: sparse size (L+1)^2 for products, row width (L+1)^2 C for scale
+    batch: int  # N: batch items of a product, edges of a scale
+    channels: int  # C
+    dtype: str = "float32"
+    shared: str = ""  # "", "x" or "y": that operand has no batch dim (products only)
+    structure: str = ""  # scale: "segment" (edge -> atom segment sum, default) or "random"; products: CG
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"sparse: op must be one of {OPS}, got {self.op!r}")
+        if self.shared not in ("", "x", "y") or (self.shared and self.op == "scale"):
+            raise ValueError(f"sparse: shared must be '', 'x' or 'y' (products only), got {self.shared!r}")
+        if self.structure not in (("", "segment", "random") if self.op == "scale" else ("",)):
+            raise ValueError(f"sparse: structure {self.structure!r} does not apply to {self.op}")
+
+    @property
+    def torch_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def is_scale(self):
+        return self.op == "scale"
+
+    @property
+    def sparse_size(self):
+        return (self.l_max + 1) ** 2
+
+    @property
+    def width(self):
+        """Scale: the row width, a feature of irreps 0..L with C channels flattened."""
+        return self.sparse_size * self.channels
+
+    @property
+    def atoms(self):
+        """Scale: output rows (atoms), NEIGHBORS edges each."""
+        return max(2, self.batch // NEIGHBORS)
+
+    def shape(self, operand):
+        """Shape of x, y or z."""
+        if self.is_scale:
+            return (self.batch, self.width) if operand == "x" else (self.atoms, self.width)
+        rank = CHANNEL_RANKS[self.op]["xyz".index(operand)]
+        lead = () if operand == self.shared else (self.batch,)
+        return lead + (self.sparse_size,) + (self.channels,) * rank
+
+    def numel(self, operand):
+        return 0 if (self.is_scale and operand == "y") else math.prod(self.shape(operand))
+
+    @property
+    def tensor_bytes(self):
+        """Operands and output once: what the sweep's memory cap is applied to."""
+        return sum(self.numel(o) for o in "xyz") * self.torch_dtype.itemsize
+
+    @property
+    def label(self):
+        name = "scale-rand" if self.structure == "random" else self.op
+        shared = f" shared-{self.shared}" if self.shared else ""
+        return f"{name} L{self.l_max} N{self.batch} C{self.channels}{shared} {SHORT_DTYPE[self.dtype]}"
+
+
+def num_terms(case):
+    """T: product terms of the CG structure, or nonzeros of the scale's CSR (one per edge)."""
+    return case.batch if case.is_scale else _cg_terms(case.l_max)
+
+
+_CG_TERMS = {}
+
+
+def _cg_terms(l_max):
+    if l_max not in _CG_TERMS:
+        from ...sparse import so3
+        _CG_TERMS[l_max] = len(so3.tensor_product_coo(l_max, l_max, l_max)["i1"])
+    return _CG_TERMS[l_max]
+
+
+# The CPU gate: every product and both scale structures, shared operands both ways, outer's rank-2 output.
+TINY = [
+    ("mul", 2, 3, 4, ""), ("outer", 1, 2, 3, ""), ("inner", 2, 4, 5, ""), ("vecmat", 1, 3, 4, ""),
+    ("vecmat", 2, 2, 3, "y"), ("vecsca", 2, 5, 8, ""), ("scavec", 1, 3, 6, ""), ("mat_t_vec", 1, 2, 3, "x"),
+]
+TINY_SCALE = [(1, 5, 4, "segment"), (2, 5, 3, "random")]
+# Real sizes for the GPU gate: every op at L 3 (611 terms), the FC-layer ops at L 4 as well.
+GPU = [
+    ("mul", 3, 2000, 32, ""), ("outer", 3, 500, 16, ""), ("inner", 3, 2000, 32, ""), ("vecmat", 3, 2000, 32, "y"),
+    ("vecmat", 2, 500, 16, ""), ("vecsca", 3, 3000, 32, ""), ("vecsca", 4, 1000, 64, ""), ("scavec", 3, 2000, 32, ""),
+    ("mat_t_vec", 3, 2000, 32, "x"),
+]
+GPU_SCALE = [(3, 50000, 32, "segment"), (3, 50000, 32, "random"), (6, 10000, 128, "segment")]
+ANCHOR_L, ANCHOR_C, ANCHOR_N = (2, 3, 4, 6), (32, 128), (10_000, 100_000)
+SWEEP_N = (10_000, 100_000, 1_000_000)
+# products whose rank-2 operand is the FC layer's weight (shared) in the sweep and the anchor
+SHARED_IN_SWEEP = {"vecmat": "y", "mat_t_vec": "x"}
+
+
+def _tiny():
+    cases = []
+    for dtype in ("float32", "float64"):
+        cases += [SparseCase(op, l, n, c, dtype, shared) for op, l, n, c, shared in TINY]
+        cases += [SparseCase("scale", l, n, c, dtype, structure=s) for l, n, c, s in TINY_SCALE]
+    return cases
+
+
+def _gpu():
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        cases += [SparseCase(op, l, n, c, dtype, shared) for op, l, n, c, shared in GPU]
+        cases += [SparseCase("scale", l, n, c, dtype, structure=s) for l, n, c, s in GPU_SCALE]
+    return cases
+
+
+def _anchor():
+    return [SparseCase(op, l, n, c, dtype, "y" if op == "vecmat" else "")
+            for dtype in ("float32", "bfloat16") for op in ("vecsca", "vecmat", "scale")
+            for l in ANCHOR_L for c in ANCHOR_C for n in ANCHOR_N]
+
+
+def _sweep():
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        for op in PRODUCTS:
+            cases += [SparseCase(op, l, n, c, dtype, SHARED_IN_SWEEP.get(op, ""))
+                      for l in ANCHOR_L for c in ANCHOR_C for n in SWEEP_N]
+        for structure in ("segment", "random"):
+            cases += [SparseCase("scale", l, n, c, dtype, structure=structure)
+                      for l in ANCHOR_L for c in ANCHOR_C for n in SWEEP_N]
+    return [c for c in cases if c.tensor_bytes <= SWEEP_BYTE_CAP]  # memory cap: see the module docstring
+
+
+CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "sweep": _sweep}
+
+
+# ---- structures and inputs
+
+def structure(case, device, seed=0):
+    """The infos of a case on ``device``: (info_fwd, info_bwd1, info_bwd2) for a product, (info_fwd, info_bwd) for
+    scale (the scales stay float64; the ops cast them to the operands' dtype)."""
+    if not case.is_scale:
+        return cg_product_infos(case.l_max, case.l_max, case.l_max, device=device)
+    if case.structure == "random":
+        gen = torch.Generator().manual_seed(seed + 1)
+        return random_scale_infos(case.batch, case.atoms, case.batch, gen, device=device)
+    edges = torch.arange(case.batch)
+    dst = edges * case.atoms // case.batch  # sorted, NEIGHBORS (or so) edges per atom, none empty
+    return scale_infos(edges.to(device), dst.to(device), None, case.batch, case.atoms)
+
+
+def _cotangent_shapes(case):
+    return {"g": case.shape("z"), "h_x": case.shape("x"), **({} if case.is_scale else {"h_y": case.shape("y")})}
+
+
+def _forward(case, infos, implementation):
+    """f(x, y) -> z through the Functions (``implementation`` entered around each call) or None for the einsum."""
+    if implementation is None:  # the dense reference
+        if case.is_scale:
+            return lambda x, y: reference.sparse_scale_reference(x, infos[0])
+        return lambda x, y: reference.sparse_product_reference(case.op, x, y, infos[0])
+
+    def run(x, y):
+        with implementation():
+            if case.is_scale:
+                return functional.sparse_scale(x, *infos)
+            return functional.sparse_product(case.op, x, y, infos)
+
+    return run
+
+
+def evaluate(case, inputs, forward, mode, dtype=None):
+    """A mode's outputs through torch autograd over ``forward``; returns () -> dict, with everything the timed call
+    does not need (the forward, the first backward for double_bwd) done here. ``dtype`` casts the inputs first."""
+    x, y, g = inputs["x"], inputs["y"], inputs["g"]
+    hs = [inputs["h_x"]] + ([] if case.is_scale else [inputs["h_y"]])
+    if dtype is not None:
+        x, y, g = (None if t is None else t.to(dtype) for t in (x, y, g))
+        hs = [h.to(dtype) for h in hs]
+    names = (SCALE_OUTPUTS if case.is_scale else OUTPUTS)[mode]
+    if mode == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return {"z": forward(x, y)}
+        return fwd
+    leaves = [x.detach().requires_grad_()] + ([] if case.is_scale else [y.detach().requires_grad_()])
+    z = forward(leaves[0], None if case.is_scale else leaves[1])
+    if mode == "bwd":
+        def bwd():
+            return dict(zip(names, torch.autograd.grad(z, leaves, g, retain_graph=True)))
+        return bwd
+    g = g.detach().requires_grad_()
+    grads = torch.autograd.grad(z, leaves, g, create_graph=True)
+    wrt = [g] if case.is_scale else leaves + [g]  # scale: grad_x = S^T g is linear in g alone
+
+    def double_bwd():
+        out = torch.autograd.grad(grads, wrt, hs, retain_graph=True, allow_unused=True)
+        return dict(zip(names, (torch.zeros_like(w) if o is None else o for o, w in zip(out, wrt))))
+    return double_bwd
+
+
+def _autograd_prepare(case, inputs, mode, forward):
+    fn = evaluate(case, inputs, forward, mode)
+    fn.graph_capturable = mode == "fwd"  # autograd's backward cannot be captured (timing.not_graph_capturable)
+    return fn
+
+
+def _functions_variant(name, implementation, kind=None, description="", unavailable_reason=None):
+    """A variant that runs the autograd Functions of attnbench.sparse.functional (their backward is the rotated-
+    infos structure, to any order), with ``implementation()`` (a context manager factory) entered around every call
+    of the ops: ``contextlib.nullcontext`` for the split implementation; the Triton variant passes the switch that
+    forces its kernels."""
+    def prepare(case, inputs, mode):
+        return _autograd_prepare(case, inputs, mode, _forward(case, inputs["infos"], implementation))
+
+    extra = {} if unavailable_reason is None else {"unavailable_reason": unavailable_reason}
+    return Variant(name, kind or name, prepare, SparseOperator.modes, description, **extra)
+
+
+class SparseOperator(Operator):
+    name = "sparse"
+    description = "SparseScale and the seven sparse tensor products (CG structures), fwd, bwd and double backward"
+    modes = ("fwd", "bwd", "double_bwd")
+    baselines = ("split", "reference")
+    gate_baselines = ("split",)
+    # until the Triton variant lands: the split Functions against the einsum and the peers
+    ratio_subject = "split"
+    ratio_peers = ("reference", "torch_csr", "e3nn")
+
+    def __init__(self):
+        super().__init__()
+        self.add_variant(Variant(
+            "reference", "reference",
+            lambda case, inputs, mode: _autograd_prepare(case, inputs, mode, _forward(case, inputs["infos"], None)),
+            self.modes, "dense einsum over the structure's coefficient tensor, torch autograd (the oracle, run in "
+                        "the case dtype)"))
+        self.add_variant(_functions_variant(
+            "split", contextlib.nullcontext, description="the autograd Functions, split-PyTorch (index_select, "
+                                                         "dense op, index_add); backward by rotated infos"))
+        self.add_variant(Variant("torch_csr", "peer", peers.torch_csr_prepare, self.modes,
+                                 "scale only: torch.sparse_csr_tensor @ x, torch autograd"))
+        self.add_variant(Variant("e3nn", "peer", peers.e3nn_prepare, self.modes,
+                                 "vecsca only: e3nn.o3.TensorProduct ('uvu', every CG path of irreps 0..L, no "
+                                 "normalization), torch autograd", peers.e3nn_unavailable))
+
+    def cases(self, set_name):
+        if set_name not in CASE_SETS:
+            raise ValueError(f"sparse: case set must be one of {sorted(CASE_SETS)}, got {set_name!r}")
+        return CASE_SETS[set_name]()
+
+    def make_inputs(self, case, device, seed=0):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        def randn(shape):  # drawn on the CPU so a seed gives the same inputs on every device
+            return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=case.torch_dtype)
+
+        inputs = {"x": randn(case.shape("x")), "y": None if case.is_scale else randn(case.shape("y"))}
+        inputs.update({k: randn(s) for k, s in _cotangent_shapes(case).items()})
+        inputs["infos"] = structure(case, device, seed)
+        return inputs
+
+    def flops(self, case, mode):
+        self.check_mode(mode)
+        if case.is_scale:
+            return 2.0 * num_terms(case) * case.width
+        forward = 2.0 * num_terms(case) * case.channels ** CHANNEL_WORK[case.op] * case.batch
+        return forward * PRODUCTS_PER_MODE[mode]
+
+    def bytes(self, case, mode):
+        self.check_mode(mode)
+        item = case.torch_dtype.itemsize
+        x, y, z = (case.numel(o) * item for o in "xyz")
+        if case.is_scale:
+            return x + z + num_terms(case) * (8 + 8) + (case.atoms + 1) * 8
+        tensors = {"fwd": x + y + z, "bwd": 2 * x + 2 * y + z, "double_bwd": 3 * x + 3 * y + 2 * z}[mode]
+        return tensors + PRODUCTS_PER_MODE[mode] * num_terms(case) * (3 * 8 + 8)
+
+    def outputs(self, mode):
+        self.check_mode(mode)
+        return OUTPUTS[mode]
+
+    def case_outputs(self, case, mode):
+        self.check_mode(mode)
+        return (SCALE_OUTPUTS if case.is_scale else OUTPUTS)[mode]
+
+    def oracle(self, case, inputs, dtype=torch.float64):
+        forward = _forward(case, inputs["infos"], None)
+        out = {}
+        for mode in self.modes:
+            out.update({k: v.detach() for k, v in evaluate(case, inputs, forward, mode, dtype)().items()})
+        return out
+
+
+SPARSE = register(SparseOperator())

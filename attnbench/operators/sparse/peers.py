@@ -1,0 +1,123 @@
+"""Peers of the sparse operator: torch's sparse CSR matmul for SparseScale, e3nn's tensor product for the CG
+coupling (vecsca) when e3nn is installed. Each declines, with registry.Unsupported and its reason, what it cannot
+compute; they run through torch autograd like the reference."""
+import functools
+import importlib
+import importlib.util
+import warnings
+
+import torch
+
+from ...registry import Unsupported
+
+
+def _module():
+    """The operator package (for ``evaluate``), imported at call time: it imports this module."""
+    return importlib.import_module(__package__)
+
+
+# ---- torch sparse CSR
+
+def torch_csr_matrix(info, dtype):
+    """S [out_size, in_size] of a SparseScaleInfo as a torch sparse CSR tensor (values in ``dtype``)."""
+    values = info.scale.to(dtype) if info.scale is not None else torch.ones(info.index.numel(), dtype=dtype,
+                                                                             device=info.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Sparse CSR tensor support is in beta state", invariant-check notes
+        return torch.sparse_csr_tensor(info.seg_out, info.index, values, size=(info.out_size, info.in_size))
+
+
+def torch_csr_prepare(case, inputs, mode):
+    sparse = _module()
+    if not case.is_scale:
+        raise Unsupported("torch_csr: only SparseScale is a sparse matrix product (the products are trilinear)")
+    matrix = torch_csr_matrix(inputs["infos"][0], case.torch_dtype)
+
+    def forward(x, y):
+        return matrix @ x
+
+    try:  # probe once: CSR kernels are missing for some dtypes and devices (CPU bf16: addmm_out_sparse_csr_impl_mkl)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = sparse.evaluate(case, inputs, forward, mode)
+            probe()
+    except (RuntimeError, NotImplementedError) as exc:
+        raise Unsupported(f"torch_csr: {str(exc).splitlines()[0]}") from None
+    fn = sparse.evaluate(case, inputs, forward, mode)
+    fn.graph_capturable = mode == "fwd"
+    return fn
+
+
+# ---- e3nn
+
+def e3nn_unavailable(device):
+    if importlib.util.find_spec("e3nn") is None:
+        return "e3nn is not installed (pip install e3nn)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _e3nn_tensor_product(l_max, channels):
+    """x: C x l (l = 0..L, all even parity, so that every triangle path is allowed, as in the CG structure),
+    y: 1 x l, z: C x l; one 'uvu' instruction per path (l1, l2, l3), no weights, no normalization: each path is
+    e3nn's wigner_3j (Frobenius norm 1, like so3.clebsch_gordan)."""
+    from e3nn import o3
+
+    from ...sparse import so3
+
+    irreps_x = o3.Irreps([(channels, (l, 1)) for l in range(l_max + 1)])
+    irreps_y = o3.Irreps([(1, (l, 1)) for l in range(l_max + 1)])
+    instructions = [(l1, l2, l3, "uvu", False) for l1, l2, l3 in so3.tensor_product_paths(l_max, l_max, l_max)]
+    return o3.TensorProduct(irreps_x, irreps_y, irreps_x, instructions, irrep_normalization="none",
+                            path_normalization="none")
+
+
+def _to_e3nn(t, l_max):
+    """[..., (L+1)^2, C] -> e3nn's layout [..., sum_l C (2l+1)], each irrep block multiplicity-major."""
+    blocks = [t[..., l * l:(l + 1) ** 2, :].transpose(-1, -2).flatten(-2) for l in range(l_max + 1)]
+    return torch.cat(blocks, dim=-1)
+
+
+def _from_e3nn(t, l_max, channels):
+    blocks, start = [], 0
+    for l in range(l_max + 1):
+        size = channels * (2 * l + 1)
+        blocks.append(t[..., start:start + size].unflatten(-1, (channels, 2 * l + 1)).transpose(-1, -2))
+        start += size
+    return torch.cat(blocks, dim=-2)
+
+
+def e3nn_prepare(case, inputs, mode):
+    """vecsca of the CG structure, batched x and y: the coupling of the fully connected layer. Its real basis and
+    Wigner 3j signs may differ from attnbench.sparse.so3's; the check then says so (e3nn is not installed where this
+    was written, so it has not been run)."""
+    sparse = _module()
+    reason = e3nn_unavailable(None)
+    if reason:
+        raise Unsupported(reason)
+    if case.op != "vecsca" or case.shared:
+        raise Unsupported("e3nn: only vecsca (x with C channels per irrep, y one channel, both batched) is one "
+                          "e3nn TensorProduct of the CG structure; the other products have no e3nn equivalent")
+    try:
+        tp = _e3nn_tensor_product(case.l_max, case.channels).to(device=inputs["x"].device, dtype=case.torch_dtype)
+    except Exception as exc:  # noqa: BLE001  any failure to build is a reason to report, not a crash
+        raise Unsupported(f"e3nn: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    l_max, channels = case.l_max, case.channels
+    # the inputs in e3nn's layout, as an e3nn model would hold them (converted here, untimed); the output is
+    # converted back to [N, (L+1)^2, C] inside the timed call so that it can be checked
+    converted = dict(inputs, x=_to_e3nn(inputs["x"], l_max), h_x=_to_e3nn(inputs["h_x"], l_max),
+                     g=_to_e3nn(inputs["g"], l_max))
+
+    def forward(x, y):
+        return tp(x, y)
+
+    fn = sparse.evaluate(case, converted, forward, mode)
+
+    def run():
+        out = fn()
+        back = {"z": lambda t: _from_e3nn(t, l_max, channels), "grad_x": lambda t: _from_e3nn(t, l_max, channels),
+                "ggrad_x": lambda t: _from_e3nn(t, l_max, channels), "ggrad_g": lambda t: _from_e3nn(t, l_max, channels)}
+        return {k: back.get(k, lambda t: t)(v) for k, v in out.items()}
+
+    run.graph_capturable = mode == "fwd"
+    return run

@@ -1,0 +1,33 @@
+"""asv benchmarks for the sparse operator: fwd, bwd and double backward of every variant on the anchor cases (the
+issue's grid for the fully connected layer's vecsca and vecmat and the message-passing segment sum), with peak
+GPU memory.
+
+The shared measuring pass and benchmark bodies are in suites/_anchor.py; this module spells out the operator's
+parameters (no torch import: the labels are built by plain string formatting, in the order of the operator's
+"anchor" set) and tests/test_suites.py keeps them equal.
+"""
+from ._anchor import _Anchor, _Speedup, measurement
+
+OP = "sparse"
+LABELS = [f"{op} L{l} N{n} C{c}{' shared-y' if op == 'vecmat' else ''} {dtype}"
+          for dtype in ("fp32", "bf16") for op in ("vecsca", "vecmat", "scale")
+          for l in (2, 3, 4, 6) for c in (32, 128) for n in (10000, 100000)]  # sparse's "anchor" set (96 cases)
+VARIANTS = ["reference", "split", "torch_csr", "e3nn"]
+MODES = ["fwd", "bwd", "double_bwd"]
+RATIO_PEERS = ["reference", "torch_csr", "e3nn"]
+
+measure_sparse = measurement(OP)
+
+
+class SparseAnchor(_Anchor):
+    params = (LABELS, VARIANTS, MODES)
+    setup_cache = measure_sparse
+
+
+class SparseSpeedup(_Speedup):
+    """The split Functions' speed as a multiple of the einsum reference's, torch CSR's and e3nn's, same run (the
+    subject becomes the Triton variant when it lands)."""
+
+    subject = "split"
+    params = (LABELS, MODES, RATIO_PEERS)
+    setup_cache = measure_sparse

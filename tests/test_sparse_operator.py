@@ -1,0 +1,146 @@
+"""The sparse operator in the registry: case sets, cost model, and every tiny case x mode x variant that runs on
+the CPU against the float64 oracle (reference and split; torch_csr on the scale cases)."""
+import importlib.util
+import math
+
+import pytest
+import torch
+
+import attnbench
+from attnbench import runner
+from attnbench.cli import main
+from attnbench.operators.sparse import (ANCHOR_C, ANCHOR_L, ANCHOR_N, OPS, SWEEP_BYTE_CAP, SparseCase, num_terms,
+                                        peers)
+from attnbench.registry import Unsupported
+
+OP = attnbench.get("sparse")
+
+
+@pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "sweep"])
+def test_case_sets_non_empty_with_unique_labels(set_name):
+    cases = OP.cases(set_name)
+    labels = [c.label for c in cases]
+    assert cases and len(set(labels)) == len(labels)
+    with pytest.raises(ValueError, match="bogus"):
+        OP.cases("bogus")
+
+
+def test_label_names_what_matters():
+    assert SparseCase("vecsca", 3, 100000, 32).label == "vecsca L3 N100000 C32 fp32"
+    assert SparseCase("vecmat", 2, 10, 4, "bfloat16", "y").label == "vecmat L2 N10 C4 shared-y bf16"
+    assert SparseCase("scale", 2, 10, 4, structure="random").label == "scale-rand L2 N10 C4 fp32"
+    with pytest.raises(ValueError):
+        SparseCase("scale", 2, 10, 4, shared="x")
+    with pytest.raises(ValueError):
+        SparseCase("conv", 2, 10, 4)
+
+
+def test_tiny_set_covers_every_op_cheaply():
+    cases = OP.cases("tiny")
+    assert {c.op for c in cases} == set(OPS)
+    assert {c.structure for c in cases if c.is_scale} == {"segment", "random"}
+    assert {c.shared for c in cases} == {"", "x", "y"} and {c.dtype for c in cases} == {"float32", "float64"}
+    assert all(c.l_max <= 2 and c.batch <= 5 and c.channels <= 8 for c in cases) and len(cases) <= 24
+
+
+def test_anchor_is_the_issues_grid_and_the_sweep_respects_the_cap():
+    anchor = OP.cases("anchor")
+    assert {c.op for c in anchor} == {"vecsca", "vecmat", "scale"}
+    assert {c.l_max for c in anchor} == set(ANCHOR_L) and {c.channels for c in anchor} == set(ANCHOR_C)
+    assert {c.batch for c in anchor} == set(ANCHOR_N) and {c.dtype for c in anchor} == {"float32", "bfloat16"}
+    assert all(c.shared == "y" for c in anchor if c.op == "vecmat")
+    sweep = OP.cases("sweep")
+    assert all(c.tensor_bytes <= SWEEP_BYTE_CAP for c in sweep)
+    assert {c.op for c in sweep} == set(OPS) and 1_000_000 in {c.batch for c in sweep}
+    assert {c.label for c in anchor if c.tensor_bytes <= SWEEP_BYTE_CAP} <= {c.label for c in sweep}
+
+
+@pytest.mark.parametrize("case", OP.cases("tiny") + OP.cases("anchor")[::7], ids=lambda c: c.label)
+def test_cost_model(case):
+    item = case.torch_dtype.itemsize
+    inputs = (case.numel("x") + case.numel("y")) * item
+    for mode in OP.modes:
+        assert OP.flops(case, mode) > 0 and OP.bytes(case, mode) > 0
+    assert OP.bytes(case, "fwd") >= inputs + case.numel("z") * item
+    assert OP.bytes(case, "bwd") >= inputs + case.numel("z") * item  # x, y and g read
+    assert OP.bytes(case, "double_bwd") >= OP.bytes(case, "fwd")
+    forward = OP.flops(case, "fwd")
+    if case.is_scale:
+        assert forward == 2 * num_terms(case) * case.width == OP.flops(case, "bwd") == OP.flops(case, "double_bwd")
+    else:
+        assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") == 4 * forward
+        assert forward == 2 * num_terms(case) * case.batch * case.channels ** (2 if case.op in
+                                                                              ("outer", "vecmat", "mat_t_vec") else 1)
+
+
+def test_cost_model_numbers():
+    """vecsca L2 (137 CG terms), N 10, C 4, fp32: x 10x9x4, y 10x9, z 10x9x4 floats."""
+    case = SparseCase("vecsca", 2, 10, 4)
+    assert num_terms(case) == 137
+    assert OP.flops(case, "fwd") == 2 * 137 * 4 * 10
+    x, y, z = 360 * 4, 90 * 4, 360 * 4
+    assert OP.bytes(case, "fwd") == x + y + z + 137 * 32
+    assert OP.bytes(case, "double_bwd") == 3 * x + 3 * y + 2 * z + 4 * 137 * 32
+
+
+def test_make_inputs_shapes_and_seed():
+    case = SparseCase("vecmat", 2, 3, 4, shared="y")
+    x = OP.make_inputs(case, "cpu", seed=1)
+    assert x["x"].shape == (3, 9, 4) and x["y"].shape == (9, 4, 4) and x["g"].shape == (3, 9, 4)
+    assert x["h_y"].shape == (9, 4, 4)
+    assert torch.equal(x["x"], OP.make_inputs(case, "cpu", seed=1)["x"])
+    assert not torch.equal(x["x"], OP.make_inputs(case, "cpu", seed=2)["x"])
+    scale = SparseCase("scale", 1, 40, 2)
+    s = OP.make_inputs(scale, "cpu")
+    assert s["x"].shape == (40, 8) and s["g"].shape == (2, 8) and s["y"] is None and "h_y" not in s
+    assert OP.case_outputs(scale, "double_bwd") == ("ggrad_g",)
+    assert OP.case_outputs(case, "double_bwd") == OP.outputs("double_bwd") == ("ggrad_x", "ggrad_y", "ggrad_g")
+
+
+def test_every_tiny_case_mode_and_variant_passes_on_cpu():
+    results = runner.check(OP, OP.cases("tiny"), "cpu", progress=False)
+    failed = [(r.case, r.mode, r.variant, [o.detail for o in r.outputs if not o.passed]) for r in results
+              if not r.skipped and not r.passed]
+    assert not failed
+    ran = {(r.variant, r.case, r.mode) for r in results if r.passed}
+    for case in OP.cases("tiny"):
+        for mode in OP.modes:
+            assert ("reference", case.label, mode) in ran and ("split", case.label, mode) in ran
+            assert (("torch_csr", case.label, mode) in ran) == case.is_scale
+    skipped = {r.skipped for r in results if r.skipped}
+    assert skipped and all("torch_csr: only SparseScale" in s for s in skipped)
+
+
+def test_double_backward_is_not_trivially_zero():
+    case = SparseCase("vecsca", 1, 3, 2)
+    out = OP.oracle(case, OP.make_inputs(case, "cpu"))
+    assert all(out[k].abs().sum() > 0 for k in ("ggrad_x", "ggrad_y", "ggrad_g"))
+
+
+def test_torch_csr_declines_what_it_cannot_do():
+    case = SparseCase("vecsca", 1, 3, 2)
+    with pytest.raises(Unsupported, match="only SparseScale"):
+        peers.torch_csr_prepare(case, OP.make_inputs(case, "cpu"), "fwd")
+    bf16 = SparseCase("scale", 1, 5, 2, "bfloat16")
+    with pytest.raises(Unsupported, match="BFloat16"):  # CPU: no bf16 CSR matmul (addmm_out_sparse_csr_impl_mkl)
+        peers.torch_csr_prepare(bf16, OP.make_inputs(bf16, "cpu"), "fwd")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("e3nn") is not None, reason="e3nn is installed")
+def test_e3nn_unavailable_says_why():
+    assert "e3nn is not installed" in OP.variants["e3nn"].unavailable_reason(torch.device("cpu"))
+    assert "e3nn" not in OP.available_variants("cpu")
+
+
+def test_e3nn_layout_round_trip():
+    t = torch.randn(3, 16, 5)
+    flat = peers._to_e3nn(t, 3)
+    assert flat.shape == (3, 80) and torch.equal(flat[:, 5:8], t[:, 1:4, 0])  # l=1, channel 0, m = -1..1
+    assert torch.equal(peers._from_e3nn(flat, 3, 5), t)
+
+
+def test_cli_lists_sparse(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "sparse" in out and "torch_csr" in out
+    assert math.isfinite(OP.flops(OP.cases("tiny")[0], "fwd"))
