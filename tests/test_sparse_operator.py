@@ -1,5 +1,6 @@
 """The sparse operator in the registry: case sets, cost model, and every tiny case x mode x variant that runs on
-the CPU against the float64 oracle (reference and split; torch_csr on the scale cases)."""
+the CPU against the float64 oracle (reference, split, triton through the interpreter; torch_csr on the scale
+cases)."""
 import importlib.util
 import math
 
@@ -105,7 +106,7 @@ def test_every_tiny_case_mode_and_variant_passes_on_cpu():
     ran = {(r.variant, r.case, r.mode) for r in results if r.passed}
     for case in OP.cases("tiny"):
         for mode in OP.modes:
-            assert ("reference", case.label, mode) in ran and ("split", case.label, mode) in ran
+            assert all((v, case.label, mode) in ran for v in ("reference", "split", "triton"))
             assert (("torch_csr", case.label, mode) in ran) == case.is_scale
     skipped = {r.skipped for r in results if r.skipped}
     assert skipped and all("torch_csr: only SparseScale" in s for s in skipped)
