@@ -20,9 +20,21 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
 
 from .outputs import new_output, poisoned_outputs  # noqa: E402
 
-__all__ = ["new_output", "poisoned_outputs", "interpreting"]
+__all__ = ["new_output", "poisoned_outputs", "interpreting", "unavailable_reason"]
 
 
 def interpreting() -> bool:
     """True when Triton kernels run through the CPU interpreter (numpy), not on a GPU."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def unavailable_reason(device, kernels: str) -> str | None:
+    """Why the Triton ``kernels`` (a name for the message) cannot run on ``device`` in this process, or
+    None: they run on CUDA, or on the CPU through the interpreter, never both in one process."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "TRITON_INTERPRET=1 runs kernels on the CPU; move the tensors to the CPU or unset it" \
+            if interpreting() else None
+    if device.type == "cpu" and interpreting():
+        return None
+    return f"the Triton {kernels} kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); got {device}"

@@ -70,8 +70,8 @@ def test_cost_model(case):
         assert forward == 2 * num_terms(case) * case.width == OP.flops(case, "bwd") == OP.flops(case, "double_bwd")
     else:
         assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") == 4 * forward
-        assert forward == 2 * num_terms(case) * case.batch * case.channels ** (2 if case.op in
-                                                                              ("outer", "vecmat", "mat_t_vec") else 1)
+        matrix_operand = case.op in ("outer", "vecmat", "mat_t_vec")  # C x C channel work per term
+        assert forward == 2 * num_terms(case) * case.batch * case.channels ** (2 if matrix_operand else 1)
 
 
 def test_cost_model_numbers():

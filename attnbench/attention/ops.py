@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import interpreting
+from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.attention_bwd_jvp import attention_bwd_jvp_launch
 from ..kernels.attention_jvp import attention_jvp_launch
 from ..kernels.flash_bwd import flash_bwd_launch
@@ -30,14 +31,8 @@ INT32_MAX = 2**31 - 1
 # ----------------------------------------------------------------------------- device rules
 
 def unavailable_reason(device) -> str | None:
-    """Why the Triton kernels cannot run on ``device`` in this process, or None: they run on CUDA,
-    or on the CPU through the interpreter, never both at once."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "TRITON_INTERPRET=1 runs kernels on the CPU; move q, k, v to the CPU or unset it" if interpreting() else None
-    if device.type == "cpu" and interpreting():
-        return None
-    return f"the Triton attention kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); got tensors on {device}"
+    """Why the Triton attention kernels cannot run on ``device`` in this process, or None."""
+    return kernels_unavailable_reason(device, "attention")
 
 
 def unsupported_on_cuda(dtype, head_dim):
@@ -100,7 +95,6 @@ def _check_device(q):
         raise ValueError(reason)
     if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, q.shape[-1])):
         raise ValueError(reason)
-
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -211,5 +205,3 @@ def _vmap_rule(op, n_tensors):
 for _op, _n in ((attention_fwd_op, 3), (attention_fwd_jvp_op, 6), (attention_jvp_op, 8), (attention_bwd_op, 7),
                 (attention_bwd_jvp_op, 14)):
     torch.library.register_vmap(_op, _vmap_rule(_op, _n))
-
-

@@ -16,9 +16,10 @@ Function's backward calls a sibling Function's ``apply`` with the infos rotated 
 so every derivative is again one of these Functions and double backward works by construction.
 The forward runs the split implementation or the Triton CSR segment kernels (``triton_ops``): Triton on CUDA
 tensors, split elsewhere, unless ``use_implementation`` says otherwise; the backward needs no choice of its own,
-since it is made of the same Functions. ``generate_vmap_rule`` gives vmap from the torch ops of the forward. There is no ``jvp`` staticmethod on
-purpose: Dynamo refuses to trace a Function that defines one (torch 2.13, "Unsupported custom jvp"), and
-torch.compile(fullgraph=True) matters more here than forward-mode AD (jacfwd, hessian).
+since it is made of the same Functions. ``generate_vmap_rule`` gives vmap from the torch ops of the forward.
+There is no ``jvp`` staticmethod on purpose: Dynamo refuses to trace a Function that defines one (torch 2.13,
+"Unsupported custom jvp"), and torch.compile(fullgraph=True) matters more here than forward-mode AD (jacfwd,
+hessian).
 """
 import contextlib
 

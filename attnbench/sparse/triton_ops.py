@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import interpreting
+from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.sparse_segment import product_out_shape, scale_out_shape, sparse_product_launch, sparse_scale_launch
 
 __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason"]
@@ -25,12 +26,7 @@ __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason"]
 
 def unavailable_reason(device) -> Optional[str]:
     """Why the Triton sparse kernels cannot run on ``device`` in this process, or None."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "TRITON_INTERPRET=1 runs kernels on the CPU; use CPU tensors or unset it" if interpreting() else None
-    if device.type == "cpu" and interpreting():
-        return None
-    return f"the Triton sparse kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); got {device}"
+    return kernels_unavailable_reason(device, "sparse")
 
 
 def _launch(launcher, *tensors_then_args):

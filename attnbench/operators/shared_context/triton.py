@@ -14,21 +14,14 @@ detached.
 """
 import torch
 
-from ...kernels import interpreting
+from ...kernels import unavailable_reason as kernels_unavailable_reason
 from ...kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
 from .spec import INT32_MAX, check_inputs
 
 
 def unavailable_reason(device) -> str | None:
     """Why the kernels cannot run on ``device`` in this process, or None."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "TRITON_INTERPRET=1 runs kernels on the CPU; move the tensors to the CPU or unset it" \
-            if interpreting() else None
-    if device.type == "cpu" and interpreting():
-        return None
-    return ("the Triton shared_context kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1); "
-            f"got tensors on {device}")
+    return kernels_unavailable_reason(device, "shared_context")
 
 
 def unsupported_on_cuda(dtype, head_dim):

@@ -43,9 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...kernels import interpreting
 from ...registry import Operator, Variant, register
-from ...sparse import functional, reference
+from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
 from ...sparse.info import random_scale_infos, scale_infos
 from ...sparse.tensor_product import cg_product_infos
@@ -282,16 +281,6 @@ def _functions_variant(name, implementation, kind=None, description="", unavaila
     return Variant(name, kind or name, prepare, SparseOperator.modes, description, **extra)
 
 
-def _triton_unavailable(device):
-    """The kernels run on CUDA, or on the CPU through the interpreter, never both in one process."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "TRITON_INTERPRET=1 runs kernels on the CPU; use --device cpu or unset it" if interpreting() else None
-    if device.type == "cpu" and interpreting():
-        return None
-    return f"the Triton sparse kernels need CUDA (or the CPU with TRITON_INTERPRET=1); got {device}"
-
-
 class SparseOperator(Operator):
     name = "sparse"
     description = "SparseScale and the seven sparse tensor products (CG structures), fwd, bwd and double backward"
@@ -312,7 +301,7 @@ class SparseOperator(Operator):
             "split", contextlib.nullcontext, description="the autograd Functions, split-PyTorch (index_select, "
                                                          "dense op, index_add); backward by rotated infos"))
         self.add_variant(_functions_variant(
-            "triton", lambda: functional.use_implementation("triton"), unavailable_reason=_triton_unavailable,
+            "triton", lambda: functional.use_implementation("triton"), unavailable_reason=triton_ops.unavailable_reason,
             description="the autograd Functions on the CSR segment kernels (kernels/sparse_segment.py): every output "
                         "row written once, no atomics; backward by rotated infos, so every order runs on them"))
         self.add_variant(Variant("torch_csr", "peer", peers.torch_csr_prepare, self.modes,

@@ -20,8 +20,10 @@ def _module():
 
 def torch_csr_matrix(info, dtype):
     """S [out_size, in_size] of a SparseScaleInfo as a torch sparse CSR tensor (values in ``dtype``)."""
-    values = info.scale.to(dtype) if info.scale is not None else torch.ones(info.index.numel(), dtype=dtype,
-                                                                             device=info.device)
+    if info.scale is not None:
+        values = info.scale.to(dtype)
+    else:
+        values = torch.ones(info.index.numel(), dtype=dtype, device=info.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Sparse CSR tensor support is in beta state", invariant-check notes
         return torch.sparse_csr_tensor(info.seg_out, info.index, values, size=(info.out_size, info.in_size))
