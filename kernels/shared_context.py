@@ -565,6 +565,8 @@ def _split_count(kernel, num_splits, rows, heads_kv, n_keys, q, tune_key, runner
         return heuristic
     key = (kernel, *tune_key, heads_kv, q.dtype, q.device.index)
     cap = _split_cap(n_keys, q.device)  # a shape may allow fewer splits than the one timed for its key
+    if key in _SPLIT_PICKS:  # the decode loop's every call after the first: no device switch, no candidate list
+        return min(_SPLIT_PICKS[key], cap)
     with _on_device(q):  # q's stream is the one that may be capturing, and the one to time on
         if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
             return min(_SPLIT_PICKS.get(key, heuristic), cap)  # nothing may be timed here
