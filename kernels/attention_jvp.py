@@ -22,7 +22,7 @@ from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
 from .tiling import query_tile, row_strides, visible_keys
-from .tuning import cfg, config_list, pruner, seq_bucket
+from .tuning import cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 
 @triton.jit
@@ -194,7 +194,7 @@ def attention_jvp_launch(q, k, v, tq, tk, tv, sm_scale: float, causal_offset, o=
     tq_, tk_, tv_ = (t if t is not None else p for t, p in ((tq, q), (tk, k), (tv, v)))
 
     def grid(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
+        return (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
 
     attention_jvp_kernel[grid](
         q, k, v, tq_, tk_, tv_, o, lse, o_t, lse_t,
@@ -202,7 +202,7 @@ def attention_jvp_launch(q, k, v, tq, tk, tv, sm_scale: float, causal_offset, o=
         *row_strides(o), *row_strides(o_t),
         n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
         0 if causal_offset is None else int(causal_offset), *split_scale(sm_scale), seq_bucket(max(n_q, n_k)),
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CAUSAL=causal_offset is not None, LSE_GIVEN=lse_given,
+        BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None, LSE_GIVEN=lse_given,
         HAS_TQ=tq is not None, HAS_TK=tk is not None, HAS_TV=tv is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
     )

@@ -25,7 +25,7 @@ from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale_lo
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
 from .tiling import query_tile, visible_keys
-from .tuning import cfg, config_list, pruner, seq_bucket
+from .tuning import cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 
 @triton.jit
@@ -203,7 +203,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_pow2(head_dim))
     acc_dtype = accumulator_dtype(q.dtype)
     precision = dot_precision(q.dtype)
     causal = causal_offset is not None
@@ -217,13 +217,13 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     dv = new_output(v.shape, v.dtype, v.device)
 
     common = dict(BLOCK_D=block_d, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
-    flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
+    flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, **common)
-    flash_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
+    flash_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),

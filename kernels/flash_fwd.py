@@ -17,7 +17,7 @@ from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .softmax_rows import finish_rows
 from .tiling import query_tile, visible_keys
-from .tuning import cfg, config_list, pruner, seq_bucket
+from .tuning import cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
 
     def grid(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
+        return (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
 
     flash_fwd_kernel[grid](
         q, k, v, o, lse,
@@ -123,7 +123,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
         0 if causal_offset is None else int(causal_offset), *split_scale(sm_scale), seq_bucket(max(n_q, n_k)),
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CAUSAL=causal_offset is not None,
+        BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
     )
     return o, lse

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .outputs import new_output
+from .tuning import cdiv, next_pow2
 
 
 @triton.jit
@@ -133,7 +134,7 @@ def _lead3(t, lead_dims):
 
 
 def _block_sizes(head_dim, device):
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_pow2(head_dim))
     if device.type == "cpu":
         return 16, block_d
     return max(1, min(128, 8192 // block_d)), block_d
@@ -153,7 +154,7 @@ def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype):
     (ov, so), (lv, sl) = _lead3(o, lead), _lead3(lse, lead)
     block_r, block_d = _block_sizes(head_dim, o.device)
     with _on_device(o):
-        merge_two_kernel[(triton.cdiv(n_rows, block_r),)](
+        merge_two_kernel[(cdiv(n_rows, block_r),)](
             oa, la, ob, lb, ov, lv, n_rows, ov.shape[1], ov.shape[2], head_dim,
             *soa, *sla, *sob, *slb, *so, *sl,
             BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_a.dtype, o_b.dtype, lse_a.dtype))
@@ -181,7 +182,7 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype):
     (ov, s_o), (lv, s_l) = _lead3(o, lse.dim()), _lead3(lse, lse.dim())
     block_r, block_d = _block_sizes(head_dim, o.device)
     with _on_device(o):
-        merge_stack_kernel[(triton.cdiv(n_rows, block_r),)](
+        merge_stack_kernel[(cdiv(n_rows, block_r),)](
             o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
             o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,
             BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_stack.dtype, lse_stack.dtype))

@@ -4,6 +4,8 @@ Triton passes Python floats to kernels as fp32, which would cap the fp64 gradche
 ~1e-8. The softmax scale therefore travels as two fp32 halves (hi + lo) that an fp64 kernel adds
 back together, and the kernels' own constants are built in the accumulator dtype.
 """
+import functools
+
 import numpy as np
 import torch
 import triton
@@ -13,6 +15,7 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 
+@functools.lru_cache(maxsize=1024)  # host time: two numpy scalar round trips on every launch
 def split_scale(scale: float) -> tuple[float, float]:
     hi = float(np.float32(scale))
     return hi, float(np.float32(scale - hi))

@@ -44,6 +44,8 @@ Scores are kept in base 2 (scale * log2 e folded into one multiply). Rows that s
 O = 0 and LSE = -inf.
 """
 import contextlib
+import functools
+import types
 
 import torch
 import triton
@@ -53,7 +55,7 @@ from . import interpreting
 from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
 from .outputs import new_output
 from .precision import LN2, LOG2E, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
-from .tuning import autotune_enabled, cfg, config_list, pruner, seq_bucket
+from .tuning import autotune_enabled, forget_tuned_launches, launch_tuned, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 # ---------------------------------------------------------------- device functions
 
@@ -503,10 +505,10 @@ def choose_splits(rows_per_head: int, heads_kv: int, n_keys: int, device) -> int
     """How many chunks to cut the keys into, by heuristic: enough programs for ~2 per SM, within
     ``_split_cap``."""
     sms = multiprocessors(device)
-    programs = triton.cdiv(rows_per_head, NOMINAL_BLOCK_M) * heads_kv
+    programs = cdiv(rows_per_head, NOMINAL_BLOCK_M) * heads_kv
     if programs >= sms:
         return 1
-    return min(triton.cdiv(2 * sms, programs), _split_cap(n_keys, device))
+    return min(cdiv(2 * sms, programs), _split_cap(n_keys, device))
 
 
 SPLIT_CANDIDATES = (1, 2, 4, 8)
@@ -523,8 +525,10 @@ _SPLIT_PICKS = {}
 
 
 def clear_split_picks():
-    """Forget the measured split counts (tests clear them with the autotuners' picks)."""
+    """Forget the measured split counts and the remembered launch configs (tests clear them with
+    the autotuners' picks)."""
     _SPLIT_PICKS.clear()
+    forget_tuned_launches()
 
 
 def time_ms(fn) -> float:
@@ -604,22 +608,35 @@ def buffer_rows(rows_per_sample: int, device) -> tuple:
     if torch.device(device).type == "cpu":
         block_r = 4
     else:
-        block_r = max(16, min(64, triton.next_power_of_2(rows_per_sample)))
-    return block_r, min(block_r, triton.next_power_of_2(rows_per_sample))
+        block_r = max(16, min(64, next_pow2(rows_per_sample)))
+    return block_r, min(block_r, next_pow2(rows_per_sample))
+
+
+@functools.lru_cache(maxsize=256)
+def _constexprs(dtype, device_type, head_dim, causal, full_lens, rows_per_sample):
+    """The kernels' compile-time flags for one call signature (read-only; cached, being host time
+    paid on every decode step)."""
+    block_r, rows_pad = buffer_rows(rows_per_sample, device_type)
+    return types.MappingProxyType(dict(
+        HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=bool(causal), FULL_LENS=full_lens,
+        ACC_DTYPE=accumulator_dtype(dtype), DOT_PRECISION=dot_precision(dtype), BLOCK_R=block_r, ROWS_PAD=rows_pad))
 
 
 def _common(q, head_dim, causal, full_lens, rows_per_sample):
-    block_r, rows_pad = buffer_rows(rows_per_sample, q.device)
-    return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CAUSAL=bool(causal),
-                FULL_LENS=full_lens, ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
-                BLOCK_R=block_r, ROWS_PAD=rows_pad)
+    return _constexprs(q.dtype, q.device.type, head_dim, causal, full_lens, rows_per_sample)
 
 
-def _launch(kernel, grid, args, constexprs, config):
-    """Autotuned launch, or one explicit configuration (a dict with BLOCK_M, BLOCK_N, BLOCK_NB,
-    num_warps, num_stages) for tuning studies."""
+def _launch_key(tune_key, splits, q, out_dtype, lens, *flags):
+    """What decides the autotuner's pick for a launch (see ``launch_tuned``): the bucketed sizes
+    and flags of ``_tune_key``, the split count, the tensors' dtypes and the device."""
+    return (*tune_key, splits, q.dtype, out_dtype, None if lens is None else lens.dtype, q.device, *flags)
+
+
+def _launch(kernel, grid, args, constexprs, config, key):
+    """Autotuned launch (its pick remembered under ``key``, see ``launch_tuned``), or one explicit
+    configuration (a dict with BLOCK_M, BLOCK_N, BLOCK_NB, num_warps, num_stages) for tuning studies."""
     if config is None:
-        kernel[grid](*args, **constexprs)
+        launch_tuned(kernel, grid, args, constexprs, key)
         return
     config = dict(config)
     launch = dict(num_warps=config.pop("num_warps", 4), num_stages=config.pop("num_stages", 2))
@@ -647,6 +664,7 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
     kb, vb, lens, n_buf, skb, svb, full = _buffer_args(k_buf, v_buf, buf_lens, q)
     common = _common(q, head_dim, causal, full, group * n_q)
+    tune_key = _tune_key(rows, n_ctx, n_buf, common, config)
 
     def runner(splits):
         """Fresh outputs for this split count, and the launch that writes them."""
@@ -661,7 +679,7 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
         if merge:
             ws_o = new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
             ws_l = new_output((splits, batch, heads_q, n_q), lse.dtype, q.device)
-            counters = _counters(q.device, heads_kv * triton.cdiv(rows, 16))
+            counters = _counters(q.device, heads_kv * cdiv(rows, 16))
         else:
             ws_o, ws_l, counters = o, lse, lse
         args = (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, kb, vb, lens, o, lse, wb_o, wb_l, ws_o, ws_l,
@@ -672,18 +690,18 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
                 rows, group * n_q, n_q, group, n_ctx, n_buf, splits, *split_scale(sm_scale),
                 seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf))
         constexprs = dict(common, HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0, IN_KERNEL_MERGE=merge)
+        key = _launch_key(tune_key, splits, q, o.dtype, buf_lens, n_ctx > 0, n_buf > 0)
 
         def launch():
             # Every launch runs to completion, so its last arrivals leave the merge tickets at zero.
             with _on_device(q):
                 _launch(FUSED[_head_dim_class(head_dim)],
-                        lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, constexprs, config)
+                        lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, constexprs, config, key)
             return o, lse
 
         return launch
 
-    splits = _split_count("fused", num_splits, rows, heads_kv, n_ctx + n_buf, q,
-                          _tune_key(rows, n_ctx, n_buf, common, config), runner)
+    splits = _split_count("fused", num_splits, rows, heads_kv, n_ctx + n_buf, q, tune_key, runner)
     return runner(splits)()  # the caller's own outputs, untouched by any timing run
 
 
@@ -694,6 +712,7 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
     out_dtype = out_dtype or q.dtype
     common = _common(q, head_dim, False, True, group * n_q)
+    tune_key = _tune_key(rows, n_ctx, 0, common, config)
 
     def runner(splits):
         """Fresh partial states for this split count, and the launches (kernel, then the
@@ -704,19 +723,19 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
         args = (q, k_ctx, v_ctx, o, lse, *q.stride()[:3], *k_ctx.stride()[:2], *v_ctx.stride()[:2],
                 *o.stride()[:4], *lse.stride(), rows, group * n_q, n_q, group, n_ctx, splits, *split_scale(sm_scale),
                 seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(0))
+        key = _launch_key(tune_key, splits, q, o.dtype, None)
 
         def launch():
             with _on_device(q):
                 _launch(CONTEXT[_head_dim_class(head_dim)],
-                        lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, common, config)
+                        lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, common, config, key)
                 if splits > 1:
                     return merge_stack_launch(o, lse, out_dtype)
             return o[0], lse[0]
 
         return launch
 
-    splits = _split_count("context", num_splits, rows, heads_kv, n_ctx, q, _tune_key(rows, n_ctx, 0, common, config),
-                          runner)
+    splits = _split_count("context", num_splits, rows, heads_kv, n_ctx, q, tune_key, runner)
     return runner(splits)()
 
 
@@ -730,9 +749,11 @@ def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, o
     args = (q, k_buf, v_buf, lens, o, lse, *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3],
             *o.stride()[:3], *lse.stride(), rows, group * n_q, n_q, group, n_buf, *split_scale(sm_scale),
             seq_bucket(rows), seq_bucket(0), seq_bucket(n_buf), 1)
+    common = _common(q, head_dim, causal, buf_lens is None, group * n_q)
+    key = _launch_key(_tune_key(rows, 0, n_buf, common, config), 1, q, o.dtype, buf_lens)
     with _on_device(q):
-        _launch(BUFFER[_head_dim_class(head_dim)], lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
-                args, _common(q, head_dim, causal, buf_lens is None, group * n_q), config)
+        _launch(BUFFER[_head_dim_class(head_dim)], lambda meta: (cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
+                args, common, config, key)
     return o, lse
 
 

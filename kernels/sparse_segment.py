@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .outputs import new_output
 from .precision import accumulator_dtype
-from .tuning import autotune_enabled, cfg, config_list
+from .tuning import autotune_enabled, cdiv, cfg, config_list, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
            "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel"]
@@ -57,7 +57,7 @@ MAX_GRID_YZ = 65535
 def _prune(configs, named_args, **constexprs):
     """Channel tiles wider than the (power-of-two) output channel count only idle lanes: drop them, keeping at
     least the narrowest config. ATTNBENCH_AUTOTUNE=0 keeps the first survivor only."""
-    width = max(16, triton.next_power_of_2(max(1, int(named_args["CZ"]))))
+    width = max(16, next_pow2(max(1, int(named_args["CZ"]))))
     fitting = [c for c in configs if c.kwargs["BLOCK_C"] <= width]
     fitting = fitting or [min(configs, key=lambda c: c.kwargs["BLOCK_C"])]
     return fitting if autotune_enabled() else fitting[:1]
@@ -275,10 +275,10 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
         rows = min(MAX_GRID_YZ, info.out_size - row0)
 
         def grid(meta, rows=rows):
-            c_tiles = triton.cdiv(cz, meta["BLOCK_C"])
+            c_tiles = cdiv(cz, meta["BLOCK_C"])
             if c_tiles > MAX_GRID_YZ:
                 raise ValueError(f"sparse {op}: {cz} output channels need {c_tiles} channel tiles, over {MAX_GRID_YZ}")
-            return (1 if accumulate else triton.cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
+            return (1 if accumulate else cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
 
         with _on_device(z):
             sparse_product_kernel[grid](
@@ -303,7 +303,7 @@ def sparse_scale_launch(x, info):
         rows = min(MAX_GRID_YZ, info.out_size - row0)
 
         def grid(meta, rows=rows):
-            return (triton.cdiv(batch, meta["BLOCK_N"]), rows, triton.cdiv(channels, meta["BLOCK_C"]))
+            return (cdiv(batch, meta["BLOCK_N"]), rows, cdiv(channels, meta["BLOCK_C"]))
 
         with _on_device(z):
             sparse_scale_kernel[grid](

@@ -13,7 +13,7 @@
 #   graphs        jvp_attention's routes as CUDA-graph replays beside CUDA events (the GPU's time
 #                 without the host's, for the sizes where eager PyTorch is host-bound)
 #   capabilities  `attnbench capabilities`: the differentiation matrix of every implementation
-#   sanitize      compute-sanitizer memcheck over the attention kernels on odd shapes
+#   sanitize      compute-sanitizer memcheck over every operator's Triton kernels on odd shapes
 #   asv           an asv run on this commit (ASV_BENCH=regex: those benchmarks only); with
 #                 ASV_REPORTS=DIR it records the numbers of the
 #                 `attnbench run` JSONs in DIR (same commit, same machine) instead of timing again
@@ -70,9 +70,18 @@ if has capabilities; then
   status=$((status | $?))
 fi
 if has sanitize; then
-  ATTNBENCH_AUTOTUNE=0 compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/gpu_dev_jvp.py --sanitize \
-      2>&1 | tail -n 20 | tee "$ART/sanitize.log"
-  status=$((status | $?))
+  # the attention kernels on odd shapes (scripts/gpu_dev_jvp.py --sanitize), then every Triton
+  # variant of the other operators over their tiny cases (odd sizes, empty segments and buffers)
+  : >"$ART/sanitize.log"
+  for target in "scripts/gpu_dev_jvp.py --sanitize" \
+      "-m attnbench check --op shared_context --cases tiny --device cuda --variant triton --variant triton_composed" \
+      "-m attnbench check --op sparse --cases tiny --device cuda --variant triton"; do
+    echo "== compute-sanitizer memcheck: $target" | tee -a "$ART/sanitize.log"
+    # shellcheck disable=SC2086
+    ATTNBENCH_AUTOTUNE=0 compute-sanitizer --tool memcheck --error-exitcode 1 python3 $target \
+        2>&1 | tail -n 12 | tee -a "$ART/sanitize.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
 fi
 if has asv; then
   git config --global --add safe.directory "$PWD" 2>/dev/null
