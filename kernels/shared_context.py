@@ -55,7 +55,8 @@ from . import interpreting
 from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
 from .outputs import new_output
 from .precision import LN2, LOG2E, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
-from .tuning import autotune_enabled, forget_tuned_launches, launch_tuned, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .launch import LaunchPlan, forget_plans, plan, remember, tensor_signature
+from .tuning import autotune_enabled, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 # ---------------------------------------------------------------- device functions
 
@@ -528,7 +529,7 @@ def clear_split_picks():
     """Forget the measured split counts and the remembered launch configs (tests clear them with
     the autotuners' picks)."""
     _SPLIT_PICKS.clear()
-    forget_tuned_launches()
+    forget_plans()
 
 
 def time_ms(fn) -> float:
@@ -626,134 +627,197 @@ def _common(q, head_dim, causal, full_lens, rows_per_sample):
     return _constexprs(q.dtype, q.device.type, head_dim, causal, full_lens, rows_per_sample)
 
 
-def _launch_key(tune_key, splits, q, out_dtype, lens, *flags):
-    """What decides the autotuner's pick for a launch (see ``launch_tuned``): the bucketed sizes
-    and flags of ``_tune_key``, the split count, the tensors' dtypes and the device."""
-    return (*tune_key, splits, q.dtype, out_dtype, None if lens is None else lens.dtype, q.device, *flags)
-
-
-def _launch(kernel, grid, args, constexprs, config, key):
-    """Autotuned launch (its pick remembered under ``key``, see ``launch_tuned``), or one explicit
-    configuration (a dict with BLOCK_M, BLOCK_N, BLOCK_NB, num_warps, num_stages) for tuning studies."""
+def _launch(kernel, grid, args, constexprs, config):
+    """Autotuned launch, or one explicit configuration (a dict with BLOCK_M, BLOCK_N, BLOCK_NB,
+    num_warps, num_stages) for tuning studies. Returns what a LaunchPlan needs to repeat it:
+    (JIT function, compiled kernel or None, grid, keyword arguments)."""
     if config is None:
-        launch_tuned(kernel, grid, args, constexprs, key)
-        return
+        compiled = kernel[grid](*args, **constexprs)
+        chosen = kernel.best_config
+        return kernel.fn, compiled, grid(chosen.kwargs), {**constexprs, **chosen.all_kwargs()}
     config = dict(config)
     launch = dict(num_warps=config.pop("num_warps", 4), num_stages=config.pop("num_stages", 2))
     names = kernel.fn.arg_names
     config = {k: v for k, v in config.items() if k in names}  # e.g. BLOCK_N means nothing to the buffer kernel
-    kernel.fn[grid](*args, **constexprs, **config, **launch)
+    kwargs = {**constexprs, **config, **launch}
+    return kernel.fn, kernel.fn[grid](*args, **kwargs), grid(kwargs), kwargs
 
 
-def _buffer_args(k_buf, v_buf, buf_lens, q):
-    """Kernel arguments for the buffer (a stand-in pointer when absent) and whether lengths are full."""
-    if k_buf is None or k_buf.shape[2] == 0:
-        return q, q, q, 0, (0, 0, 0), (0, 0, 0), True
-    lens = buf_lens if buf_lens is not None else q
-    return (k_buf, v_buf, lens, k_buf.shape[2], k_buf.stride()[:3], v_buf.stride()[:3], buf_lens is None)
+def _plan_key(kind, q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, *scalars):
+    """A launch plan's key (kernels/launch.py): every tensor's signature and the call's scalars;
+    None (no plan) under autotuning studies' explicit configs, which the callers pass as a scalar."""
+    return (kind, tensor_signature(q), tensor_signature(k_ctx), tensor_signature(v_ctx), tensor_signature(k_buf),
+            tensor_signature(v_buf), tensor_signature(buf_lens), autotune_enabled(), *scalars)
 
 
 def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype):
+    """The fused kernel's 13 pointer arguments: the inputs (q as the stand-in for an absent part),
+    fresh outputs, the buffer states (passed from the buffer phase to the context phase through
+    L2) and the split partials with their merge tickets."""
+    batch, heads_q, n_q, head_dim = q.shape
+    n_ctx, n_buf = k_ctx.shape[1], 0 if k_buf is None else k_buf.shape[2]
+    o = new_output(q.shape, out_dtype, q.device)
+    lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    wb_o, wb_l = o, lse
+    if n_buf:
+        wb_o = new_output((batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
+        wb_l = new_output((batch, heads_q, n_q), lse.dtype, q.device)
+    ws_o, ws_l, counters = o, lse, lse
+    if splits > 1:
+        ws_o = new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
+        ws_l = new_output((splits, batch, heads_q, n_q), lse.dtype, q.device)
+        counters = _counters(q.device, k_ctx.shape[0] * cdiv(batch * heads_q * n_q // k_ctx.shape[0], 16))
+    return (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, k_buf if n_buf else q, v_buf if n_buf else q,
+            buf_lens if n_buf and buf_lens is not None else q, o, lse, wb_o, wb_l, ws_o, ws_l, counters)
+
+
 def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, num_splits=None, config=None,
-                 out_dtype=None):
-    """Buffer, context and merge in one launch on checked inputs. Returns (o, lse)."""
+                 out_dtype=None, signature=None):
+    """Buffer, context and merge in one launch on checked inputs. Returns (o, lse). ``signature``:
+    the caller's key for the tensors as it was given them, when what it passes here is a function
+    of it (saves recomputing it on the hot path)."""
+    out_dtype = out_dtype or q.dtype
+    if config is not None:
+        key = None
+    elif signature is not None:
+        key = ("fused", signature, autotune_enabled(), causal, sm_scale, num_splits, out_dtype)
+    else:
+        key = _plan_key("fused", q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, num_splits, out_dtype)
+    if key is not None and (known := plan(key)) is not None:  # the decode loop's every call after the first
+        splits, launch_plan = known
+        tensors = _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype)
+        with _on_device(q):
+            launch_plan(tensors)
+        return tensors[6], tensors[7]
     heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
-    kb, vb, lens, n_buf, skb, svb, full = _buffer_args(k_buf, v_buf, buf_lens, q)
+    n_buf = 0 if k_buf is None else k_buf.shape[2]
+    full = n_buf == 0 or buf_lens is None
     common = _common(q, head_dim, causal, full, group * n_q)
     tune_key = _tune_key(rows, n_ctx, n_buf, common, config)
 
-    def runner(splits):
-        """Fresh outputs for this split count, and the launch that writes them."""
-        o = new_output(q.shape, out_dtype or q.dtype, q.device)
-        lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-        if n_buf:  # the buffer states, passed from the buffer phase to the context phase through L2
-            wb_o = new_output((batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
-            wb_l = new_output((batch, heads_q, n_q), lse.dtype, q.device)
-        else:
-            wb_o, wb_l = o, lse
+    def runner(splits, plan_key=None):
+        """Fresh outputs for this split count, and the launch that writes them (and, given a
+        plan_key, remembers how)."""
+        tensors = _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype)
+        _, kc, vc, kb, vb, _, o, lse, wb_o, wb_l, ws_o, ws_l, _ = tensors
         merge = splits > 1
-        if merge:
-            ws_o = new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
-            ws_l = new_output((splits, batch, heads_q, n_q), lse.dtype, q.device)
-            counters = _counters(q.device, heads_kv * cdiv(rows, 16))
-        else:
-            ws_o, ws_l, counters = o, lse, lse
-        args = (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, kb, vb, lens, o, lse, wb_o, wb_l, ws_o, ws_l,
-                counters, *q.stride()[:3], *(k_ctx.stride()[:2] if n_ctx else (0, 0)),
-                *(v_ctx.stride()[:2] if n_ctx else (0, 0)), *skb, *svb, *o.stride()[:3], *lse.stride(),
-                *(wb_o.stride()[:3] if n_buf else (0, 0, 0)), *(wb_l.stride() if n_buf else (0, 0, 0)),
-                *(ws_o.stride()[:4] if merge else (0, 0, 0, 0)), *(ws_l.stride() if merge else (0, 0, 0, 0)),
-                rows, group * n_q, n_q, group, n_ctx, n_buf, splits, *split_scale(sm_scale),
-                seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf))
+        scalars = (*q.stride()[:3], *(kc.stride()[:2] if n_ctx else (0, 0)), *(vc.stride()[:2] if n_ctx else (0, 0)),
+                   *(kb.stride()[:3] if n_buf else (0, 0, 0)), *(vb.stride()[:3] if n_buf else (0, 0, 0)),
+                   *o.stride()[:3], *lse.stride(), *(wb_o.stride()[:3] if n_buf else (0, 0, 0)),
+                   *(wb_l.stride() if n_buf else (0, 0, 0)), *(ws_o.stride()[:4] if merge else (0, 0, 0, 0)),
+                   *(ws_l.stride() if merge else (0, 0, 0, 0)), rows, group * n_q, n_q, group, n_ctx, n_buf, splits,
+                   *split_scale(sm_scale), seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf))
         constexprs = dict(common, HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0, IN_KERNEL_MERGE=merge)
-        key = _launch_key(tune_key, splits, q, o.dtype, buf_lens, n_ctx > 0, n_buf > 0)
 
         def launch():
             # Every launch runs to completion, so its last arrivals leave the merge tickets at zero.
             with _on_device(q):
-                _launch(FUSED[_head_dim_class(head_dim)],
-                        lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, constexprs, config, key)
+                made = _launch(FUSED[_head_dim_class(head_dim)], lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits,
+                                                                               heads_kv),
+                               (*tensors, *scalars), constexprs, config)
+            if plan_key is not None:
+                fn, compiled, grid, kwargs = made
+                remember(plan_key, (splits, LaunchPlan(fn, compiled, grid, len(tensors), scalars, kwargs)))
             return o, lse
 
         return launch
 
     splits = _split_count("fused", num_splits, rows, heads_kv, n_ctx + n_buf, q, tune_key, runner)
-    return runner(splits)()  # the caller's own outputs, untouched by any timing run
+    return runner(splits, _plannable(key, q))()  # the caller's own outputs, untouched by any timing run
+
+
+def _plannable(key, q):
+    """``key`` when a plan may be made now: not while a CUDA graph is being captured or
+    torch.compile traces (a split count picked there is provisional: nothing could be timed)."""
+    if key is None or torch.compiler.is_compiling():
+        return None
+    if q.device.type == "cuda":
+        with _on_device(q):
+            if torch.cuda.is_current_stream_capturing():
+                return None
+    return key
 
 
 def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, out_dtype=None):
     """Attention of every sample's queries over the shared context alone. Returns (o, lse); with
     several splits the partial states are reduced by ``merge_stack_launch`` (a second launch)."""
+    out_dtype = out_dtype or q.dtype
+    key = None if config is not None else _plan_key("context", q, k_ctx, v_ctx, None, None, None, sm_scale,
+                                                    num_splits, out_dtype)
     heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
-    out_dtype = out_dtype or q.dtype
+
+    def partials(splits):
+        part_dtype = _state_dtype(q) if splits > 1 else out_dtype
+        return (q, k_ctx, v_ctx, new_output((splits, batch, heads_q, n_q, head_dim), part_dtype, q.device),
+                new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device))
+
+    def reduced(splits, o, lse):
+        return merge_stack_launch(o, lse, out_dtype) if splits > 1 else (o[0], lse[0])
+
+    if key is not None and (known := plan(key)) is not None:
+        splits, launch_plan = known
+        tensors = partials(splits)
+        with _on_device(q):
+            launch_plan(tensors)
+            return reduced(splits, *tensors[3:])
     common = _common(q, head_dim, False, True, group * n_q)
     tune_key = _tune_key(rows, n_ctx, 0, common, config)
 
-    def runner(splits):
+    def runner(splits, plan_key=None):
         """Fresh partial states for this split count, and the launches (kernel, then the
         reduction) that write them and return (o, lse)."""
-        part_dtype = _state_dtype(q) if splits > 1 else out_dtype
-        o = new_output((splits, batch, heads_q, n_q, head_dim), part_dtype, q.device)
-        lse = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-        args = (q, k_ctx, v_ctx, o, lse, *q.stride()[:3], *k_ctx.stride()[:2], *v_ctx.stride()[:2],
-                *o.stride()[:4], *lse.stride(), rows, group * n_q, n_q, group, n_ctx, splits, *split_scale(sm_scale),
-                seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(0))
-        key = _launch_key(tune_key, splits, q, o.dtype, None)
+        tensors = partials(splits)
+        o, lse = tensors[3:]
+        scalars = (*q.stride()[:3], *k_ctx.stride()[:2], *v_ctx.stride()[:2], *o.stride()[:4], *lse.stride(), rows,
+                   group * n_q, n_q, group, n_ctx, splits, *split_scale(sm_scale), seq_bucket(rows), seq_bucket(n_ctx),
+                   seq_bucket(0))
 
         def launch():
             with _on_device(q):
-                _launch(CONTEXT[_head_dim_class(head_dim)],
-                        lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), args, common, config, key)
-                if splits > 1:
-                    return merge_stack_launch(o, lse, out_dtype)
-            return o[0], lse[0]
+                made = _launch(CONTEXT[_head_dim_class(head_dim)],
+                               lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), (*tensors, *scalars),
+                               common, config)
+                if plan_key is not None:
+                    fn, compiled, grid, kwargs = made
+                    remember(plan_key, (splits, LaunchPlan(fn, compiled, grid, len(tensors), scalars, kwargs)))
+                return reduced(splits, o, lse)
 
         return launch
 
     splits = _split_count("context", num_splits, rows, heads_kv, n_ctx, q, tune_key, runner)
-    return runner(splits)()
+    return runner(splits, _plannable(key, q))()
 
 
 def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, out_dtype=None):
     """Attention of each sample's queries over its own buffer alone. Returns (o, lse)."""
-    heads_kv, n_buf = k_buf.shape[1], k_buf.shape[2]
+    out_dtype = out_dtype or q.dtype
+    heads_kv = k_buf.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
-    o = new_output(q.shape, out_dtype or q.dtype, q.device)
+    o = new_output(q.shape, out_dtype, q.device)
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-    lens = buf_lens if buf_lens is not None else q
-    args = (q, k_buf, v_buf, lens, o, lse, *q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3],
-            *o.stride()[:3], *lse.stride(), rows, group * n_q, n_q, group, n_buf, *split_scale(sm_scale),
-            seq_bucket(rows), seq_bucket(0), seq_bucket(n_buf), 1)
-    common = _common(q, head_dim, causal, buf_lens is None, group * n_q)
-    key = _launch_key(_tune_key(rows, 0, n_buf, common, config), 1, q, o.dtype, buf_lens)
+    tensors = (q, k_buf, v_buf, buf_lens if buf_lens is not None else q, o, lse)
+    key = None if config is not None else _plan_key("buffer", q, None, None, k_buf, v_buf, buf_lens, causal,
+                                                    sm_scale, out_dtype)
+    if key is not None and (known := plan(key)) is not None:
+        with _on_device(q):
+            known(tensors)
+        return o, lse
+    n_buf = k_buf.shape[2]
+    scalars = (*q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], *o.stride()[:3], *lse.stride(), rows,
+               group * n_q, n_q, group, n_buf, *split_scale(sm_scale), seq_bucket(rows), seq_bucket(0),
+               seq_bucket(n_buf), 1)
     with _on_device(q):
-        _launch(BUFFER[_head_dim_class(head_dim)], lambda meta: (cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
-                args, common, config, key)
+        made = _launch(BUFFER[_head_dim_class(head_dim)], lambda meta: (cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
+                       (*tensors, *scalars), _common(q, head_dim, causal, buf_lens is None, group * n_q), config)
+    if (key := _plannable(key, q)) is not None:
+        fn, compiled, grid, kwargs = made
+        remember(key, LaunchPlan(fn, compiled, grid, len(tensors), scalars, kwargs))
     return o, lse
 
 

@@ -63,26 +63,3 @@ def seq_bucket(n: int) -> int:
     """Autotune key for a sequence length: its power-of-two bucket, so odd lengths share a tuning."""
     return next_pow2(max(int(n), 16))
 
-
-_PICKED = {}
-
-
-def launch_tuned(tuner, grid, args, constexprs, key):
-    """Launch an autotuned kernel. ``key`` must determine the tuner's own key (its key arguments
-    and the tensors' dtypes); once the tuner has picked a config for it, later launches call the
-    compiled kernel with that config directly. The autotuner rebuilds its key from every argument
-    on every call, host time that a decode step's microsecond launches cannot hide."""
-    key = (tuner, autotune_enabled(), *key)
-    picked = _PICKED.get(key)
-    if picked is None:
-        tuner[grid](*args, **constexprs)
-        config = tuner.best_config
-        _PICKED[key] = (config.kwargs, config.all_kwargs())
-        return
-    meta, launch_kwargs = picked
-    tuner.fn[grid(meta) if callable(grid) else grid](*args, **constexprs, **launch_kwargs)
-
-
-def forget_tuned_launches():
-    """Forget ``launch_tuned``'s remembered configs (tests clear them with the tuners' caches)."""
-    _PICKED.clear()

@@ -15,7 +15,6 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 import attnbench
 from attnbench.kernels import shared_context as sc

@@ -81,6 +81,38 @@ def test_fused_split_k_is_race_free(oracles, case):
         assert verify.relative_error(composed[0], oracle["o"]) < verify.BOUNDS[case.torch_dtype]
 
 
+@pytest.mark.parametrize("case", [SharedContextCase(48, 4, 4, 2, 3000, 40, 32, True, "varied"),
+                                  SharedContextCase(300, 4, 4, 1, 700, 0, 32, False, "full"),
+                                  SharedContextCase(16, 32, 8, 1, 5000, 200, 128, False, "full")],
+                         ids=lambda c: c.label)
+def test_launch_plans_repeat_the_usual_launch_bitwise(oracles, case):
+    """A repeated call signature launches the compiled kernel from its plan (kernels/launch.py),
+    skipping Triton's launcher: bitwise what the usual launch gives, on new data too, and inside a
+    CUDA graph replayed on new inputs."""
+    from attnbench.kernels import launch
+    from attnbench.kernels import shared_context as sc
+
+    x, oracle, _ = oracles(case)
+    sc.clear_split_picks()  # forgets the plans too
+    usual = shared_context_attention(*_args(x), check_lengths=False)
+    (made,) = [p for key, p in launch._PLANS.items() if key[0] == "fused"]
+    assert made[1].run is not None, "triton >= 3.4 on CUDA: plans call the compiled kernel"
+    planned = shared_context_attention(*_args(x), check_lengths=False)
+    assert torch.equal(usual[0], planned[0]) and torch.equal(usual[1], planned[1])
+    assert verify.relative_error(planned[0], oracle["o"]) < verify.BOUNDS[case.torch_dtype]
+    static = {k: (v.clone() if v is not None else None) for k, v in x.items()}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = shared_context_attention(*_args(static), check_lengths=False)
+    y = OP.make_inputs(case, "cuda", seed=1)
+    for name, t in static.items():
+        if t is not None:
+            t.copy_(y[name])
+    graph.replay()
+    fresh = shared_context_attention(*_args(y), check_lengths=False)
+    assert torch.equal(captured[0], fresh[0]) and torch.equal(captured[1], fresh[1])
+
+
 def test_rows_that_see_no_key_on_gpu():
     case = SharedContextCase(9, 4, 2, 3, 0, 40, 64, True, "varied")
     x = OP.make_inputs(case, "cuda", 0)

@@ -15,6 +15,7 @@ detached.
 import torch
 
 from ...kernels import unavailable_reason as kernels_unavailable_reason
+from ...kernels.launch import tensor_signature
 from ...kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
 from .spec import INT32_MAX, check_inputs
 
@@ -31,36 +32,68 @@ def unsupported_on_cuda(dtype, head_dim):
     return None
 
 
-def _unit_stride(name, t):
-    """Contiguous head dimension and int32-safe offsets inside one head (row x row stride);
-    anything else is copied. The batch and head offsets are int64 in the kernels."""
+def _needs_copy(name, t) -> bool:
+    """Whether ``t`` must be copied: the kernels take a contiguous head dimension and int32-safe
+    offsets inside one head (row x row stride); the batch and head offsets are int64 in them."""
     if t is None:
-        return None
+        return False
     rows, head_dim = t.shape[-2], t.shape[-1]
     if t.stride(-1) == 1 and (rows - 1) * t.stride(-2) + head_dim <= INT32_MAX:
-        return t
+        return False
     if rows * head_dim > INT32_MAX:
         raise ValueError(f"{name}: {rows} x {head_dim} elements per head exceeds 2**31 - 1")
-    return t.contiguous()
+    return True
+
+
+def _unit_stride(name, t):
+    return t.contiguous() if _needs_copy(name, t) else t
+
+
+_CHECKED = {}  # call signature -> (Shapes, which tensors to copy to unit stride): see _checked
+MAX_REMEMBERED = 4096  # signatures; past this the memo starts over (a sweep of shapes, not a decode loop)
+
+
+def _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale):
+    """Everything check_inputs reads, when it reads no values (None: not memoizable, check in full)."""
+    if not (isinstance(causal, bool) and (scale is None or type(scale) in (float, int))):
+        return None
+    tensors = (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens)
+    if not all(t is None or type(t) is torch.Tensor for t in tensors):
+        return None
+    return (*(tensor_signature(t) for t in tensors), causal, scale)
 
 
 def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths):
-    shapes = check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale,
-                          check_lengths=check_lengths)
+    """Check a call and bring its tensors to what the kernels take. A decode loop repeats one call
+    signature every step; the checks that read only shapes, strides, dtypes and devices passed for
+    it once and are not repeated (host time is the decode step's bound at small sizes)."""
+    reads_values = check_lengths and buf_lens is not None
+    key = None if reads_values else _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale)
+    known = _CHECKED.get(key) if key is not None else None
+    if known is None:
+        shapes = check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale,
+                              check_lengths=check_lengths)
+        if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, shapes.head_dim)):
+            raise ValueError(reason)
+        copies = tuple(_needs_copy(n, t) for n, t in
+                       (("q", q), ("k_ctx", k_ctx), ("v_ctx", v_ctx), ("k_buf", k_buf), ("v_buf", v_buf)))
+        known = shapes, copies
+        if key is not None:
+            if len(_CHECKED) >= MAX_REMEMBERED:
+                _CHECKED.clear()
+            _CHECKED[key] = known
+    shapes, copies = known
     if reason := unavailable_reason(q.device):
-        raise ValueError(reason)
-    if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, shapes.head_dim)):
         raise ValueError(reason)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_ctx, v_ctx, k_buf, v_buf)):
         raise RuntimeError("shared_context's Triton kernels have no backward: call them under torch.no_grad() "
                            "(inference / decode) or use the reference for gradients")
     if shapes.n_buf == 0:
         k_buf = v_buf = buf_lens = None
-    elif buf_lens is not None:
+    elif buf_lens is not None and not buf_lens.is_contiguous():
         buf_lens = buf_lens.contiguous()
-    tensors = [_unit_stride(n, t) for n, t in
-               (("q", q), ("k_ctx", k_ctx), ("v_ctx", v_ctx), ("k_buf", k_buf), ("v_buf", v_buf))]
-    return shapes, (*tensors, buf_lens)
+    tensors = [t.contiguous() if copy else t for t, copy in zip((q, k_ctx, v_ctx, k_buf, v_buf), copies)]
+    return shapes, (*tensors, buf_lens), key
 
 
 def _num_splits(num_splits):
@@ -75,10 +108,10 @@ def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=N
     split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
     kernels/shared_context.py); ``config`` forces one launch configuration."""
     num_splits = _num_splits(num_splits)
-    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens) = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
-                                                                 scale, check_lengths)
+    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
+                                                                            causal, scale, check_lengths)
     return fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
-                        num_splits=num_splits, config=config)
+                        num_splits=num_splits, config=config, signature=signature)
 
 
 def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False,
@@ -86,8 +119,8 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
                                       buffer_config=None):
     """Path (a): the context kernel (and its split reduction), the buffer kernel, then merge_states."""
     num_splits = _num_splits(num_splits)
-    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens) = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
-                                                                 scale, check_lengths)
+    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), _ = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
+                                                                    scale, check_lengths)
     return composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
                            num_splits=num_splits, context_config=context_config, buffer_config=buffer_config)
 
@@ -95,7 +128,7 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
 def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=None):
     """Every sample's queries against the shared context alone (e.g. batched point prediction)."""
     num_splits = _num_splits(num_splits)
-    shapes, (q, k_ctx, v_ctx, *_) = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
+    shapes, (q, k_ctx, v_ctx, *_), _ = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
     if shapes.n_ctx == 0:
         raise ValueError("context_attention needs n_ctx >= 1")
     return context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config)
@@ -106,6 +139,6 @@ def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None
     if not isinstance(k_buf, torch.Tensor) or k_buf.dim() != 4:
         raise ValueError("k_buf must be a [batch, heads_kv, n_buf, head_dim] tensor")
     empty_ctx = k_buf.new_empty((k_buf.shape[1], 0, k_buf.shape[3]))
-    shapes, (q, _, _, k_buf, v_buf, buf_lens) = _checked(q, empty_ctx, empty_ctx, k_buf, v_buf, buf_lens, causal,
-                                                         scale, check_lengths)
+    shapes, (q, _, _, k_buf, v_buf, buf_lens), _ = _checked(q, empty_ctx, empty_ctx, k_buf, v_buf, buf_lens, causal,
+                                                            scale, check_lengths)
     return buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config)
