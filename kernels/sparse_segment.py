@@ -222,7 +222,10 @@ def scale_out_shape(x_shape, out_size):
 
 def _row_bounds(info):
     """[2, out_size]: the (start, end) positions of every output row's segment, (0, 0) for rows of no segment,
-    so one program per output row finds its terms (and the rows outside index_out are written as zeros)."""
+    so one program per output row finds its terms (and the rows outside index_out are written as zeros).
+    A SparseProductInfo carries them (``row_bounds``); other info objects get them built here."""
+    if getattr(info, "row_bounds", None) is not None:
+        return info.row_bounds
     bounds = torch.zeros(2, info.out_size, dtype=torch.int64, device=info.index1.device)
     bounds[0, info.index_out] = info.seg_out[:-1]
     bounds[1, info.index_out] = info.seg_out[1:]
@@ -248,8 +251,8 @@ def _on_device(t):
 def sparse_product_launch(op, x, y, info, out_accumulated=False):
     """z of ``sparse_product_split(op, x, y, info, out_accumulated)`` from the product kernel, in x's dtype.
 
-    ``info`` needs scale, index1, index2, seg_out, gather_index, index_out and out_size (a SparseProductInfo or
-    any object with those). x and y have one dtype; any strides (no copy)."""
+    ``info`` needs scale, index1, index2, gather_index, out_size and either row_bounds or seg_out and index_out
+    (a SparseProductInfo or any object with those). x and y have one dtype; any strides (no copy)."""
     rank_x, rank_y, _ = CHANNEL_RANKS[op]
     out_shape = product_out_shape(op, x.shape, y.shape, info.out_size, out_accumulated)
     z = new_output(out_shape, x.dtype, x.device)

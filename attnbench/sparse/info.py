@@ -90,7 +90,10 @@ class SparseProductInfo:
     t = gather_index[k] (t = k without gather_index); s = scale (1 when None).
 
     ``size1`` and ``size2`` (not in the seed) are the sparse sizes of x and y, so that index ranges are checked
-    here and input shapes at each call. ``term_out`` is derived: the output row of each position k.
+    here and input shapes at each call. ``term_out`` is derived: the output row of each position k; so is
+    ``row_bounds`` [2, out_size], the (start, end) positions of every output row's segment ((0, 0) for a row of
+    no segment), which the Triton kernel reads (one program per output row) and would otherwise rebuild, three
+    small launches, on every call.
     """
 
     scale: Optional[Tensor]
@@ -103,6 +106,7 @@ class SparseProductInfo:
     size1: int
     size2: int
     term_out: Tensor = field(init=False, repr=False)
+    row_bounds: Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
         for name in ("out_size", "size1", "size2"):
@@ -122,6 +126,10 @@ class SparseProductInfo:
             raise ValueError("index_out must not repeat a row (each output row is written by one segment)")
         _check_seg_out(self.seg_out, self.index_out.numel(), num_positions, device)
         object.__setattr__(self, "term_out", _segment_ids(self.seg_out, self.index_out, num_positions))
+        bounds = torch.zeros(2, self.out_size, dtype=torch.int64, device=device)
+        bounds[0, self.index_out] = self.seg_out[:-1]
+        bounds[1, self.index_out] = self.seg_out[1:]
+        object.__setattr__(self, "row_bounds", bounds)
 
     @property
     def device(self):

@@ -44,15 +44,15 @@ def _launch(launcher, *tensors_then_args):
 
 @torch.library.custom_op("attnbench::sparse_product", mutates_args=())
 def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Tensor, index2: Tensor,
-                      seg_out: Tensor, gather_index: Optional[Tensor], index_out: Tensor, out_size: int, op: str,
+                      row_bounds: Tensor, gather_index: Optional[Tensor], out_size: int, op: str,
                       out_accumulated: bool) -> Tensor:
-    info = SimpleNamespace(scale=scale, index1=index1, index2=index2, seg_out=seg_out, gather_index=gather_index,
-                           index_out=index_out, out_size=out_size)
+    info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
+                           gather_index=gather_index, out_size=out_size)
     return _launch(lambda a, b: sparse_product_launch(op, a, b, info, out_accumulated), x, y)
 
 
 @sparse_product_op.register_fake
-def _(x, y, scale, index1, index2, seg_out, gather_index, index_out, out_size, op, out_accumulated):
+def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -85,8 +85,8 @@ torch.library.register_vmap(sparse_scale_op, _slice_and_stack(sparse_scale_op, 1
 
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
     """``sparse_product_split`` on the Triton kernel (same shapes and dtype)."""
-    return sparse_product_op(x, y, info.scale, info.index1, info.index2, info.seg_out, info.gather_index,
-                             info.index_out, info.out_size, op, bool(out_accumulated))
+    return sparse_product_op(x, y, info.scale, info.index1, info.index2, info.row_bounds, info.gather_index,
+                             info.out_size, op, bool(out_accumulated))
 
 
 def sparse_scale_triton(x, info):
