@@ -4,7 +4,8 @@ Tiny shapes (operators/shared_context TINY_SHAPES) cover context and buffer leng
 block multiples (the interpreter uses 16-row tiles, 16-key context blocks and buffer steps of
 8 keys over 4 rows), an empty buffer, per-sample lengths from 0 to full, GQA and MQA, head dims 24 and 80,
 Lq 1, 2 and 3 with a causal buffer, rows that see no key, and several row tiles; fp32, fp16 and
-fp64 (bf16 is GPU-only: the interpreter's bf16 tl.dot is wrong). The split-K paths are forced
+fp64 (bf16 runs as a float32 upcast there: the interpreter's bf16 tl.dot is wrong, and the API
+once returned its garbage without an error). The split-K paths are forced
 with explicit split counts; the Hydragen and stride-0 peers' folding and merging run through
 torch's CPU flash kernel.
 """
@@ -205,3 +206,23 @@ def test_peers_decline_what_they_cannot_express():
     x = OP.make_inputs(gqa_causal, "cpu", 0)
     with pytest.raises(Unsupported, match="GQA and Lq > 1"):
         peers.split_peer_forward("fold_flash", gqa_causal, x, backend="cpu")()
+
+
+def test_bfloat16_runs_as_a_float32_upcast_in_the_interpreter():
+    """numpy has no bfloat16 (the interpreter's bf16 dot returned values of 1e8): every entry point
+    runs bf16 inputs as float32 and rounds o back, so bf16 on a CPU equals the fp32 run rounded."""
+    case = SharedContextCase(3, 4, 2, 2, 40, 24, 16, True, "varied", dtype="bfloat16")
+    x = OP.make_inputs(case, "cpu")
+    wide = {k: v.float() if v is not None and v.is_floating_point() else v for k, v in x.items()}
+    args = lambda t: (t["q"], t["k_ctx"], t["v_ctx"], t["k_buf"], t["v_buf"], t["buf_lens"])  # noqa: E731
+    for api in (shared_context_attention, shared_context_attention_composed):
+        o, lse = api(*args(x), causal=True)
+        o32, lse32 = api(*args(wide), causal=True)
+        assert o.dtype == torch.bfloat16 and torch.equal(o, o32.to(torch.bfloat16)) and torch.equal(lse, lse32)
+        assert verify.relative_error(o, OP.oracle(case, x)["o"]) < verify.BOUNDS[torch.bfloat16]
+    o, _ = context_attention(x["q"], x["k_ctx"], x["v_ctx"])
+    assert o.dtype == torch.bfloat16
+    assert torch.equal(o, context_attention(wide["q"], wide["k_ctx"], wide["v_ctx"])[0].to(torch.bfloat16))
+    o, _ = buffer_attention(x["q"], x["k_buf"], x["v_buf"], x["buf_lens"], causal=True)
+    assert torch.equal(o, buffer_attention(wide["q"], wide["k_buf"], wide["v_buf"], wide["buf_lens"],
+                                           causal=True)[0].to(torch.bfloat16))

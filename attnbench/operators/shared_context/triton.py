@@ -14,6 +14,7 @@ detached.
 """
 import torch
 
+from ...attention.ops import interpreter_upcasts
 from ...kernels import unavailable_reason as kernels_unavailable_reason
 from ...kernels.launch import tensor_signature
 from ...kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
@@ -93,7 +94,15 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     elif buf_lens is not None and not buf_lens.is_contiguous():
         buf_lens = buf_lens.contiguous()
     tensors = [t.contiguous() if copy else t for t, copy in zip((q, k_ctx, v_ctx, k_buf, v_buf), copies)]
+    if interpreter_upcasts(q.dtype):  # numpy has no bfloat16: the interpreter runs it as float32
+        tensors = [None if t is None else t.float() for t in tensors]
     return shapes, (*tensors, buf_lens), key
+
+
+def _in_dtype(out, dtype):
+    """(o, lse) with o in the inputs' dtype (bfloat16 results of the interpreter's float32 run)."""
+    o, lse = out
+    return (o if o.dtype == dtype else o.to(dtype)), lse
 
 
 def _num_splits(num_splits):
@@ -108,10 +117,11 @@ def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=N
     split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
     kernels/shared_context.py); ``config`` forces one launch configuration."""
     num_splits = _num_splits(num_splits)
+    dtype = q.dtype
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
                                                                             causal, scale, check_lengths)
-    return fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
-                        num_splits=num_splits, config=config, signature=signature)
+    return _in_dtype(fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
+                                  num_splits=num_splits, config=config, signature=signature), dtype)
 
 
 def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False,
@@ -119,19 +129,22 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
                                       buffer_config=None):
     """Path (a): the context kernel (and its split reduction), the buffer kernel, then merge_states."""
     num_splits = _num_splits(num_splits)
+    dtype = q.dtype
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), _ = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
                                                                     scale, check_lengths)
-    return composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
-                           num_splits=num_splits, context_config=context_config, buffer_config=buffer_config)
+    return _in_dtype(composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
+                                     num_splits=num_splits, context_config=context_config,
+                                     buffer_config=buffer_config), dtype)
 
 
 def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=None):
     """Every sample's queries against the shared context alone (e.g. batched point prediction)."""
     num_splits = _num_splits(num_splits)
+    dtype = q.dtype
     shapes, (q, k_ctx, v_ctx, *_), _ = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
     if shapes.n_ctx == 0:
         raise ValueError("context_attention needs n_ctx >= 1")
-    return context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config)
+    return _in_dtype(context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config), dtype)
 
 
 def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None, check_lengths=True, config=None):
@@ -139,6 +152,7 @@ def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None
     if not isinstance(k_buf, torch.Tensor) or k_buf.dim() != 4:
         raise ValueError("k_buf must be a [batch, heads_kv, n_buf, head_dim] tensor")
     empty_ctx = k_buf.new_empty((k_buf.shape[1], 0, k_buf.shape[3]))
+    dtype = q.dtype
     shapes, (q, _, _, k_buf, v_buf, buf_lens), _ = _checked(q, empty_ctx, empty_ctx, k_buf, v_buf, buf_lens, causal,
                                                             scale, check_lengths)
-    return buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config)
+    return _in_dtype(buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config), dtype)
