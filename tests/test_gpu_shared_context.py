@@ -94,22 +94,22 @@ def test_launch_plans_repeat_the_usual_launch_bitwise(oracles, case):
 
     x, oracle, _ = oracles(case)
     sc.clear_split_picks()  # forgets the plans too
-    usual = shared_context_attention(*_args(x), check_lengths=False)
+    usual = shared_context_attention(*_args(x), causal=case.causal, check_lengths=False)
     (made,) = [p for key, p in launch._PLANS.items() if key[0] == "fused"]
     assert made[1].run is not None, "triton >= 3.4 on CUDA: plans call the compiled kernel"
-    planned = shared_context_attention(*_args(x), check_lengths=False)
+    planned = shared_context_attention(*_args(x), causal=case.causal, check_lengths=False)
     assert torch.equal(usual[0], planned[0]) and torch.equal(usual[1], planned[1])
     assert verify.relative_error(planned[0], oracle["o"]) < verify.BOUNDS[case.torch_dtype]
     static = {k: (v.clone() if v is not None else None) for k, v in x.items()}
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = shared_context_attention(*_args(static), check_lengths=False)
+        captured = shared_context_attention(*_args(static), causal=case.causal, check_lengths=False)
     y = OP.make_inputs(case, "cuda", seed=1)
     for name, t in static.items():
         if t is not None:
             t.copy_(y[name])
     graph.replay()
-    fresh = shared_context_attention(*_args(y), check_lengths=False)
+    fresh = shared_context_attention(*_args(y), causal=case.causal, check_lengths=False)
     assert torch.equal(captured[0], fresh[0]) and torch.equal(captured[1], fresh[1])
 
 

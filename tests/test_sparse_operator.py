@@ -112,6 +112,24 @@ def test_every_tiny_case_mode_and_variant_passes_on_cpu():
     assert skipped and all("torch_csr: only SparseScale" in s for s in skipped)
 
 
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "double_bwd"])
+def test_split_variant_runs_split_where_triton_is_the_default(monkeypatch, mode):
+    """On CUDA tensors the Functions default to the Triton kernels: the split baseline must force its own
+    implementation (a first GPU run timed Triton twice, once under the name "split")."""
+    from attnbench.sparse import functional
+
+    def no_triton(*args, **kwargs):
+        raise AssertionError("the split variant launched a Triton kernel")
+
+    monkeypatch.setattr(functional, "implementation_for", lambda x: functional._implementation or "triton")
+    monkeypatch.setattr(functional, "sparse_product_triton", no_triton)
+    monkeypatch.setattr(functional, "sparse_scale_triton", no_triton)
+    op = attnbench.get("sparse")
+    for case in [c for c in op.cases("tiny") if c.op in ("vecsca", "scale")][:2]:
+        x = op.make_inputs(case, "cpu")
+        op.variants["split"].prepare(case, x, mode)()
+
+
 def test_double_backward_is_not_trivially_zero():
     case = SparseCase("vecsca", 1, 3, 2)
     out = OP.oracle(case, OP.make_inputs(case, "cpu"))

@@ -37,7 +37,6 @@ fully connected layer; "scale-rand": a random CSR):
 The split implementation materializes [N, T, C...] terms (T = 11896 at L 6), so it runs out of memory on the
 largest cases; the runner records those rows as skipped ("out of memory").
 """
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -272,10 +271,18 @@ def _autograd_prepare(case, inputs, mode, forward):
 def _functions_variant(name, implementation, kind=None, description="", unavailable_reason=None):
     """A variant that runs the autograd Functions of attnbench.sparse.functional (their backward is the rotated-
     infos structure, to any order), with ``implementation()`` (a context manager factory) entered around every call
-    of the ops: ``contextlib.nullcontext`` for the split implementation; the Triton variant passes the switch that
-    forces its kernels."""
+    of the ops: the switch to the split implementation for "split" (on CUDA tensors the default is Triton), to the
+    Triton kernels for "triton"."""
     def prepare(case, inputs, mode):
-        return _autograd_prepare(case, inputs, mode, _forward(case, inputs["infos"], implementation))
+        with implementation():  # the untimed forward (and first backward) here
+            fn = _autograd_prepare(case, inputs, mode, _forward(case, inputs["infos"], implementation))
+
+        def run():  # the backward that autograd runs in the timed call is the Functions' too
+            with implementation():
+                return fn()
+
+        run.graph_capturable = fn.graph_capturable
+        return run
 
     extra = {} if unavailable_reason is None else {"unavailable_reason": unavailable_reason}
     return Variant(name, kind or name, prepare, SparseOperator.modes, description, **extra)
@@ -297,8 +304,8 @@ class SparseOperator(Operator):
             lambda case, inputs, mode: _autograd_prepare(case, inputs, mode, _forward(case, inputs["infos"], None)),
             self.modes, "dense einsum over the structure's coefficient tensor, torch autograd (the oracle, run in "
                         "the case dtype)"))
-        self.add_variant(_functions_variant(
-            "split", contextlib.nullcontext, description="the autograd Functions, split-PyTorch (index_select, "
+        self.add_variant(_functions_variant(  # forced: by default the Functions run Triton on CUDA tensors
+            "split", lambda: functional.use_implementation("split"), description="the autograd Functions, split-PyTorch (index_select, "
                                                          "dense op, index_add); backward by rotated infos"))
         self.add_variant(_functions_variant(
             "triton", lambda: functional.use_implementation("triton"), unavailable_reason=triton_ops.unavailable_reason,
