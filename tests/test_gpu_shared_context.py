@@ -100,6 +100,13 @@ def test_launch_plans_repeat_the_usual_launch_bitwise(oracles, case):
     planned = shared_context_attention(*_args(x), causal=case.causal, check_lengths=False)
     assert torch.equal(usual[0], planned[0]) and torch.equal(usual[1], planned[1])
     assert verify.relative_error(planned[0], oracle["o"]) < verify.BOUNDS[case.torch_dtype]
+    side = torch.cuda.Stream()  # another stream gets scratch of its own (kept per plan and stream)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = shared_context_attention(*_args(x), causal=case.causal, check_lengths=False)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(usual[0], on_side[0]) and torch.equal(usual[1], on_side[1])
+    assert len(made[2]) == (2 if case.n_buf or made[0] > 1 else 0)
     static = {k: (v.clone() if v is not None else None) for k, v in x.items()}
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
