@@ -5,26 +5,28 @@ look like a plausible answer. Under ``poisoned_outputs()`` every output starts a
 so an unwritten element fails any comparison.
 """
 import contextlib
-import threading
 
 import torch
 
-_state = threading.local()
+# Process-wide, not thread-local: autograd runs the backward of CUDA tensors on a thread of its own per
+# device, and the backward kernels' outputs must be poisoned too (verification is single-threaded).
+_poison = False
 
 
 def _poisoning() -> bool:
-    return getattr(_state, "poison", False)
+    return _poison
 
 
 @contextlib.contextmanager
 def poisoned_outputs(enabled: bool = True):
     """Within this block, launchers fill new outputs with NaN before the kernel writes them."""
-    before = _poisoning()
-    _state.poison = enabled
+    global _poison
+    before = _poison
+    _poison = enabled
     try:
         yield
     finally:
-        _state.poison = before
+        _poison = before
 
 
 def new_output(shape, dtype: torch.dtype, device) -> torch.Tensor:

@@ -550,17 +550,12 @@ def test_scale_float64_gradcheck_and_gradgradcheck(triton_only):
 E3NN_L, E3NN_C, E3NN_N = (1, 2, 3) if DRYRUN else (3, 16, 4096)
 
 
-def _e3nn_sign(l_max):
-    """(-1)^l per flat row (l m) of irreps 0..l_max."""
-    return torch.tensor([(-1.0) ** l for l in range(l_max + 1) for _ in range(2 * l + 1)], device=DEVICE)
-
-
 def test_vecsca_matches_e3nn_tensor_product(triton_only):
     """Our vecsca over cg_product_infos against e3nn's TensorProduct as the operator's e3nn peer builds it ('uvu',
     every path of irreps 0..L, no normalization; peers._e3nn_tensor_product) on the peer's layout, fp32, forward,
     gradients and double backward. e3nn's wigner_3j(l1, l2, l3) is (-1)^l3 so3.clebsch_gordan(l1, l2, l3)
-    exactly (checked first: a different convention, not a kernel error, fails there), so e3nn's output is ours
-    with the odd-l rows negated. Bound: ours as above plus e3nn's, whose 3j are rounded to fp32 once (+u32) and
+    exactly (checked first: a different convention, not a kernel error, fails there); the peer weighs each path
+    by that sign, so its output is ours. Bound: ours as above plus e3nn's, whose 3j are rounded to fp32 once (+u32) and
     whose sums may run in any order (m doubled, to be safe)."""
     pytest.importorskip("e3nn")
     from e3nn import o3
@@ -573,10 +568,9 @@ def test_vecsca_matches_e3nn_tensor_product(triton_only):
     case = ProductCase("vecsca", cg(E3NN_L), E3NN_N, (E3NN_C,), ())
     inputs, _, absolute = oracles(case)
     infos = case.infos()
-    sign = _e3nn_sign(E3NN_L)[:, None]
-    tp = peers._e3nn_tensor_product(E3NN_L, E3NN_C).to(device=DEVICE, dtype=torch.float32)
+    tp = peers._e3nn_tensor_product(E3NN_L, E3NN_C, torch.device(DEVICE), torch.float32)
     x, y, g, hx, hy = (inputs[k] for k in ("x", "y", "g", "hx", "hy"))
-    ours = derivatives(lambda a, b: sign * sparse_vecsca(a, b, infos), (x, y), g, (hx, hy))
+    ours = derivatives(lambda a, b: sparse_vecsca(a, b, infos), (x, y), g, (hx, hy))
     theirs = derivatives(lambda a, b: peers._from_e3nn(tp(peers._to_e3nn(a, E3NN_L), b), E3NN_L, E3NN_C), (x, y),
                          g, (hx, hy))
     m = case.chain_length()
@@ -585,11 +579,9 @@ def test_vecsca_matches_e3nn_tensor_product(triton_only):
         assert_within(f"e3nn {name}", a, b.double(), factor * bound)
 
 
-@pytest.mark.xfail(strict=True, reason="the e3nn peer feeds our real basis to e3nn unchanged and returns e3nn's "
-                                       "output as is: odd-l3 rows come out negated (wigner_3j = (-1)^l3 CG)")
 def test_e3nn_peer_passes_the_operators_check():
-    """The peer as the runner verifies it. It should pass once peers.e3nn_prepare maps e3nn's sign convention
-    (then drop the xfail: strict, so the fix is noticed)."""
+    """The peer as the runner verifies it (it once fed our basis to e3nn unchanged: odd-l3 rows came out negated,
+    wigner_3j = (-1)^l3 CG; its paths now carry that sign)."""
     pytest.importorskip("e3nn")
     case = SparseCase("vecsca", E3NN_L, E3NN_N, E3NN_C, "float32")
     x = OP.make_inputs(case, DEVICE)

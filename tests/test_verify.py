@@ -350,6 +350,19 @@ def test_poisoned_outputs_fills_new_outputs_with_nan_and_restores():
     assert not kernel_outputs._poisoning()
 
 
+def test_poisoning_reaches_autograds_threads():
+    """Autograd runs the backward of CUDA tensors on a device thread of its own: a thread-local switch
+    left the backward kernels' outputs unpoisoned there."""
+    import threading
+
+    seen = []
+    with poisoned_outputs():
+        worker = threading.Thread(target=lambda: seen.append(kernel_outputs._poisoning()))
+        worker.start()
+        worker.join()
+    assert seen == [True]
+
+
 def test_poisoned_outputs_restores_after_an_exception():
     with pytest.raises(RuntimeError):
         with poisoned_outputs():

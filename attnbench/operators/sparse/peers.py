@@ -59,7 +59,7 @@ def e3nn_unavailable(device):
 
 
 @functools.lru_cache(maxsize=None)
-def _e3nn_tensor_product(l_max, channels):
+def _e3nn_tensor_product(l_max, channels, device, dtype):
     """x: C x l (l = 0..L, all even parity, so that every triangle path is allowed, as in the CG structure),
     y: 1 x l, z: C x l; one 'uvu' instruction per path (l1, l2, l3), no weights, no normalization: each path is
     e3nn's wigner_3j (Frobenius norm 1, like so3.clebsch_gordan)."""
@@ -69,9 +69,22 @@ def _e3nn_tensor_product(l_max, channels):
 
     irreps_x = o3.Irreps([(channels, (l, 1)) for l in range(l_max + 1)])
     irreps_y = o3.Irreps([(1, (l, 1)) for l in range(l_max + 1)])
-    instructions = [(l1, l2, l3, "uvu", False) for l1, l2, l3 in so3.tensor_product_paths(l_max, l_max, l_max)]
+    # e3nn 0.6's wigner_3j equals so3.clebsch_gordan up to a sign per path ((-1)^l3 where measured, L <= 3):
+    # each path's weight is that sign, found here, so the peer computes our function; a path that differs by
+    # more than a sign (another real basis) makes the peer decline
+    instructions = [(l1, l2, l3, "uvu", False, _path_sign(o3.wigner_3j(l1, l2, l3), so3.clebsch_gordan(l1, l2, l3)))
+                    for l1, l2, l3 in so3.tensor_product_paths(l_max, l_max, l_max)]
     return o3.TensorProduct(irreps_x, irreps_y, irreps_x, instructions, irrep_normalization="none",
-                            path_normalization="none")
+                            path_normalization="none").to(device=device, dtype=dtype)  # one module per device, dtype
+
+
+def _path_sign(theirs, ours):
+    """+1.0 or -1.0 with theirs == sign * ours (theirs is float32 in e3nn); else Unsupported."""
+    theirs, ours = torch.as_tensor(theirs, dtype=torch.float64), torch.as_tensor(ours, dtype=torch.float64)
+    for sign in (1.0, -1.0):
+        if torch.allclose(theirs, sign * ours, rtol=0, atol=1e-6):
+            return sign
+    raise Unsupported("e3nn: its wigner_3j differs from so3.clebsch_gordan by more than a sign (another real basis)")
 
 
 def _to_e3nn(t, l_max):
@@ -90,9 +103,8 @@ def _from_e3nn(t, l_max, channels):
 
 
 def e3nn_prepare(case, inputs, mode):
-    """vecsca of the CG structure, batched x and y: the coupling of the fully connected layer. Its real basis and
-    Wigner 3j signs may differ from attnbench.sparse.so3's; the check then says so (e3nn is not installed where this
-    was written, so it has not been run)."""
+    """vecsca of the CG structure, batched x and y: the coupling of the fully connected layer (each path weighted
+    by the sign that maps e3nn's wigner_3j onto so3.clebsch_gordan)."""
     sparse = _module()
     reason = e3nn_unavailable(None)
     if reason:
@@ -101,7 +113,7 @@ def e3nn_prepare(case, inputs, mode):
         raise Unsupported("e3nn: only vecsca (x with C channels per irrep, y one channel, both batched) is one "
                           "e3nn TensorProduct of the CG structure; the other products have no e3nn equivalent")
     try:
-        tp = _e3nn_tensor_product(case.l_max, case.channels).to(device=inputs["x"].device, dtype=case.torch_dtype)
+        tp = _e3nn_tensor_product(case.l_max, case.channels, inputs["x"].device, case.torch_dtype)
     except Exception as exc:  # noqa: BLE001  any failure to build is a reason to report, not a crash
         raise Unsupported(f"e3nn: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
     l_max, channels = case.l_max, case.channels
@@ -117,9 +129,8 @@ def e3nn_prepare(case, inputs, mode):
 
     def run():
         out = fn()
-        back = {"z": lambda t: _from_e3nn(t, l_max, channels), "grad_x": lambda t: _from_e3nn(t, l_max, channels),
-                "ggrad_x": lambda t: _from_e3nn(t, l_max, channels), "ggrad_g": lambda t: _from_e3nn(t, l_max, channels)}
-        return {k: back.get(k, lambda t: t)(v) for k, v in out.items()}
+        in_e3nn_layout = ("z", "grad_x", "ggrad_x", "ggrad_g")  # x-shaped: back to [N, (L+1)^2, C]
+        return {k: _from_e3nn(v, l_max, channels) if k in in_e3nn_layout else v for k, v in out.items()}
 
     run.graph_capturable = mode == "fwd"
     return run
