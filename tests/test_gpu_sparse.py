@@ -554,8 +554,8 @@ def test_vecsca_matches_e3nn_tensor_product(triton_only):
     """Our vecsca over cg_product_infos against e3nn's TensorProduct as the operator's e3nn peer builds it ('uvu',
     every path of irreps 0..L, no normalization; peers._e3nn_tensor_product) on the peer's layout, fp32, forward,
     gradients and double backward. e3nn's wigner_3j(l1, l2, l3) is (-1)^l3 so3.clebsch_gordan(l1, l2, l3)
-    exactly (checked first: a different convention, not a kernel error, fails there); the peer weighs each path
-    by that sign, so its output is ours. Bound: ours as above plus e3nn's, whose 3j are rounded to fp32 once (+u32) and
+    exactly (checked first: a different convention, not a kernel error, fails there); the peer multiplies its
+    output by those signs, so its output is ours. Bound: ours as above plus e3nn's, whose 3j are rounded to fp32 once (+u32) and
     whose sums may run in any order (m doubled, to be safe)."""
     pytest.importorskip("e3nn")
     from e3nn import o3
@@ -568,11 +568,11 @@ def test_vecsca_matches_e3nn_tensor_product(triton_only):
     case = ProductCase("vecsca", cg(E3NN_L), E3NN_N, (E3NN_C,), ())
     inputs, _, absolute = oracles(case)
     infos = case.infos()
-    tp = peers._e3nn_tensor_product(E3NN_L, E3NN_C, torch.device(DEVICE), torch.float32)
+    tp, out_signs = peers._e3nn_tensor_product(E3NN_L, E3NN_C, torch.device(DEVICE), torch.float32)
     x, y, g, hx, hy = (inputs[k] for k in ("x", "y", "g", "hx", "hy"))
     ours = derivatives(lambda a, b: sparse_vecsca(a, b, infos), (x, y), g, (hx, hy))
-    theirs = derivatives(lambda a, b: peers._from_e3nn(tp(peers._to_e3nn(a, E3NN_L), b), E3NN_L, E3NN_C), (x, y),
-                         g, (hx, hy))
+    theirs = derivatives(lambda a, b: peers._from_e3nn(tp(peers._to_e3nn(a, E3NN_L), b) * out_signs, E3NN_L,
+                                                       E3NN_C), (x, y), g, (hx, hy))
     m = case.chain_length()
     for name, a, b, bound, rho in zip(PRODUCT_OUTPUTS, ours, theirs, absolute, PRODUCT_ROUNDINGS):
         factor = error_factor(torch.float32, m, rho) + error_factor(torch.float32, 2 * m, rho + 1)

@@ -60,29 +60,36 @@ def e3nn_unavailable(device):
 
 @functools.lru_cache(maxsize=None)
 def _e3nn_tensor_product(l_max, channels, device, dtype):
-    """x: C x l (l = 0..L, all even parity, so that every triangle path is allowed, as in the CG structure),
-    y: 1 x l, z: C x l; one 'uvu' instruction per path (l1, l2, l3), no weights, no normalization: each path is
-    e3nn's wigner_3j (Frobenius norm 1, like so3.clebsch_gordan)."""
+    """(e3nn module, output signs): x: C x l (l = 0..L, all even parity, so that every triangle path is allowed,
+    as in the CG structure), y: 1 x l, z: C x l; one 'uvu' instruction per path (l1, l2, l3), no weights, no
+    normalization: each path is e3nn's wigner_3j (Frobenius norm 1, like so3.clebsch_gordan). e3nn 0.6's
+    wigner_3j is so3.clebsch_gordan times (-1)^l3 (checked here path by path): the signs, in e3nn's output
+    layout, map its output onto ours (e3nn takes square roots of path weights, so they cannot carry a sign). A
+    path that differs by more than a sign depending on l3 alone (another real basis) makes the peer decline.
+    One module per device and dtype."""
     from e3nn import o3
 
     from ...sparse import so3
 
     irreps_x = o3.Irreps([(channels, (l, 1)) for l in range(l_max + 1)])
     irreps_y = o3.Irreps([(1, (l, 1)) for l in range(l_max + 1)])
-    # e3nn 0.6's wigner_3j equals so3.clebsch_gordan up to a sign per path ((-1)^l3 where measured, L <= 3):
-    # each path's weight is that sign, found here, so the peer computes our function; a path that differs by
-    # more than a sign (another real basis) makes the peer decline
-    instructions = [(l1, l2, l3, "uvu", False, _path_sign(o3.wigner_3j(l1, l2, l3), so3.clebsch_gordan(l1, l2, l3)))
-                    for l1, l2, l3 in so3.tensor_product_paths(l_max, l_max, l_max)]
-    return o3.TensorProduct(irreps_x, irreps_y, irreps_x, instructions, irrep_normalization="none",
-                            path_normalization="none").to(device=device, dtype=dtype)  # one module per device, dtype
+    paths = so3.tensor_product_paths(l_max, l_max, l_max)
+    signs = {}
+    for l1, l2, l3 in paths:
+        sign = _path_sign(o3.wigner_3j(l1, l2, l3, dtype=torch.float64), so3.clebsch_gordan(l1, l2, l3))
+        if signs.setdefault(l3, sign) != sign:
+            raise Unsupported(f"e3nn: the sign between its wigner_3j and so3.clebsch_gordan varies within l3 = {l3}")
+    tp = o3.TensorProduct(irreps_x, irreps_y, irreps_x, [(l1, l2, l3, "uvu", False) for l1, l2, l3 in paths],
+                          irrep_normalization="none", path_normalization="none").to(device=device, dtype=dtype)
+    out_signs = torch.cat([torch.full((channels * (2 * l + 1),), signs.get(l, 1.0)) for l in range(l_max + 1)])
+    return tp, out_signs.to(device=device, dtype=dtype)
 
 
 def _path_sign(theirs, ours):
-    """+1.0 or -1.0 with theirs == sign * ours (theirs is float32 in e3nn); else Unsupported."""
+    """+1.0 or -1.0 with theirs == sign * ours; else Unsupported."""
     theirs, ours = torch.as_tensor(theirs, dtype=torch.float64), torch.as_tensor(ours, dtype=torch.float64)
     for sign in (1.0, -1.0):
-        if torch.allclose(theirs, sign * ours, rtol=0, atol=1e-6):
+        if torch.allclose(theirs, sign * ours, rtol=0, atol=1e-12):
             return sign
     raise Unsupported("e3nn: its wigner_3j differs from so3.clebsch_gordan by more than a sign (another real basis)")
 
@@ -113,7 +120,7 @@ def e3nn_prepare(case, inputs, mode):
         raise Unsupported("e3nn: only vecsca (x with C channels per irrep, y one channel, both batched) is one "
                           "e3nn TensorProduct of the CG structure; the other products have no e3nn equivalent")
     try:
-        tp = _e3nn_tensor_product(case.l_max, case.channels, inputs["x"].device, case.torch_dtype)
+        tp, out_signs = _e3nn_tensor_product(case.l_max, case.channels, inputs["x"].device, case.torch_dtype)
     except Exception as exc:  # noqa: BLE001  any failure to build is a reason to report, not a crash
         raise Unsupported(f"e3nn: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
     l_max, channels = case.l_max, case.channels
@@ -123,7 +130,7 @@ def e3nn_prepare(case, inputs, mode):
                      g=_to_e3nn(inputs["g"], l_max))
 
     def forward(x, y):
-        return tp(x, y)
+        return tp(x, y) * out_signs  # e3nn's output in our sign convention (one elementwise pass on z)
 
     fn = sparse.evaluate(case, converted, forward, mode)
 
