@@ -135,6 +135,20 @@ def test_scale_matches_reference(scale_info_pair, shape):
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_split_sums_half_precision_in_float32(dtype):
+    """1000 ones into one row: summed in bf16 the total sticks at 256 (256 + 1 rounds back to 256), summed in
+    fp16 at 1000 only by luck of the spacing; both must give 1000 (exact in either dtype), as the kernels do."""
+    n = 1000
+    info, _ = scale_infos(torch.arange(n), torch.zeros(n, dtype=torch.int64), None, n, 1)
+    assert functional.sparse_scale_split(torch.ones(2, n, 3, dtype=dtype), info).eq(n).all()
+    product_info = SparseProductInfo(None, torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64),
+                                     torch.tensor([0, n]), None, torch.tensor([0]), 1, 1, 1)
+    z = functional.sparse_product_split("mul", torch.ones(2, 1, 3, dtype=dtype), torch.ones(2, 1, 3, dtype=dtype),
+                                        product_info)
+    assert z.dtype == dtype and z.eq(n).all()
+
+
 def test_empty_structure_gives_zeros():
     empty = torch.zeros(0, dtype=torch.int64)
     infos = product_infos(empty, empty, empty, None, SIZE1, SIZE2, SIZE3)
