@@ -13,6 +13,9 @@ Keys must fix every argument the kernel specializes on: ``tensor_signature`` giv
 part (shape, strides, dtype, device, 16-byte alignment of its pointer); the launcher adds its
 scalars.
 """
+import contextlib
+
+import torch
 import triton
 
 from . import interpreting
@@ -25,6 +28,13 @@ DIRECT_LAUNCH = hasattr(triton, "knobs")
 
 _PLANS = {}
 MAX_PLANS = 4096  # past this the cache starts over (a sweep of shapes, not a decode loop)
+
+
+def on_device(t):
+    """The tensor's GPU made current for a launch (a no-op context when it already is, or on the CPU)."""
+    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def tensor_signature(t):

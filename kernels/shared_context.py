@@ -43,7 +43,6 @@ Kernels:
 Scores are kept in base 2 (scale * log2 e folded into one multiply). Rows that see no key get
 O = 0 and LSE = -inf.
 """
-import contextlib
 import functools
 import types
 
@@ -55,7 +54,7 @@ from . import interpreting
 from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
 from .outputs import new_output
 from .precision import LN2, LOG2E, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
-from .launch import LaunchPlan, forget_plans, plan, remember, tensor_signature
+from .launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
 from .tuning import autotune_enabled, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 # ---------------------------------------------------------------- device functions
@@ -479,13 +478,6 @@ def _head_dim_class(head_dim):
 # ---------------------------------------------------------------- launchers
 
 
-def _on_device(t):
-    """The tensor's GPU made current for the launch (a no-op context when it already is)."""
-    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
-
-
 _SM_COUNT = {}
 
 
@@ -577,7 +569,7 @@ def _split_count(kernel, num_splits, rows, heads_kv, n_keys, q, tune_key, runner
     cap = _split_cap(n_keys, q.device)  # a shape may allow fewer splits than the one timed for its key
     if key in _SPLIT_PICKS:  # the decode loop's every call after the first: no device switch, no candidate list
         return min(_SPLIT_PICKS[key], cap)
-    with _on_device(q):  # q's stream is the one that may be capturing, and the one to time on
+    with on_device(q):  # q's stream is the one that may be capturing, and the one to time on
         if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
             return min(_SPLIT_PICKS.get(key, heuristic), cap)  # nothing may be timed here
         candidates = split_candidates(rows, heads_kv, n_keys, q.device)
@@ -667,28 +659,36 @@ def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def _new_scratch(q, heads_kv, n_buf, splits, stand_ins):
+    """(wb_o, wb_l, ws_o, ws_l, counters): the buffer states (passed from the buffer phase to the
+    context phase through L2), the split partials and their merge tickets. An absent part points at
+    the other part's tensors, or at ``stand_ins`` (an (o, lse) pair) when both are absent: never
+    read (HAS_BUFFER / IN_KERNEL_MERGE are off)."""
+    batch, heads_q, n_q, head_dim = q.shape
+
+    def states(*lead):
+        return (new_output((*lead, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device),
+                new_output((*lead, batch, heads_q, n_q), lse_dtype(q.dtype), q.device))
+
+    wb = states() if n_buf else None
+    ws = states(splits) if splits > 1 else None
+    wb = wb or ws or stand_ins
+    ws = ws or wb
+    counters = _counters(q.device, heads_kv * cdiv(batch * heads_q * n_q // heads_kv, 16)) if splits > 1 else wb[1]
+    return (*wb, *ws, counters)
+
+
 def _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype, scratch=None):
     """The fused kernel's 13 pointer arguments: the inputs (q as the stand-in for an absent part),
-    fresh outputs, the buffer states (passed from the buffer phase to the context phase through
-    L2) and the split partials with their merge tickets; ``scratch``: those last five, kept."""
-    batch, heads_q, n_q, head_dim = q.shape
+    fresh outputs, and the scratch of ``_new_scratch`` (``scratch``: kept from an earlier call)."""
+    batch, heads_q, n_q, _ = q.shape
     n_ctx, n_buf = k_ctx.shape[1], 0 if k_buf is None else k_buf.shape[2]
     o = new_output(q.shape, out_dtype, q.device)
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-    if scratch is not None:
-        return (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, k_buf if n_buf else q, v_buf if n_buf else q,
-                buf_lens if n_buf and buf_lens is not None else q, o, lse, *scratch)
-    wb_o, wb_l = o, lse
-    if n_buf:
-        wb_o = new_output((batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
-        wb_l = new_output((batch, heads_q, n_q), lse.dtype, q.device)
-    ws_o, ws_l, counters = o, lse, lse
-    if splits > 1:
-        ws_o = new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device)
-        ws_l = new_output((splits, batch, heads_q, n_q), lse.dtype, q.device)
-        counters = _counters(q.device, k_ctx.shape[0] * cdiv(batch * heads_q * n_q // k_ctx.shape[0], 16))
+    if scratch is None:
+        scratch = _new_scratch(q, k_ctx.shape[0], n_buf, splits, (o, lse))
     return (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, k_buf if n_buf else q, v_buf if n_buf else q,
-            buf_lens if n_buf and buf_lens is not None else q, o, lse, wb_o, wb_l, ws_o, ws_l, counters)
+            buf_lens if n_buf and buf_lens is not None else q, o, lse, *scratch)
 
 
 # Bytes of scratch (the fused kernel's buffer states and split partials) that plans keep between
@@ -709,23 +709,12 @@ def _kept_scratch(kept, q, heads_kv, n_buf, splits):
     stream = torch.cuda.current_stream(q.device).cuda_stream
     scratch = kept.get(stream)
     if scratch is None:
-        batch, heads_q, n_q, head_dim = q.shape
-        states = []
-        if n_buf:
-            states += [new_output((batch, heads_q, n_q, head_dim), _state_dtype(q), q.device),
-                       new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)]
-        if splits > 1:
-            states += [new_output((splits, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device),
-                       new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)]
-        size = sum(t.numel() * t.element_size() for t in states)
+        scratch = _new_scratch(q, heads_kv, n_buf, splits, None)
+        size = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in scratch[:4]}.values())
         if _kept_bytes + size > MAX_KEPT_SCRATCH_BYTES:
             return None
         _kept_bytes += size
-        # absent parts point at a kept tensor (never read: HAS_BUFFER / IN_KERNEL_MERGE are off)
-        wb_o, wb_l = states[:2]
-        ws_o, ws_l = states[2:] if n_buf and splits > 1 else (states[:2] if splits > 1 else (wb_o, wb_l))
-        counters = _counters(q.device, heads_kv * cdiv(batch * heads_q * n_q // heads_kv, 16)) if splits > 1 else wb_l
-        scratch = kept[stream] = (wb_o, wb_l, ws_o, ws_l, counters)
+        kept[stream] = scratch
     return scratch
 
 
@@ -743,7 +732,7 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
         key = _plan_key("fused", q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, num_splits, out_dtype)
     if key is not None and (known := plan(key)) is not None:  # the decode loop's every call after the first
         splits, launch_plan, kept = known
-        with _on_device(q):
+        with on_device(q):
             scratch = _kept_scratch(kept, q, k_ctx.shape[0], 0 if k_buf is None else k_buf.shape[2], splits)
             tensors = _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype, scratch)
             launch_plan(tensors)
@@ -771,7 +760,7 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
 
         def launch():
             # Every launch runs to completion, so its last arrivals leave the merge tickets at zero.
-            with _on_device(q):
+            with on_device(q):
                 made = _launch(FUSED[_head_dim_class(head_dim)], lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits,
                                                                                heads_kv),
                                (*tensors, *scalars), constexprs, config)
@@ -791,11 +780,8 @@ def _plannable(key, q):
     torch.compile traces (a split count picked there is provisional: nothing could be timed)."""
     if key is None or torch.compiler.is_compiling():
         return None
-    if q.device.type == "cuda":
-        with _on_device(q):
-            if torch.cuda.is_current_stream_capturing():
-                return None
-    return key
+    with on_device(q):
+        return None if _capturing(q.device) else key
 
 
 def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, out_dtype=None):
@@ -818,7 +804,7 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
     if key is not None and (known := plan(key)) is not None:
         splits, launch_plan = known
         tensors = partials(splits)
-        with _on_device(q):
+        with on_device(q):
             launch_plan(tensors)
             return reduced(splits, *tensors[3:])
     common = _common(q, head_dim, False, True, group * n_q)
@@ -834,7 +820,7 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
                    seq_bucket(0))
 
         def launch():
-            with _on_device(q):
+            with on_device(q):
                 made = _launch(CONTEXT[_head_dim_class(head_dim)],
                                lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv), (*tensors, *scalars),
                                common, config)
@@ -860,14 +846,14 @@ def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, o
     key = None if config is not None else _plan_key("buffer", q, None, None, k_buf, v_buf, buf_lens, causal,
                                                     sm_scale, out_dtype)
     if key is not None and (known := plan(key)) is not None:
-        with _on_device(q):
+        with on_device(q):
             known(tensors)
         return o, lse
     n_buf = k_buf.shape[2]
     scalars = (*q.stride()[:3], *k_buf.stride()[:3], *v_buf.stride()[:3], *o.stride()[:3], *lse.stride(), rows,
                group * n_q, n_q, group, n_buf, *split_scale(sm_scale), seq_bucket(rows), seq_bucket(0),
                seq_bucket(n_buf), 1)
-    with _on_device(q):
+    with on_device(q):
         made = _launch(BUFFER[_head_dim_class(head_dim)], lambda meta: (cdiv(rows, meta["BLOCK_M"]), 1, heads_kv),
                        (*tensors, *scalars), _common(q, head_dim, causal, buf_lens is None, group * n_q), config)
     if (key := _plannable(key, q)) is not None:

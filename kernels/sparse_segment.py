@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .outputs import new_output
+from .launch import on_device
 from .precision import accumulator_dtype
 from .tuning import autotune_enabled, cdiv, cfg, config_list, next_pow2
 
@@ -220,18 +221,6 @@ def scale_out_shape(x_shape, out_size):
     return (*x_shape[:-2], out_size, x_shape[-1])
 
 
-def _row_bounds(info):
-    """[2, out_size]: the (start, end) positions of every output row's segment, (0, 0) for rows of no segment,
-    so one program per output row finds its terms (and the rows outside index_out are written as zeros).
-    A SparseProductInfo carries them (``row_bounds``); other info objects get them built here."""
-    if getattr(info, "row_bounds", None) is not None:
-        return info.row_bounds
-    bounds = torch.zeros(2, info.out_size, dtype=torch.int64, device=info.index1.device)
-    bounds[0, info.index_out] = info.seg_out[:-1]
-    bounds[1, info.index_out] = info.seg_out[1:]
-    return bounds
-
-
 def _operand(t, rank):
     """(tensor, s_n, s_m, s_a, s_b): batch stride 0 for a shared operand; channel strides 0 where absent."""
     shared = _is_shared(t, rank)
@@ -242,17 +231,11 @@ def _operand(t, rank):
     return t, s_n, s_m, chans[0], chans[1]
 
 
-def _on_device(t):
-    import contextlib
-
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
 def sparse_product_launch(op, x, y, info, out_accumulated=False):
     """z of ``sparse_product_split(op, x, y, info, out_accumulated)`` from the product kernel, in x's dtype.
 
-    ``info`` needs scale, index1, index2, gather_index, out_size and either row_bounds or seg_out and index_out
-    (a SparseProductInfo or any object with those). x and y have one dtype; any strides (no copy)."""
+    ``info`` needs scale, index1, index2, gather_index, out_size and row_bounds (a SparseProductInfo or any
+    object with those). x and y have one dtype; any strides (no copy)."""
     rank_x, rank_y, _ = CHANNEL_RANKS[op]
     out_shape = product_out_shape(op, x.shape, y.shape, info.out_size, out_accumulated)
     z = new_output(out_shape, x.dtype, x.device)
@@ -271,7 +254,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     x, s_xn, s_xm, s_xa, s_xb = _operand(x, rank_x)
     y, s_yn, s_ym, s_ya, s_yb = _operand(y, rank_y)
     zv = z.reshape(1 if shared or accumulate else batch, info.out_size, cz)
-    bounds = _row_bounds(info)
+    bounds = info.row_bounds  # [2, out_size]: each output row's segment (start, end); (0, 0) if none
     scale = info.scale if info.scale is not None else bounds  # a dummy pointer when HAS_SCALE is False
     gather = info.gather_index if info.gather_index is not None else bounds
     for row0 in range(0, info.out_size, MAX_GRID_YZ):
@@ -283,7 +266,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
                 raise ValueError(f"sparse {op}: {cz} output channels need {c_tiles} channel tiles, over {MAX_GRID_YZ}")
             return (1 if accumulate else cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
 
-        with _on_device(z):
+        with on_device(z):
             sparse_product_kernel[grid](
                 x, y, zv, scale, info.index1, info.index2, gather, bounds,
                 batch, info.out_size, row0, cz, c2, r,
@@ -308,7 +291,7 @@ def sparse_scale_launch(x, info):
         def grid(meta, rows=rows):
             return (cdiv(batch, meta["BLOCK_N"]), rows, cdiv(channels, meta["BLOCK_C"]))
 
-        with _on_device(z):
+        with on_device(z):
             sparse_scale_kernel[grid](
                 xv, zv, scale, info.index, info.seg_out, batch, row0, channels, channels,
                 xv.stride(0), xv.stride(1), xv.stride(2), zv.stride(0), zv.stride(1),

@@ -10,7 +10,6 @@ Launches run on the tensors' own GPU, or on the CPU through Triton's interpreter
 bfloat16 runs as a float32 upcast rounded back to bfloat16, as the attention kernels do
 (``attnbench.attention.ops.interpreter_upcasts``).
 """
-import contextlib
 from types import SimpleNamespace
 from typing import Optional
 
@@ -37,8 +36,7 @@ def _launch(launcher, *tensors_then_args):
     upcast = dtype == torch.bfloat16 and interpreting()
     args = [a.float() if upcast and isinstance(a, Tensor) and a.dtype == torch.bfloat16 else a
             for a in tensors_then_args]
-    with torch.cuda.device(tensors[0].device) if tensors[0].is_cuda else contextlib.nullcontext():
-        out = launcher(*args)
+    out = launcher(*args)  # the kernels' launchers make the tensors' GPU current
     return out.to(torch.bfloat16) if upcast else out
 
 

@@ -160,20 +160,21 @@ SWEEP_N = (10_000, 100_000, 1_000_000)
 SHARED_IN_SWEEP = {"vecmat": "y", "mat_t_vec": "x"}
 
 
-def _tiny():
+def _listed(products, scales, dtypes):
+    """Cases from (op, L, N, C, shared) product rows and (L, N, C, structure) scale rows, per dtype."""
     cases = []
-    for dtype in ("float32", "float64"):
-        cases += [SparseCase(op, l, n, c, dtype, shared) for op, l, n, c, shared in TINY]
-        cases += [SparseCase("scale", l, n, c, dtype, structure=s) for l, n, c, s in TINY_SCALE]
+    for dtype in dtypes:
+        cases += [SparseCase(op, l, n, c, dtype, shared) for op, l, n, c, shared in products]
+        cases += [SparseCase("scale", l, n, c, dtype, structure=s) for l, n, c, s in scales]
     return cases
+
+
+def _tiny():
+    return _listed(TINY, TINY_SCALE, ("float32", "float64"))
 
 
 def _gpu():
-    cases = []
-    for dtype in ("float32", "bfloat16"):
-        cases += [SparseCase(op, l, n, c, dtype, shared) for op, l, n, c, shared in GPU]
-        cases += [SparseCase("scale", l, n, c, dtype, structure=s) for l, n, c, s in GPU_SCALE]
-    return cases
+    return _listed(GPU, GPU_SCALE, ("float32", "bfloat16"))
 
 
 def _anchor():
@@ -305,10 +306,12 @@ class SparseOperator(Operator):
             self.modes, "dense einsum over the structure's coefficient tensor, torch autograd (the oracle, run in "
                         "the case dtype)"))
         self.add_variant(_functions_variant(  # forced: by default the Functions run Triton on CUDA tensors
-            "split", lambda: functional.use_implementation("split"), description="the autograd Functions, split-PyTorch (index_select, "
-                                                         "dense op, index_add); backward by rotated infos"))
+            "split", lambda: functional.use_implementation("split"),
+            description="the autograd Functions, split-PyTorch (index_select, dense op, index_add); backward by "
+                        "rotated infos"))
         self.add_variant(_functions_variant(
-            "triton", lambda: functional.use_implementation("triton"), unavailable_reason=triton_ops.unavailable_reason,
+            "triton", lambda: functional.use_implementation("triton"),
+            unavailable_reason=triton_ops.unavailable_reason,
             description="the autograd Functions on the CSR segment kernels (kernels/sparse_segment.py): every output "
                         "row written once, no atomics; backward by rotated infos, so every order runs on them"))
         self.add_variant(Variant("torch_csr", "peer", peers.torch_csr_prepare, self.modes,
