@@ -176,9 +176,12 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                     if oracle is not None:
                         row.max_error = max(verify.relative_error(outputs[k], oracle[k]) for k in outputs)
                     del outputs
-                    row.timing = measure(fn, device, cuda_graph=cuda_graph, rep_ms=rep_ms)
                     if device.type == "cpu" and op.variants[name].kind == "triton" and interpreting():
-                        row.timing.method = "interpreter"  # a check that it runs, not a speed
+                        # a check that it runs, not a speed: one sample, never compared (``comparable``)
+                        row.timing = measure(fn, device, warmup_ms=0, rep_ms=0, cpu_reps=1)
+                        row.timing.method = "interpreter"
+                    else:
+                        row.timing = measure(fn, device, cuda_graph=cuda_graph, rep_ms=rep_ms)
                     row.peak_mem_bytes = peak_memory_bytes(fn, device)
                     perf = achieved(*_cost(op, case, mode), row.timing, ceil)
                     row.tflops, row.gbps, row.roofline_pct = perf.tflops, perf.gbps, perf.roofline_pct
