@@ -55,7 +55,7 @@ from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_st
 from .outputs import new_output
 from .precision import LN2, LOG2E, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
-from .tuning import autotune_enabled, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .tuning import autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
 
 # ---------------------------------------------------------------- device functions
 
@@ -317,7 +317,6 @@ _PRUNE = {"early_config_prune": pruner(_fits)}
 NOMINAL_BLOCK_M = 64
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
-INTERPRETER_SMS = 4  # so that tiny CPU-gate cases take the split path too
 
 
 # ---------------------------------------------------------------- kernels
@@ -476,19 +475,6 @@ def _head_dim_class(head_dim):
 
 
 # ---------------------------------------------------------------- launchers
-
-
-_SM_COUNT = {}
-
-
-def multiprocessors(device) -> int:
-    device = torch.device(device)
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
 
 
 def _split_cap(n_keys: int, device) -> int:

@@ -8,6 +8,7 @@ blocks are tiny, so that tiny test shapes still span several blocks and hit ever
 """
 import os
 
+import torch
 import triton
 
 from . import interpreting
@@ -63,3 +64,20 @@ def seq_bucket(n: int) -> int:
     """Autotune key for a sequence length: its power-of-two bucket, so odd lengths share a tuning."""
     return next_pow2(max(int(n), 16))
 
+
+
+# Under the interpreter the "device" has this many multiprocessors, so that the launchers' occupancy rules
+# (split the work when the grid is too small to fill the GPU) are taken by tiny CPU-gate shapes too.
+INTERPRETER_SMS = 4
+_SM_COUNT = {}
+
+
+def multiprocessors(device) -> int:
+    """Streaming multiprocessors of ``device`` (cached: a property query per launch is host time)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]

@@ -9,6 +9,7 @@ import torch
 
 import attnbench
 from attnbench.kernels import shared_context as sc
+from attnbench.kernels import tuning
 from attnbench.operators.shared_context import SharedContextCase
 from attnbench.operators.shared_context.triton import context_attention, shared_context_attention
 
@@ -42,7 +43,7 @@ def measuring(monkeypatch):
 
 
 def _h200(monkeypatch):
-    monkeypatch.setitem(sc._SM_COUNT, 0, H200_SMS)
+    monkeypatch.setitem(tuning._SM_COUNT, 0, H200_SMS)
     return torch.device("cuda", 0)
 
 
