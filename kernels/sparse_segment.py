@@ -11,10 +11,11 @@ Both are memory-bound gathers (1-20 FLOP per byte), so the layout is chosen for 
   order, accumulates in registers (fp32, fp64 for fp64 inputs) and stores its tile exactly once. Rows without
   a segment store zeros, so outputs need no zero fill and no element is written twice: no atomics, and the
   result is bitwise deterministic (the sum order is the CSR order, fixed by the info).
-* ``out_accumulated`` (z summed over the batch): the program loops over all batch blocks itself (grid axis 0
-  is then 1) and reduces its [BLOCK_N, BLOCK_C] accumulator over the batch at the end: deterministic as well.
-  This trades parallelism (rows x channel tiles programs) for determinism; the issue allowed atomics here, but
-  none are used.
+* ``out_accumulated`` (z summed over the batch): grid axis 0 splits the batch into NUM_SPLITS contiguous ranges
+  of batch blocks; each program reduces its [BLOCK_N, BLOCK_C] accumulator over its range and stores a partial
+  row, and the partials are summed in split order afterwards (``_batch_splits`` picks the count: with one
+  program per row and channel tile, the FC layer's weight gradient had ~150 programs walking 1e5 batch items
+  each). Deterministic as well; the issue allowed atomics here, none are used.
 * Channel loads are along the contiguous channel dim, so a warp reads consecutive addresses of one gathered
   row; a shared operand (no batch dim) has batch stride 0 and is read once per term per program, then
   broadcast over the batch block in registers.
@@ -22,7 +23,14 @@ Both are memory-bound gathers (1-20 FLOP per byte), so the layout is chosen for 
   (C1, C2) is c = a * C2 + b); ops that contract (inner, vecmat, mat_t_vec) loop over the contracted dim R in
   BLOCK_R chunks inside each term. Channel strides are arguments, so the transposed views the backward passes
   (vecmat's y^T, outer's gz^T) are read in place without a copy.
+* ``DOT``: vecmat with a shared y and mat_t_vec with a shared x (the FC layer's weight and its transposed use in
+  the backward) are, per term, a [BLOCK_N, R] x [R, BLOCK_C] matrix product: ``tl.dot`` (tensor cores for half
+  precision, full-precision fp32 FMAs for fp32, never TF32) instead of a broadcast multiply and sum (9-11x
+  faster on the H200 at the anchors' forward).
 
+Measured on the H200 and not kept (results/gpu/nvidia-h200/sparse-notes.md): walking all the rows of a batch
+block in one program (for L1 reuse of its x rows) and taking several terms of a segment at a time (for loads in
+flight) each left the elementwise products within 0.8-1.4x of this layout.
 Grid axes 1 and 2 are capped at 65535 programs by CUDA: rows launch in chunks (ROW0), channel tiles never come
 close for the channel sizes this operator sees (the launcher checks).
 """
@@ -33,7 +41,7 @@ import triton.language as tl
 from .outputs import new_output
 from .launch import on_device
 from .precision import accumulator_dtype
-from .tuning import autotune_enabled, cdiv, cfg, config_list, next_pow2
+from .tuning import autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
            "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel"]
@@ -57,16 +65,27 @@ MAX_GRID_YZ = 65535
 
 def _prune(configs, named_args, **constexprs):
     """Channel tiles wider than the (power-of-two) output channel count only idle lanes: drop them, keeping at
-    least the narrowest config. ATTNBENCH_AUTOTUNE=0 keeps the first survivor only."""
+    least the narrowest config; the DOT route keeps its own configs (tl.dot wants 16-wide tiles), the others
+    theirs. ATTNBENCH_AUTOTUNE=0 keeps the first survivor only."""
+    dot = bool(constexprs.get("DOT", named_args.get("DOT", False)))
+    route = [c for c in configs if (id(c) in _DOT_ROUTE) == dot] or configs  # the interpreter has one config
     width = max(16, next_pow2(max(1, int(named_args["CZ"]))))
-    fitting = [c for c in configs if c.kwargs["BLOCK_C"] <= width]
-    fitting = fitting or [min(configs, key=lambda c: c.kwargs["BLOCK_C"])]
+    fitting = [c for c in route if c.kwargs["BLOCK_C"] <= width]
+    fitting = fitting or [min(route, key=lambda c: c.kwargs["BLOCK_C"])]
     return fitting if autotune_enabled() else fitting[:1]
 
 
 # GPU: 4 warps; channel tiles 32-128 wide, a few batch rows per program (a shared operand is then read once for
 # them all), contraction chunks of 8-16. Not measured here (no GPU in this session): sensible defaults, default
 # first. Interpreter: tiny blocks, so tiny test shapes span several batch blocks, channel tiles and R chunks.
+_DOT_CONFIGS = [  # 32-128 batch rows (tl.dot's M), R chunks of 16-32
+    cfg(4, 2, BLOCK_N=64, BLOCK_C=64, BLOCK_R=32),
+    cfg(4, 2, BLOCK_N=32, BLOCK_C=64, BLOCK_R=32),
+    cfg(8, 2, BLOCK_N=64, BLOCK_C=128, BLOCK_R=32),
+    cfg(4, 2, BLOCK_N=128, BLOCK_C=32, BLOCK_R=32),
+    cfg(4, 2, BLOCK_N=32, BLOCK_C=32, BLOCK_R=16),
+]
+_DOT_ROUTE = {id(c) for c in _DOT_CONFIGS}
 _PRODUCT_CONFIGS = config_list(
     [
         cfg(4, 1, BLOCK_N=2, BLOCK_C=64, BLOCK_R=16),
@@ -75,6 +94,7 @@ _PRODUCT_CONFIGS = config_list(
         cfg(4, 1, BLOCK_N=8, BLOCK_C=32, BLOCK_R=8),
         cfg(8, 1, BLOCK_N=4, BLOCK_C=128, BLOCK_R=8),
         cfg(4, 1, BLOCK_N=16, BLOCK_C=16, BLOCK_R=8),
+        *_DOT_CONFIGS,
     ],
     cfg(1, 1, BLOCK_N=2, BLOCK_C=2, BLOCK_R=2),
 )
@@ -90,14 +110,15 @@ _SCALE_CONFIGS = config_list(
 )
 
 
-@triton.autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER"],
+@triton.autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER", "DOT"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
                           N, OUT_SIZE, ROW0, CZ, C2, R,
                           s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, s_zn, s_zm,
                           OP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_GATHER: tl.constexpr,
-                          ACCUMULATE: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                          ACCUMULATE: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                          ACC_DTYPE: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
     # The op's body is written inline (no helper calls): the interpreter pays milliseconds per nested call.
     row = ROW0 + tl.program_id(1)  # output row: rows without a segment have start == end and store zeros
@@ -116,8 +137,11 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
     acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
     # values used after the loop are defined before it (a compiled Triton loop scopes its body's names)
     offs_n0 = tl.arange(0, BLOCK_N)
-    if ACCUMULATE:  # z summed over the batch: this program walks every batch block (grid axis 0 is 1)
-        num_blocks = tl.cdiv(N, BLOCK_N)
+    if ACCUMULATE:  # z summed over the batch: this program walks its split's range of batch blocks
+        per_split = tl.cdiv(tl.cdiv(N, BLOCK_N), tl.num_programs(0))
+        offs_n0 += tl.program_id(0) * per_split * BLOCK_N
+        num_blocks = tl.minimum(per_split, tl.cdiv(N, BLOCK_N) - tl.program_id(0) * per_split)
+        Z += tl.program_id(0).to(tl.int64) * s_zn  # this split's partial row (s_zn unused otherwise)
     else:
         offs_n0 += tl.program_id(0) * BLOCK_N
         num_blocks = 1
@@ -132,8 +156,10 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
                 t = tl.load(GATHER + k)
             else:
                 t = k
-            x_row = x_n + tl.load(INDEX1 + t) * s_xm
-            y_row = y_n + tl.load(INDEX2 + t) * s_ym
+            i1 = tl.load(INDEX1 + t)
+            i2 = tl.load(INDEX2 + t)
+            x_row = x_n + i1 * s_xm
+            y_row = y_n + i2 * s_ym
             if OP == MUL or OP == OUTER:
                 term = (tl.load(x_row + x_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE)
                         * tl.load(y_row + y_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE))
@@ -151,6 +177,24 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
                     total += tl.sum(tl.load(x_row + offs_r[None, :] * s_xa, mask=mr, other=0.0).to(ACC_DTYPE)
                                     * tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0).to(ACC_DTYPE), 1)
                 term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE) + total[:, None]
+            elif DOT:  # the shared matrix's [R, BLOCK_C] slice times the batch block's [BLOCK_N, R] vectors
+                term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+                for r0 in range(0, R, BLOCK_R):
+                    offs_r = r0 + tl.arange(0, BLOCK_R)
+                    mr = n_mask & (offs_r[None, :] < R)
+                    mrc = (offs_r[:, None] < R) & c_mask[None, :]
+                    if OP == VECMAT:  # y shared: y[i2] is [R, C]
+                        vec = tl.load(x_row + offs_r[None, :] * s_xa, mask=mr, other=0.0)
+                        mat = tl.load(Y + i2 * s_ym + offs_r[:, None] * s_ya + offs_c[None, :] * s_yb,
+                                      mask=mrc, other=0.0)
+                    else:  # MAT_T_VEC, x shared: x[i1] is [R, C]
+                        vec = tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0)
+                        mat = tl.load(X + i1 * s_xm + offs_r[:, None] * s_xa + offs_c[None, :] * s_xb,
+                                      mask=mrc, other=0.0)
+                    if IEEE:
+                        term = tl.dot(vec, mat, term, input_precision="ieee", out_dtype=ACC_DTYPE)
+                    else:
+                        term = tl.dot(vec, mat, term, out_dtype=ACC_DTYPE)
             else:  # VECMAT z[c] = sum_r x[r] y[r, c];  MAT_T_VEC z[c] = sum_r x[r, c] y[r]: [N, R, C] tiles
                 term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
                 for r0 in range(0, R, BLOCK_R):
@@ -254,6 +298,13 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     x, s_xn, s_xm, s_xa, s_xb = _operand(x, rank_x)
     y, s_yn, s_ym, s_ya, s_yb = _operand(y, rank_y)
     zv = z.reshape(1 if shared or accumulate else batch, info.out_size, cz)
+    splits = _batch_splits(batch, info.out_size, cz, multiprocessors(z.device), z.device.type) if accumulate else 1
+    if splits > 1:  # partial sums per batch range, in the accumulator's precision, summed in split order below
+        zv = torch.empty((splits, info.out_size, cz), dtype=torch.float64 if x.dtype == torch.float64 else
+                         torch.float32, device=z.device)
+    # the shared matrix of the FC layer (and of its backward) through tl.dot; fp64 keeps the FMA route
+    dot = ((op == "vecmat" and _is_shared(y, rank_y)) or (op == "mat_t_vec" and _is_shared(x, rank_x))) \
+        and not shared and not accumulate and x.dtype != torch.float64
     bounds = info.row_bounds  # [2, out_size]: each output row's segment (start, end); (0, 0) if none
     scale = info.scale if info.scale is not None else bounds  # a dummy pointer when HAS_SCALE is False
     gather = info.gather_index if info.gather_index is not None else bounds
@@ -264,7 +315,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
             c_tiles = cdiv(cz, meta["BLOCK_C"])
             if c_tiles > MAX_GRID_YZ:
                 raise ValueError(f"sparse {op}: {cz} output channels need {c_tiles} channel tiles, over {MAX_GRID_YZ}")
-            return (1 if accumulate else cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
+            return (splits if accumulate else cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
 
         with on_device(z):
             sparse_product_kernel[grid](
@@ -272,8 +323,27 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
                 batch, info.out_size, row0, cz, c2, r,
                 s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, zv.stride(0), zv.stride(1),
                 OP=PRODUCT_OPS[op], HAS_SCALE=info.scale is not None, HAS_GATHER=info.gather_index is not None,
-                ACCUMULATE=accumulate, ACC_DTYPE=accumulator_dtype(x.dtype))
+                ACCUMULATE=accumulate, DOT=dot, IEEE=x.dtype == torch.float32, ACC_DTYPE=accumulator_dtype(x.dtype))
+    if splits > 1:
+        z.copy_(zv.sum(0).view(z.shape))  # torch's reduction over a dim: a fixed order, no atomics
     return z
+
+
+# Programs per SM the batch splits aim at, the most splits, and the most bytes of partial sums.
+PROGRAMS_PER_SM = 8
+MAX_BATCH_SPLITS = 64
+MAX_PARTIAL_BYTES = 1 << 28
+
+
+def _batch_splits(batch, rows, cz, sms, device_type="cuda"):
+    """Batch ranges of an out_accumulated product: enough (rows x 64-wide channel tiles x splits) programs for
+    PROGRAMS_PER_SM per SM, each range at least 256 batch items (2 under the interpreter, so that tiny CPU-gate
+    shapes split too), within MAX_BATCH_SPLITS and MAX_PARTIAL_BYTES (fp64 partials counted)."""
+    programs = rows * cdiv(cz, 64)
+    wanted = cdiv(PROGRAMS_PER_SM * sms, programs)
+    room = MAX_PARTIAL_BYTES // max(1, rows * cz * 8)
+    least = 256 if device_type == "cuda" else 2
+    return max(1, min(wanted, cdiv(batch, least), MAX_BATCH_SPLITS, room))
 
 
 def sparse_scale_launch(x, info):

@@ -109,7 +109,9 @@ def test_product_low_precision(infos, op, dtype):
     covers it (T <= 12 terms a segment here, times N = 3 with the batch sum). The reference is float64 on the
     same (rounded) inputs."""
     eps = torch.finfo(dtype).eps
-    cases = [("shared_y", False), ("batched", True)] if dtype == torch.float32 else [("batched", True)]
+    # a shared matrix (vecmat's y, mat_t_vec's x) takes the tl.dot route in every precision but fp64
+    shared_matrix = {"vecmat": [("shared_y", False)], "mat_t_vec": [("shared_x", False)]}.get(op, [])
+    cases = ([("shared_y", False)] if dtype == torch.float32 else []) + shared_matrix + [("batched", True)]
     for sharing, out_accumulated in cases:
         x, y = make_inputs(op, *SHARING[sharing], seed=7, dtype=dtype)
         z = _product(op, x, y, infos, out_accumulated)
@@ -139,6 +141,17 @@ def test_scale_matches_reference(scale_info_pair, shape, dtype):
     assert y.shape == expected.shape and y.dtype == dtype
     tolerance = 1e-12 if dtype == torch.float64 else 1e-6  # fp32: <= 12 terms of |s x| < 4 each, eps32 = 1.2e-7
     torch.testing.assert_close(y.double(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_batch_splits_of_a_batch_sum():
+    """out_accumulated: enough batch ranges to fill the GPU, each of 256 items at least, within the caps."""
+    from attnbench.kernels.sparse_segment import MAX_BATCH_SPLITS, PROGRAMS_PER_SM, _batch_splits
+
+    assert _batch_splits(100_000, rows=9, cz=1024, sms=132) == -(-PROGRAMS_PER_SM * 132 // (9 * 16))
+    assert _batch_splits(1_000, rows=9, cz=1024, sms=132) == 4  # 256 items a range at least
+    assert _batch_splits(10**6, rows=1, cz=1, sms=132) == MAX_BATCH_SPLITS
+    assert _batch_splits(10**6, rows=10_000, cz=64, sms=132) == 1  # the rows alone fill the GPU
+    assert _batch_splits(3, rows=5, cz=1, sms=4, device_type="cpu") == 2
 
 
 def test_empty_structure_gives_zeros(triton_only):

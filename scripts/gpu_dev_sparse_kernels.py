@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The sparse segment kernels side by side with an earlier version of themselves, in one run on one GPU.
+
+    python3 scripts/gpu_dev_sparse_kernels.py --baseline FILE [--json OUT.json] [--quick]
+
+FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
+case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
+(``new``), the same with the launchers swapped for FILE's (``old``), and the split-PyTorch variant; e3nn's
+tensor product joins on the vecsca cases where it is installed. Each row gives the medians (CUDA events, L2
+flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
+measured copy bandwidth, and the new result's error against the old one (the same sums in the same order, so
+they should agree to rounding).
+"""
+import argparse
+import importlib.util
+import json
+import sys
+
+import torch
+
+import attnbench
+from attnbench import verify
+from attnbench.operators.sparse import SparseCase
+from attnbench.roofline import ceilings, machine_info
+from attnbench.sparse import triton_ops
+from attnbench.timing import measure
+
+OP = attnbench.get("sparse")
+
+
+def load_baseline(path):
+    spec = importlib.util.spec_from_file_location("attnbench.kernels._baseline_sparse_segment", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def cases(quick):
+    """The FC layer's shared-weight vecmat (its DOT route and its weight gradient's batch splits are what changed),
+    two vecsca and one scale case as controls (their kernels did not change), fp32 and bf16."""
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        for l_max, channels, batch in ((2, 32, 100_000), (3, 128, 10_000), (4, 32, 10_000), (2, 128, 100_000)):
+            out.append(SparseCase("vecmat", l_max, batch, channels, dtype, "y"))
+        for l_max, channels, batch in ((2, 128, 100_000), (4, 32, 10_000)):
+            out.append(SparseCase("vecsca", l_max, batch, channels, dtype))
+        out.append(SparseCase("scale", 3, 1_000_000, 128, dtype, structure="segment"))
+    if quick:
+        out = [c for c in out if c.dtype == "float32"][:4]
+    return out
+
+
+def timed(case, x, mode, variant, launchers=None):
+    saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch)
+    if launchers:
+        triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
+    try:
+        fn = OP.variants[variant].prepare(case, x, mode)
+        outputs = {k: v.detach().clone() for k, v in fn().items()}
+        timing = measure(fn, "cuda")
+        return timing.median_ms, outputs
+    finally:
+        triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = saved
+        torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--baseline", required=True)
+    parser.add_argument("--json")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--modes", default="fwd,bwd,double_bwd")
+    args = parser.parse_args()
+    old = load_baseline(args.baseline)
+    old_launchers = (old.sparse_product_launch, old.sparse_scale_launch)
+    ceil = ceilings("cuda")
+    info = machine_info("cuda")
+    print(f"# {info['device_name']} | torch {info['torch']} | triton {info['triton']} | copy {ceil.copy_gbps:.0f} GB/s")
+    print("| case | mode | new ms | old ms | split ms | e3nn ms | new/old | new/split | new/e3nn | GB/s | % copy | "
+          "new vs old err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    rows = []
+    for case in cases(args.quick):
+        x = OP.make_inputs(case, "cuda", 0)
+        for mode in args.modes.split(","):
+            row = {"case": case.label, "mode": mode}
+            try:
+                row["new_ms"], new_out = timed(case, x, mode, "triton")
+                row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
+                row["error_vs_old"] = max(verify.relative_error(new_out[k], old_out[k]) for k in new_out)
+                del new_out, old_out
+                for peer in ("split", "e3nn"):
+                    if peer in OP.variants and OP.variants[peer].unavailable_reason(torch.device("cuda")) is None:
+                        try:
+                            row[f"{peer}_ms"], _ = timed(case, x, mode, peer)
+                        except Exception as exc:  # a peer that cannot run this case (out of memory, unsupported)
+                            row[f"{peer}_skipped"] = str(exc).splitlines()[0][:80]
+                row["gbps"] = OP.bytes(case, mode) / (row["new_ms"] / 1e3) / 1e9
+                row["copy_pct"] = 100 * row["gbps"] / ceil.copy_gbps
+            except torch.OutOfMemoryError:
+                row["skipped"] = "out of memory"
+                torch.cuda.empty_cache()
+            rows.append(row)
+
+            def ms(key):
+                return f"{row[key]:.3f}" if key in row else "-"
+
+            def ratio(key):
+                return f"{row[key] / row['new_ms']:.2f}x" if key in row and "new_ms" in row else "-"
+
+            print(f"| {case.label} | {mode} | {ms('new_ms')} | {ms('old_ms')} | {ms('split_ms')} | {ms('e3nn_ms')} | "
+                  f"{ratio('old_ms')} | {ratio('split_ms')} | {ratio('e3nn_ms')} | {row.get('gbps', 0):.0f} | "
+                  f"{row.get('copy_pct', 0):.1f} | {row.get('error_vs_old', float('nan')):.1e} |", flush=True)
+        del x
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": info, "copy_gbps": ceil.copy_gbps, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
