@@ -75,7 +75,8 @@ if has sanitize; then
   : >"$ART/sanitize.log"
   for target in "scripts/gpu_dev_jvp.py --sanitize" \
       "-m attnbench check --op shared_context --cases tiny --device cuda --variant triton --variant triton_composed" \
-      "-m attnbench check --op sparse --cases tiny --device cuda --variant triton"; do
+      "-m attnbench check --op sparse --cases tiny --device cuda --variant triton" \
+      "scripts/gpu_dev_sparse_witness.py"; do
     echo "== compute-sanitizer memcheck: $target" | tee -a "$ART/sanitize.log"
     # shellcheck disable=SC2086
     ATTNBENCH_AUTOTUNE=0 compute-sanitizer --tool memcheck --error-exitcode 1 python3 $target \
