@@ -49,5 +49,9 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
-def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+def accumulator_torch_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``accumulator_dtype`` as a torch dtype: what partial sums and softmax states kept in memory are stored in."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+lse_dtype = accumulator_torch_dtype

@@ -53,7 +53,8 @@ import triton.language as tl
 from . import interpreting
 from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
 from .outputs import new_output
-from .precision import LN2, LOG2E, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .precision import (LN2, LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype,
+                        softmax_scale_log2, split_scale)
 from .launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
 from .tuning import autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
 
@@ -642,7 +643,7 @@ def _plan_key(kind, q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, *scalars):
 
 
 def _state_dtype(q):
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
+    return accumulator_torch_dtype(q.dtype)
 
 
 def _new_scratch(q, heads_kv, n_buf, splits, stand_ins):

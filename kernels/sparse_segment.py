@@ -40,7 +40,7 @@ import triton.language as tl
 
 from .outputs import new_output
 from .launch import on_device
-from .precision import accumulator_dtype
+from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
@@ -75,9 +75,10 @@ def _prune(configs, named_args, **constexprs):
     return fitting if autotune_enabled() else fitting[:1]
 
 
-# GPU: 4 warps; channel tiles 32-128 wide, a few batch rows per program (a shared operand is then read once for
-# them all), contraction chunks of 8-16. Not measured here (no GPU in this session): sensible defaults, default
-# first. Interpreter: tiny blocks, so tiny test shapes span several batch blocks, channel tiles and R chunks.
+# GPU: channel tiles 32-128 wide, a few batch rows per program (a shared operand is then read once for them
+# all), contraction chunks of 8-16; the DOT route's own list below. Defaults, not tuned yet (the autotuner picks
+# among them on the GPU); default first. Interpreter: tiny blocks, so tiny test shapes span several batch blocks,
+# channel tiles and R chunks.
 _DOT_CONFIGS = [  # 32-128 batch rows (tl.dot's M), R chunks of 16-32
     cfg(4, 2, BLOCK_N=64, BLOCK_C=64, BLOCK_R=32),
     cfg(4, 2, BLOCK_N=32, BLOCK_C=64, BLOCK_R=32),
@@ -117,7 +118,7 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
                           N, OUT_SIZE, ROW0, CZ, C2, R,
                           s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, s_zn, s_zm,
                           OP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_GATHER: tl.constexpr,
-                          ACCUMULATE: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                          ACCUMULATE: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                           ACC_DTYPE: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
     # The op's body is written inline (no helper calls): the interpreter pays milliseconds per nested call.
@@ -191,10 +192,7 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
                         vec = tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0)
                         mat = tl.load(X + i1 * s_xm + offs_r[:, None] * s_xa + offs_c[None, :] * s_xb,
                                       mask=mrc, other=0.0)
-                    if IEEE:
-                        term = tl.dot(vec, mat, term, input_precision="ieee", out_dtype=ACC_DTYPE)
-                    else:
-                        term = tl.dot(vec, mat, term, out_dtype=ACC_DTYPE)
+                    term = tl.dot(vec, mat, term, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
             else:  # VECMAT z[c] = sum_r x[r] y[r, c];  MAT_T_VEC z[c] = sum_r x[r, c] y[r]: [N, R, C] tiles
                 term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
                 for r0 in range(0, R, BLOCK_R):
@@ -300,8 +298,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     zv = z.reshape(1 if shared or accumulate else batch, info.out_size, cz)
     splits = _batch_splits(batch, info.out_size, cz, multiprocessors(z.device), z.device.type) if accumulate else 1
     if splits > 1:  # partial sums per batch range, in the accumulator's precision, summed in split order below
-        zv = torch.empty((splits, info.out_size, cz), dtype=torch.float64 if x.dtype == torch.float64 else
-                         torch.float32, device=z.device)
+        zv = torch.empty((splits, info.out_size, cz), dtype=accumulator_torch_dtype(x.dtype), device=z.device)
     # the shared matrix of the FC layer (and of its backward) through tl.dot; fp64 keeps the FMA route
     dot = ((op == "vecmat" and _is_shared(y, rank_y)) or (op == "mat_t_vec" and _is_shared(x, rank_x))) \
         and not shared and not accumulate and x.dtype != torch.float64
@@ -323,7 +320,8 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
                 batch, info.out_size, row0, cz, c2, r,
                 s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, zv.stride(0), zv.stride(1),
                 OP=PRODUCT_OPS[op], HAS_SCALE=info.scale is not None, HAS_GATHER=info.gather_index is not None,
-                ACCUMULATE=accumulate, DOT=dot, IEEE=x.dtype == torch.float32, ACC_DTYPE=accumulator_dtype(x.dtype))
+                ACCUMULATE=accumulate, DOT=dot, DOT_PRECISION=dot_precision(x.dtype),
+                ACC_DTYPE=accumulator_dtype(x.dtype))
     if splits > 1:
         z.copy_(zv.sum(0).view(z.shape))  # torch's reduction over a dim: a fixed order, no atomics
     return z

@@ -65,7 +65,6 @@ def seq_bucket(n: int) -> int:
     return next_pow2(max(int(n), 16))
 
 
-
 # Under the interpreter the "device" has this many multiprocessors, so that the launchers' occupancy rules
 # (split the work when the grid is too small to fill the GPU) are taken by tiny CPU-gate shapes too.
 INTERPRETER_SMS = 4

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..kernels import interpreting
+from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.sparse_segment import product_out_shape, scale_out_shape, sparse_product_launch, sparse_scale_launch
 
@@ -33,7 +33,7 @@ def _launch(launcher, *tensors_then_args):
     if reason := unavailable_reason(tensors[0].device):
         raise ValueError(reason)
     dtype = tensors[0].dtype
-    upcast = dtype == torch.bfloat16 and interpreting()
+    upcast = interpreter_upcasts(dtype)
     args = [a.float() if upcast and isinstance(a, Tensor) and a.dtype == torch.bfloat16 else a
             for a in tensors_then_args]
     out = launcher(*args)  # the kernels' launchers make the tensors' GPU current
