@@ -1,13 +1,13 @@
 """CPU gate for the shared_context operator: every variant against the float64 oracle.
 
 Tiny shapes (operators/shared_context TINY_SHAPES) cover context and buffer lengths that are not
-block multiples (the interpreter uses 16-row tiles, 16-key context blocks and buffer steps of
-8 keys over 4 rows), an empty buffer, per-sample lengths from 0 to full, GQA and MQA, head dims 24 and 80,
-Lq 1, 2 and 3 with a causal buffer, rows that see no key, and several row tiles; fp32, fp16 and
-fp64 (bf16 runs as a float32 upcast there: the interpreter's bf16 tl.dot is wrong, and the API
-once returned its garbage without an error). The split-K paths are forced
-with explicit split counts; the Hydragen and stride-0 peers' folding and merging run through
-torch's CPU flash kernel.
+block multiples (the interpreter uses 16-row tiles, 16-key context blocks, buffer steps of 4
+rows, whole buffers of up to 16 keys a step and 8-key blocks of longer ones), an empty buffer,
+per-sample lengths from 0 to full, GQA and MQA, head dims 24 and 80, Lq 1, 2 and 3 with a causal
+buffer, rows that see no key, and several row tiles; fp32, fp16 and fp64 (bf16 runs as a float32
+upcast there: the interpreter's bf16 tl.dot is wrong, and the API once returned its garbage
+without an error). The split-K paths are forced with explicit split counts; the Hydragen and
+stride-0 peers' folding and merging run through torch's CPU flash kernel.
 """
 from dataclasses import replace
 
@@ -16,7 +16,8 @@ import torch
 
 import attnbench
 from attnbench import verify
-from attnbench.operators.shared_context import TINY_SHAPES, SharedContextCase, peers
+from attnbench.kernels.shared_context import buffer_steps
+from attnbench.operators.shared_context import GPU_SHAPES, TINY_SHAPES, SharedContextCase, peers
 from attnbench.operators.shared_context.triton import (buffer_attention, context_attention,
                                                        shared_context_attention, shared_context_attention_composed)
 
@@ -65,6 +66,36 @@ def test_reference_and_per_batch_peer_agree_with_oracle(oracles, case):
 
 
 @pytest.mark.parametrize("seed", [1, 2])
+def _buffer_path(shape, device):
+    batch, heads_q, heads_kv, seqlen_q, _, n_buf, head_dim = shape[:7]
+    _, _, samples, keys = buffer_steps(heads_q // heads_kv * seqlen_q, n_buf, head_dim, 2, device)
+    return "none" if not n_buf else "whole" if keys else "keyblocks"
+
+
+@pytest.mark.parametrize("shapes, device", [(TINY_SHAPES, "cpu"), (GPU_SHAPES, "cuda")], ids=["tiny", "gpu"])
+def test_case_sets_walk_both_buffer_paths(shapes, device):
+    """The whole-buffer steps and the key-block walk are two kernels' worth of code: each case set
+    must prove both (and, on the whole path, steps of one sample and of several)."""
+    paths = {_buffer_path(shape, device) for shape in shapes}
+    assert {"whole", "keyblocks"} <= paths
+    samples = {buffer_steps(s[1] // s[2] * s[3], s[5], s[6], 2, device)[2] for s in shapes
+               if _buffer_path(s, device) == "whole"}
+    assert 1 in samples and max(samples) > 1
+
+
+def test_buffer_step_rule():
+    """TabPFN buffers (32 keys, D 32, 2 rows a sample) take 8 whole samples a step on a GPU (256
+    keys, 32 KB of K and V); LLM buffers (hundreds of keys at D 128) and samples with more rows
+    than a step holds walk key blocks; a GPU step has at least 16 keys (tl.dot's minimum)."""
+    assert buffer_steps(2, 32, 32, 2, "cuda") == (16, 2, 8, 32)
+    assert buffer_steps(1, 32, 32, 2, "cuda") == (16, 1, 8, 32)  # a step's key budget binds first
+    assert buffer_steps(4, 512, 128, 2, "cuda")[3] == 0
+    assert buffer_steps(128, 8, 32, 2, "cuda")[3] == 0  # 128 rows a sample: more than one row chunk
+    _, _, samples, keys = buffer_steps(64, 3, 32, 2, "cuda")
+    assert (samples, keys) == (1, 16)
+    assert buffer_steps(2, 0, 32, 2, "cuda")[3] == 0
+
+
 def test_other_seeds_and_custom_scale(oracles, seed):
     case = replace(SharedContextCase(4, 6, 2, 2, 29, 13, 40, True, "varied", "float32"), scale=0.37)
     x, oracle, lowp = oracles(case, seed)

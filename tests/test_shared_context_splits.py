@@ -106,15 +106,16 @@ def test_pick_is_the_fastest_and_timed_once_per_key(monkeypatch):
     runner = _tagged_runner(prepared)
     candidates = [1, 2, 3, 4, 8]
     assert sc.pick_splits("key a", candidates, runner) == 2
-    assert timed == prepared == candidates  # each candidate with its own outputs
+    assert prepared == candidates  # each candidate with its own outputs ...
+    assert timed == candidates * sc.PICK_ROUNDS  # ... timed in interleaved rounds
     assert sc.pick_splits("key a", candidates, runner) == 2
-    assert timed == candidates  # remembered
+    assert timed == candidates * sc.PICK_ROUNDS  # remembered
     times[8] = 0.1
     assert sc.pick_splits("key b", candidates, runner) == 8
     assert sc.pick_splits("key a", candidates, runner) == 2
     sc.clear_split_picks()
     assert sc.pick_splits("key a", candidates, runner) == 8
-    assert len(timed) == 3 * len(candidates)
+    assert len(timed) == 3 * len(candidates) * sc.PICK_ROUNDS
 
 
 def test_ties_go_to_fewer_splits(monkeypatch):
@@ -174,7 +175,7 @@ def test_measured_launches_leave_tickets_at_zero_and_the_result_alone(monkeypatc
     case = SharedContextCase(2, 2, 1, 1, 40, 8, 16, False, "varied", "float64")
     x = OP.make_inputs(case, "cpu", 0)
     timed_outputs = []
-    fake_times = iter([3.0, 1.0, 2.0])  # candidates 1, 2, 3 (the heuristic's): 2 is fastest
+    fake_times = iter([3.0, 1.0, 2.0] * sc.PICK_ROUNDS)  # candidates 1, 2, 3 (the heuristic's): 2 is fastest
 
     def run_once(fn):
         timed_outputs.append(fn())
@@ -183,7 +184,7 @@ def test_measured_launches_leave_tickets_at_zero_and_the_result_alone(monkeypatc
 
     monkeypatch.setattr(sc, "time_ms", run_once)
     o, lse = shared_context_attention(*_args(x))
-    assert len(timed_outputs) == 3 and sc._COUNTERS  # the split candidates took tickets
+    assert len(timed_outputs) == 3 * sc.PICK_ROUNDS and sc._COUNTERS  # the split candidates took tickets
     assert list(sc._SPLIT_PICKS.values()) == [2]
     ours = {o.data_ptr(), lse.data_ptr()}
     assert not ours & {t.data_ptr() for pair in timed_outputs for t in pair}
@@ -200,7 +201,7 @@ def test_measured_launches_leave_tickets_at_zero_and_the_result_alone(monkeypatc
 def test_measured_context_pick_is_used(monkeypatch, measuring):
     case = SharedContextCase(2, 2, 1, 1, 40, 0, 16, False, "full", "float64")
     x = OP.make_inputs(case, "cpu", 0)
-    fake_times = iter([1.0, 2.0])  # candidates 1 and 2 (the heuristic's): 1 is fastest
+    fake_times = iter([1.0, 2.0] * sc.PICK_ROUNDS)  # candidates 1 and 2 (the heuristic's): 1 is fastest
 
     def run_once(fn):
         fn()
