@@ -103,6 +103,34 @@ def _store_state(O, LSE, o, lse, o_rows, lse_rows, mask, offs_d, HEAD_DIM: tl.co
 
 
 @triton.jit
+def _tile_samples(tile, split, R_TOTAL, ROWS_PER_SAMPLE, NUM_SPLITS, BLOCK_M: tl.constexpr):
+    """(row_lo, row_hi, b0, mine): the tile's packed rows [row_lo, row_hi), and the samples with rows
+    in it that this split handles (every NUM_SPLITS-th): the first, b0, and how many."""
+    row_lo = tile * BLOCK_M
+    row_hi = tl.minimum(row_lo + BLOCK_M, R_TOTAL)
+    first = row_lo // ROWS_PER_SAMPLE
+    end = tl.cdiv(row_hi, ROWS_PER_SAMPLE)  # one past the last sample with rows in the tile
+    b0 = first + (split - first % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS
+    return row_lo, row_hi, b0, tl.maximum(tl.cdiv(end - b0, NUM_SPLITS), 0)
+
+
+@triton.jit
+def _buffer_lengths(LENS, b, mask, N_BUF):
+    """Samples b's buffer lengths; values outside [0, N_BUF] (unchecked on the hot path) are
+    clamped, so that they never read out of bounds."""
+    return tl.minimum(tl.maximum(tl.load(LENS + b, mask=mask, other=0).to(tl.int32), 0), N_BUF)
+
+
+@triton.jit
+def _visible_keys(len_r, i, valid, N_Q, CAUSAL: tl.constexpr):
+    """How many of its sample's buffer keys each row sees (0 for rows not handled here)."""
+    limit = len_r
+    if CAUSAL:  # the Lq queries are the sample's last Lq valid entries
+        limit = tl.minimum(len_r, tl.maximum(len_r - N_Q + i + 1, 0))
+    return tl.where(valid, limit, 0)
+
+
+@triton.jit
 def _buffer_keyblocks(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
                       stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
                       stride_vbb, stride_vbh, stride_vbn, stride_ob, stride_oh, stride_on,
@@ -120,12 +148,7 @@ def _buffer_keyblocks(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
     Samples with more than ROWS_PAD rows (ROWS_PAD == BLOCK_R) are walked in row chunks."""
     SAMPLES: tl.constexpr = BLOCK_R // ROWS_PAD
     KEYS: tl.constexpr = BLOCK_NB // SAMPLES  # keys of one sample per step
-    row_lo = tile * BLOCK_M
-    row_hi = tl.minimum(row_lo + BLOCK_M, R_TOTAL)
-    first = row_lo // ROWS_PER_SAMPLE
-    end = tl.cdiv(row_hi, ROWS_PER_SAMPLE)  # one past the last sample with rows in the tile
-    offset = (split - first % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS  # first sample of this split
-    mine = tl.maximum(tl.cdiv(end - first - offset, NUM_SPLITS), 0)  # samples this program handles
+    row_lo, row_hi, b0, mine = _tile_samples(tile, split, R_TOTAL, ROWS_PER_SAMPLE, NUM_SPLITS, BLOCK_M)
     groups = tl.cdiv(mine, SAMPLES)
     chunks = tl.cdiv(ROWS_PER_SAMPLE, ROWS_PAD)
     key_blocks = tl.cdiv(N_BUF, KEYS)
@@ -146,7 +169,7 @@ def _buffer_keyblocks(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
         j0 = (gc // chunks) * SAMPLES  # index of the step's first sample among this program's
         # rows: sample, row within the sample, validity
         j_r = j0 + rr // ROWS_PAD
-        b_r = first + offset + j_r * NUM_SPLITS
+        b_r = b0 + j_r * NUM_SPLITS
         r_in = chunk * ROWS_PAD + rr % ROWS_PAD
         r = b_r * ROWS_PER_SAMPLE + r_in
         valid = (j_r < mine) & (r_in < ROWS_PER_SAMPLE) & (r >= row_lo) & (r < row_hi)
@@ -155,18 +178,15 @@ def _buffer_keyblocks(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
         h = hk * GROUP + g
         # keys: sample, position, validity
         j_k = j0 + kk // KEYS
-        b_k = first + offset + j_k * NUM_SPLITS
+        b_k = b0 + j_k * NUM_SPLITS
         n_k = kb * KEYS + kk % KEYS
         if FULL_LENS:
             len_r = tl.zeros([BLOCK_R], dtype=tl.int32) + N_BUF
             len_k = tl.zeros([BLOCK_NB], dtype=tl.int32) + N_BUF
-        else:  # lengths outside [0, N_BUF] (unchecked on the hot path) never read out of bounds
-            len_r = tl.minimum(tl.maximum(tl.load(LENS + b_r, mask=valid, other=0).to(tl.int32), 0), N_BUF)
-            len_k = tl.minimum(tl.maximum(tl.load(LENS + b_k, mask=j_k < mine, other=0).to(tl.int32), 0), N_BUF)
-        limit = len_r
-        if CAUSAL:  # the Lq queries are the sample's last Lq valid entries
-            limit = tl.minimum(len_r, tl.maximum(len_r - N_Q + i + 1, 0))
-        limit = tl.where(valid, limit, 0)
+        else:
+            len_r = _buffer_lengths(LENS, b_r, valid, N_BUF)
+            len_k = _buffer_lengths(LENS, b_k, j_k < mine, N_BUF)
+        limit = _visible_keys(len_r, i, valid, N_Q, CAUSAL)
         key_ok = (j_k < mine) & (n_k < len_k)
         fresh = kb == 0
         m_i = tl.where(fresh, -1.0e30, m_i)
@@ -196,14 +216,13 @@ def _buffer_keyblocks(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
 
 @triton.jit
 def _buffer_whole(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
-                        stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
-                        stride_vbb, stride_vbh, stride_vbn, stride_ob, stride_oh, stride_on,
-                        stride_lb, stride_lh, stride_ln,
-                        R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr,
-                        CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ROWS_PAD: tl.constexpr,
-                        SAMPLES: tl.constexpr, KEYS: tl.constexpr):
+                  stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
+                  stride_vbb, stride_vbh, stride_vbn, stride_ob, stride_oh, stride_on,
+                  stride_lb, stride_lh, stride_ln,
+                  R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+                  ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_R: tl.constexpr, ROWS_PAD: tl.constexpr, SAMPLES: tl.constexpr, KEYS: tl.constexpr):
     """``_buffer_keyblocks`` for buffers short enough that a step takes SAMPLES whole samples, every
     key of each (KEYS >= N_BUF; all of a sample's rows fit ROWS_PAD). Then a step is a complete
     softmax (no running state to carry or rescale) and the loop is over sample groups only, with
@@ -211,12 +230,7 @@ def _buffer_whole(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
     step index: the general path spends most of its instructions on that index arithmetic, and
     the buffer phase is memory-bound only if its instructions per byte are few."""
     BLOCK_NB: tl.constexpr = SAMPLES * KEYS
-    row_lo = tile * BLOCK_M
-    row_hi = tl.minimum(row_lo + BLOCK_M, R_TOTAL)
-    first = row_lo // ROWS_PER_SAMPLE
-    end = tl.cdiv(row_hi, ROWS_PER_SAMPLE)  # one past the last sample with rows in the tile
-    b0 = first + (split - first % NUM_SPLITS + NUM_SPLITS) % NUM_SPLITS  # this split's first sample
-    mine = tl.maximum(tl.cdiv(end - b0, NUM_SPLITS), 0)  # samples this program handles
+    row_lo, row_hi, b0, mine = _tile_samples(tile, split, R_TOTAL, ROWS_PER_SAMPLE, NUM_SPLITS, BLOCK_M)
     rr = tl.arange(0, BLOCK_R)
     slot_r = rr // ROWS_PAD  # the step's sample of each row ...
     r_in = rr % ROWS_PAD
@@ -247,15 +261,10 @@ def _buffer_whole(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
         if FULL_LENS:
             len_r = tl.zeros([BLOCK_R], dtype=tl.int32) + N_BUF
             key_ok = key_in
-        else:  # lengths outside [0, N_BUF] (unchecked on the hot path) never read out of bounds
-            len_r = tl.minimum(tl.maximum(tl.load(LENS + b_r + j0 * NUM_SPLITS, mask=valid, other=0).to(tl.int32),
-                                          0), N_BUF)
-            len_k = tl.load(LENS + b_k + j0 * NUM_SPLITS, mask=key_in, other=0).to(tl.int32)
-            key_ok = key_in & (n_k < len_k)
-        limit = len_r
-        if CAUSAL:  # the Lq queries are the sample's last Lq valid entries
-            limit = tl.minimum(len_r, tl.maximum(len_r - N_Q + i + 1, 0))
-        limit = tl.where(valid, limit, 0)
+        else:
+            len_r = _buffer_lengths(LENS, b_r + j0 * NUM_SPLITS, valid, N_BUF)
+            key_ok = key_in & (n_k < _buffer_lengths(LENS, b_k + j0 * NUM_SPLITS, key_in, N_BUF))
+        limit = _visible_keys(len_r, i, valid, N_Q, CAUSAL)
         q = tl.load(Q + q_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_mask[None, :], other=0.0)
         k = tl.load(KB + k_off[:, None] + offs_d[None, :], mask=key_ok[:, None] & d_mask[None, :], other=0.0)
         v = tl.load(VB + v_off[:, None] + offs_d[None, :], mask=key_ok[:, None] & d_mask[None, :], other=0.0)
@@ -642,8 +651,9 @@ def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
 
 
-# Rounds of timing per candidate, interleaved, each candidate's best kept: a round's times can be
-# disturbed (clocks, the first launches) by more than the gap between two counts.
+# Rounds of timing per candidate, interleaved, each candidate's best kept. Added when the pick
+# flipped between processes; the flip's cause was host time (see _repeatable), and the second round
+# has not been measured on its own since: it is a guard, costing one more do_bench per candidate.
 PICK_ROUNDS = 2
 
 

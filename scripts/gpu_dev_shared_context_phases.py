@@ -24,6 +24,7 @@ import os
 import torch
 
 import attnbench
+from attnbench import verify
 from attnbench.kernels import shared_context as current
 from attnbench.kernels.launch import forget_plans
 from attnbench.operators.shared_context import SharedContextCase
@@ -53,25 +54,6 @@ def parse_case(text):
     return SharedContextCase(b, h, hkv, lq, ctx, buf, d)
 
 
-def graph_ms(fn, reps=50):
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(reps):
-                fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def run_case(case, modules, with_configs, profile, overlap=False):
     x = OP.make_inputs(case, "cuda", 0)
     args = (x["q"], x["k_ctx"], x["v_ctx"], x["k_buf"], x["v_buf"], x["buf_lens"])
@@ -82,11 +64,10 @@ def run_case(case, modules, with_configs, profile, overlap=False):
     def record(label, fn, graph=False):
         try:
             out = fn()
-            err = max(float(((o.double() - oracle[k]).abs().max() / oracle[k].abs().max().clamp_min(1e-30)))
-                      for o, k in zip(out, ("o", "lse")) if k in oracle) \
+            err = max(verify.relative_error(o, oracle[k]) for o, k in zip(out, ("o", "lse"))) \
                 if isinstance(out, tuple) and isinstance(out[0], torch.Tensor) else None
             ms = measure(fn, "cuda", rep_ms=60).median_ms
-            g = graph_ms(fn) if graph else None
+            g = measure(fn, "cuda", rep_ms=60, cuda_graph=True).median_ms if graph else None
         except Exception as exc:  # a config that does not fit: report it, go on
             print(f"   {label:44s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)
             return

@@ -66,8 +66,8 @@ def test_reference_and_per_batch_peer_agree_with_oracle(oracles, case):
 
 
 def _buffer_path(shape, device):
-    batch, heads_q, heads_kv, seqlen_q, _, n_buf, head_dim = shape[:7]
-    _, _, samples, keys = buffer_steps(heads_q // heads_kv * seqlen_q, n_buf, head_dim, 2, device)
+    _, heads_q, heads_kv, seqlen_q, _, n_buf, head_dim = shape[:7]
+    keys = buffer_steps(heads_q // heads_kv * seqlen_q, n_buf, head_dim, 2, device)[3]
     return "none" if not n_buf else "whole" if keys else "keyblocks"
 
 
