@@ -1,9 +1,10 @@
 """Timing core shared by pytest, the CLI and asv.
 
-On a GPU: one untimed call first (compilation and autotuning happen there), then
-``triton.testing.do_bench``: CUDA events around each call, the L2 cache flushed between calls,
-all samples returned so that we report the median and the interquartile range ourselves.
-``cuda_graph=True`` replays a captured graph instead, for launch-bound cases.
+On a GPU: one untimed call first (compilation and autotuning happen there), then CUDA events
+around each call, the L2 cache flushed before each, and each call queued behind a GPU sleep longer
+than its host time (``kernels/gpu_time.py``: with ``triton.testing.do_bench`` the small calls' samples
+read their host time, not the GPU's); all samples returned so that we report the median and the
+interquartile range ourselves. ``cuda_graph=True`` replays a captured graph instead.
 
 On a CPU the same call returns wall-clock samples labelled "cpu-wall" (``CPU_SAMPLING`` says how
 many); the CLI says that Triton variants there run in the interpreter, so CPU numbers check that
@@ -15,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+
+from .kernels.gpu_time import gpu_time_samples
 
 # CPU sampling rule: after the untimed first call, warm up until ``warmup_ms`` has passed, then
 # sample until at least ``cpu_reps`` samples AND ``rep_ms`` of sampling (the same budget do_bench
@@ -122,7 +125,8 @@ def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_grap
                 torch.cuda.synchronize(device)
                 raise Unsupported(f"CUDA-graph capture failed: {str(exc).strip().splitlines()[0][:160]}") from None
             return summarize(samples, "cuda-graph")
-        samples = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+        with torch.cuda.device(device):
+            samples = gpu_time_samples(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
         return summarize(samples, "cuda-events")
     return summarize(_cpu_samples(fn, start, warmup_ms, rep_ms, cpu_reps, cpu_budget_s, cpu_max_samples), "cpu-wall")
 

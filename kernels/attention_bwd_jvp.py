@@ -27,7 +27,7 @@ import triton.language as tl
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import load_lse_log2
-from .tuning import cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 from .tiling import query_tile, row_strides, visible_keys
 
 
@@ -99,7 +99,7 @@ _DKDV_CONFIGS = config_list(
 _FLAGS = ["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "HAS_TQ", "HAS_TK", "HAS_TV", "HAS_TDO"]
 
 
-@triton.autotune(_DKDV_CONFIGS, key=_FLAGS + ["GROUP"], prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes)})
+@autotune(_DKDV_CONFIGS, key=_FLAGS + ["GROUP"], prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes)})
 @triton.jit
 def bwd_jvp_dkdv_kernel(Q, K, V, DO, TQ, TK, TV, TDO, LSE, MU, DELTA, TDELTA, DKT, DVT,
                         stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
@@ -230,7 +230,7 @@ _DQ_CONFIGS = config_list(
 )
 
 
-@triton.autotune(_DQ_CONFIGS, key=_FLAGS, prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes)})
+@autotune(_DQ_CONFIGS, key=_FLAGS, prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes)})
 @triton.jit
 def bwd_jvp_dq_kernel(Q, K, V, DO, TQ, TK, TV, TDO, LSE, MU, DELTA, TDELTA, DQT,
                       stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,

@@ -22,7 +22,7 @@ from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
 from .tiling import query_tile, row_strides, visible_keys
-from .tuning import cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 
 @triton.jit
@@ -99,7 +99,7 @@ _JVP_CONFIGS = config_list(
 )
 
 
-@triton.autotune(_JVP_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "LSE_GIVEN", "HAS_TQ", "HAS_TK", "HAS_TV"],
+@autotune(_JVP_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "LSE_GIVEN", "HAS_TQ", "HAS_TK", "HAS_TV"],
                  prune_configs_by={"early_config_prune": pruner(_jvp_shared_bytes)})
 @triton.jit
 def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,

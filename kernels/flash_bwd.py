@@ -25,7 +25,7 @@ from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale_lo
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
 from .tiling import query_tile, visible_keys
-from .tuning import cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 
 @triton.jit
@@ -67,7 +67,7 @@ _DKDV_CONFIGS = config_list(
 )
 
 
-@triton.autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "GROUP"],
+@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "GROUP"],
                  prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes)})
 @triton.jit
 def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -160,7 +160,7 @@ _DQ_CONFIGS = config_list(
 )
 
 
-@triton.autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
+@autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
                  prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes)})
 @triton.jit
 def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,

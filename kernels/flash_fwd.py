@@ -17,7 +17,7 @@ from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .softmax_rows import finish_rows
 from .tiling import query_tile, visible_keys
-from .tuning import cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 
 @triton.jit
@@ -66,7 +66,7 @@ _FWD_CONFIGS = config_list(
 )
 
 
-@triton.autotune(_FWD_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
+@autotune(_FWD_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
                  prune_configs_by={"early_config_prune": pruner(_fwd_shared_bytes)})
 @triton.jit
 def flash_fwd_kernel(Q, K, V, O, LSE,

@@ -56,12 +56,13 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .gpu_time import gpu_time_median_ms
 from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
 from .outputs import new_output
 from .precision import (LN2, LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype,
                         softmax_scale_log2, split_scale)
 from .launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
-from .tuning import autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
+from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
 
 # ---------------------------------------------------------------- device functions
 
@@ -585,7 +586,7 @@ def buffer_attention_kernel(
 
 
 def _autotuned(kernel, configs):
-    return {cls: triton.autotune(cfgs, key=_KEY, prune_configs_by=_PRUNE)(kernel) for cls, cfgs in configs.items()}
+    return {cls: autotune(cfgs, key=_KEY, prune_configs_by=_PRUNE)(kernel) for cls, cfgs in configs.items()}
 
 
 # Each kernel autotuned over its head-dim class's list (the same compiled kernel underneath).
@@ -645,15 +646,14 @@ def clear_split_picks():
 
 
 def time_ms(fn) -> float:
-    """Median GPU time of fn() in ms; a module-level hook so that tests can time without a GPU."""
-    import triton.testing  # a submodule `import triton` does not load
-
-    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+    """Median GPU time of fn() in ms (host time kept out: gpu_time.py); a module-level hook so that
+    tests can time without a GPU."""
+    return gpu_time_median_ms(fn)
 
 
 # Rounds of timing per candidate, interleaved, each candidate's best kept. Added when the pick
 # flipped between processes; the flip's cause was host time (see _repeatable), and the second round
-# has not been measured on its own since: it is a guard, costing one more do_bench per candidate.
+# has not been measured on its own since: it is a guard, costing one more timing per candidate.
 PICK_ROUNDS = 2
 
 
@@ -801,10 +801,10 @@ def _launch(kernel, grid, args, constexprs, config):
 
 
 def _repeatable(made, n_tensors, scalars):
-    """A LaunchPlan repeating the launch ``_launch`` made. The split-count candidates are timed
-    through it: do_bench flushes L2 between calls, which hides ~60 us of host time, less than the
-    autotuner's launch path takes (the pick then compared host times, not kernels: it chose 2 splits
-    for B4096 H4 Lq2 Nctx512 Nbuf32 on an H200, 56.5 us, over 1, 45.8 us)."""
+    """A LaunchPlan repeating the launch ``_launch`` made; the split-count candidates are timed
+    through it. (Timed through the autotuner's launch path with do_bench, the pick once compared
+    host times, not kernels: 2 splits for B4096 H4 Lq2 Nctx512 Nbuf32 on an H200, 56.5 us, over 1,
+    45.8 us. time_ms now keeps host time out; the plan keeps the candidates' launches cheap.)"""
     fn, compiled, grid, kwargs = made
     return LaunchPlan(fn, compiled, grid, n_tensors, scalars, kwargs)
 

@@ -41,7 +41,7 @@ import triton.language as tl
 from .outputs import new_output
 from .launch import on_device
 from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
-from .tuning import autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
+from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
            "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel"]
@@ -111,7 +111,7 @@ _SCALE_CONFIGS = config_list(
 )
 
 
-@triton.autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER", "DOT"],
+@autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER", "DOT"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
@@ -218,7 +218,7 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
         tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=(offs_n0[:, None] < N) & c_mask[None, :])
 
 
-@triton.autotune(_SCALE_CONFIGS, key=["C", "HAS_SCALE"], prune_configs_by={"early_config_prune": _prune})
+@autotune(_SCALE_CONFIGS, key=["C", "HAS_SCALE"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def sparse_scale_kernel(X, Z, SCALE, INDEX, SEG_OUT, N, ROW0, C, CZ,
                         s_xn, s_xm, s_xc, s_zn, s_zm,

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from . import interpreting
+from .gpu_time import gpu_time_quantiles
 
 # Hopper gives a block up to 227 KiB of shared memory; leave room for the compiler's own buffers.
 SHARED_MEMORY_BUDGET = 200 * 1024
@@ -19,6 +20,13 @@ SHARED_MEMORY_BUDGET = 200 * 1024
 
 def autotune_enabled() -> bool:
     return os.environ.get("ATTNBENCH_AUTOTUNE", "1") != "0"
+
+
+def autotune(configs, key, **options):
+    """``triton.autotune`` comparing configs by GPU time (``gpu_time.gpu_time_quantiles``): Triton's
+    default bench times through the autotuner's own launcher, whose host time is as long as the
+    small kernels it compares (see gpu_time.py), so its picks varied between processes."""
+    return triton.autotune(configs, key=key, do_bench=gpu_time_quantiles, **options)
 
 
 def cfg(num_warps: int, num_stages: int, **blocks) -> triton.Config:

@@ -8,8 +8,10 @@
 
 Per case (B, H, Hkv, Lq, Nctx, Nbuf, D; bf16, full buffers): the autotuned fused kernel (its pick
 of tile config and split count), the phases alone (``buffer_launch``, ``context_launch``), the
-fused kernel under CUDA-graph replay (L2 warm, no host), and with ``--configs`` explicit tile
-configs and split counts. Times are medians of CUDA events with L2 flushed (attnbench.timing);
+fused kernel under CUDA-graph replay (L2 warm, no host) and under triton's do_bench (the timing
+core before kernels/gpu_time.py), and with ``--configs`` explicit tile
+configs and split counts. Times are medians of CUDA events with L2 flushed and host time kept out
+(attnbench.timing);
 GB/s counts the operator's minimum bytes. ``--baseline FILE`` loads another version of
 kernels/shared_context.py (``git show REV:kernels/shared_context.py``) and times it as "old" beside
 this tree's "new", in the same run.
@@ -22,6 +24,7 @@ import json
 import os
 
 import torch
+import triton.testing
 
 import attnbench
 from attnbench import verify
@@ -31,15 +34,20 @@ from attnbench.operators.shared_context import SharedContextCase
 from attnbench.timing import measure
 
 OP = attnbench.get("shared_context")
-DEFAULT_CASES = ["4096,4,4,2,2048,0,32", "4096,4,4,2,512,32,32", "1024,4,4,2,2048,32,32", "256,4,4,2,10000,32,32",
-                 "512,32,8,1,8192,256,128"]
+DEFAULT_CASES = ["256,4,4,1,512,0,32", "4096,4,4,2,2048,0,32", "4096,4,4,2,512,32,32", "1024,4,4,2,2048,32,32",
+                 "256,4,4,2,10000,32,32", "512,32,8,1,8192,256,128"]
 CONFIGS = [dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128, num_warps=8, num_stages=3),
            dict(BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128, num_warps=4, num_stages=3),
            dict(BLOCK_M=128, BLOCK_N=128, BLOCK_NB=128, num_warps=8, num_stages=3),
            dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=256, num_warps=8, num_stages=4),
            dict(BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256, num_warps=8, num_stages=2),
-           dict(BLOCK_M=128, BLOCK_N=32, BLOCK_NB=64, num_warps=4, num_stages=4)]
-SPLITS = (1, 2, 4)
+           dict(BLOCK_M=128, BLOCK_N=32, BLOCK_NB=64, num_warps=4, num_stages=4),
+           dict(BLOCK_M=32, BLOCK_N=64, BLOCK_NB=128, num_warps=4, num_stages=3),
+           dict(BLOCK_M=32, BLOCK_N=64, BLOCK_NB=128, num_warps=2, num_stages=3),
+           dict(BLOCK_M=16, BLOCK_N=64, BLOCK_NB=128, num_warps=2, num_stages=3),
+           dict(BLOCK_M=16, BLOCK_N=32, BLOCK_NB=64, num_warps=1, num_stages=3)]
+SPLITS = (1, 2, 4, 8)
+PEERS = ("fold_flash", "fold_cudnn")
 
 
 def load_kernels(path):
@@ -68,16 +76,24 @@ def run_case(case, modules, with_configs, profile, overlap=False):
                 if isinstance(out, tuple) and isinstance(out[0], torch.Tensor) else None
             ms = measure(fn, "cuda", rep_ms=60).median_ms
             g = measure(fn, "cuda", rep_ms=60, cuda_graph=True).median_ms if graph else None
+            # the timing core before gpu_time.py, for comparison: do_bench's events read host time
+            db = triton.testing.do_bench(fn, warmup=25, rep=60, return_mode="median") if graph else None
         except Exception as exc:  # a config that does not fit: report it, go on
             print(f"   {label:44s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)
             return
         gb = nbytes / (ms * 1e-3) / 1e9
-        extra = f"  graph {g * 1e3:7.1f} us ({nbytes / (g * 1e-3) / 1e9:5.0f} GB/s)" if g else ""
+        extra = f"  graph {g * 1e3:7.1f} us ({nbytes / (g * 1e-3) / 1e9:5.0f} GB/s), do_bench {db * 1e3:7.1f} us" \
+            if g else ""
         print(f"   {label:44s} {ms * 1e3:8.1f} us {gb:6.0f} GB/s  err {err if err is None else f'{err:.1e}'}{extra}",
               flush=True)
-        rows.append(dict(label=label, us=ms * 1e3, gbps=gb, graph_us=None if g is None else g * 1e3, error=err))
+        rows.append(dict(label=label, us=ms * 1e3, gbps=gb, graph_us=None if g is None else g * 1e3,
+                         do_bench_us=None if db is None else db * 1e3, error=err))
 
     print(f"## {case.label}: min bytes {nbytes / 1e6:.2f} MB", flush=True)
+    variants = OP.available_variants("cuda")
+    for peer in PEERS:  # the same three timings of the peers that the gate compares against
+        if peer in variants:
+            record(peer, variants[peer].prepare(case, x, "fwd"), graph=True)
     for name, mod in modules.items():
         forget_plans()  # launch plans are keyed by the call, not the module: the other version's would run
         fused = lambda mod=mod: mod.fused_launch(*args, case.causal, case.softmax_scale)  # noqa: E731

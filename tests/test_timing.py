@@ -7,6 +7,7 @@ import numpy
 import pytest
 import torch
 import triton
+import triton.testing
 
 from attnbench.kernels import interpreting
 from attnbench.roofline import Ceilings, achieved, calibrate, ceilings, machine_info, machine_slug
@@ -134,6 +135,35 @@ def test_bench_reports_rows_as_they_finish_and_divides_comparable_clocks_only(fl
     assert seen[1][1] is None and rows[1].speedup is not None and rows[1].baseline == "reference"
     assert rows[2].speedup == 1.0
     assert rows[0].timing.method == "interpreter" and rows[0].speedup is None
+
+
+# ---------------------------------------------------------------- GPU time, host time kept out
+
+def test_gpu_time_quantiles_pick_sorted_samples(monkeypatch):
+    from attnbench.kernels import gpu_time
+
+    calls = []
+    monkeypatch.setattr(gpu_time, "gpu_time_samples", lambda fn, **kw: [5.0, 1.0, 3.0, 2.0, 4.0])
+    # the autotuner's hook: first call compiles (outside the samples), quantiles in the order asked
+    assert gpu_time.gpu_time_quantiles(lambda: calls.append(1), (0.5, 0.2, 0.8)) == [3.0, 2.0, 4.0]
+    assert calls == [1]
+    assert gpu_time.gpu_time_median_ms(lambda: None) == 3.0
+
+
+@pytest.mark.gpu
+def test_gpu_time_keeps_the_host_out_and_the_gpu_in():
+    """A call that spends 2 ms on the host and ~0.2 ms on the GPU reads its GPU time. With
+    triton's do_bench, the timing core before kernels/gpu_time.py, the same call reads >= 2 ms."""
+    cycles_200us = 200 * 1000  # at most 2 GHz: at least 0.1 ms even at the top clock
+
+    def host_heavy():
+        time.sleep(0.002)
+        torch.cuda._sleep(cycles_200us)
+
+    t = measure(host_heavy, "cuda", warmup_ms=5, rep_ms=40)
+    assert t.method == "cuda-events"
+    assert 0.09 < t.median_ms < 0.6, t
+    assert triton.testing.do_bench(host_heavy, warmup=5, rep=40, return_mode="median") > 1.5
 
 
 def test_peak_memory_is_none_on_cpu():
