@@ -57,11 +57,11 @@ import triton.language as tl
 
 from . import interpreting
 from .gpu_time import gpu_time_median_ms
-from .launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
 from .merge_states import merge_finish, merge_init, merge_stack_launch, merge_step, merge_two_launch
 from .outputs import new_output
 from .precision import (LN2, LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype,
                         softmax_scale_log2, split_scale)
+from .launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
 
 # ---------------------------------------------------------------- device functions
@@ -450,42 +450,6 @@ MAX_SPLITS = 64
 
 
 @triton.jit
-def _merge_by_ticket(WS_O, WS_L, O, LSE, COUNTERS, counter, o, lse, part, valid, b, h, i, offs_d,
-                     stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
-                     stride_ws_s, stride_ws_b, stride_ws_h, stride_ws_n, stride_wl_s, stride_wl_b, stride_wl_h,
-                     stride_wl_n, NUM_PARTS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                     ACC_DTYPE: tl.constexpr, WRITE_PART: tl.constexpr):
-    """Write this program's partial state (o, lse) as part ``part`` of its tile (unless WRITE_PART is
-    off: it is written already) and take the tile's ticket; the last of the NUM_PARTS programs to
-    arrive merges the parts in part order (bitwise independent of who merges) and stores O and LSE."""
-    ws_rows = _rows(b, h, i, stride_ws_b, stride_ws_h, stride_ws_n)
-    wl_rows = _rows(b, h, i, stride_wl_b, stride_wl_h, stride_wl_n)
-    if WRITE_PART:
-        part64 = part.to(tl.int64)
-        _store_state(WS_O + part64 * stride_ws_s, WS_L + part64 * stride_wl_s, o, lse, ws_rows, wl_rows,
-                     valid, offs_d, HEAD_DIM)
-    # Every thread's partial is written before the ticket is taken (barrier, then a release
-    # atomic); the last arrival reads the others' partials after its acquire, bypassing L1.
-    tl.debug_barrier()
-    ticket = tl.atomic_add(COUNTERS + counter, 1, sem="acq_rel")
-    if ticket == NUM_PARTS - 1:
-        tl.debug_barrier()
-        d_mask = offs_d < HEAD_DIM
-        m, s, merged = merge_init(BLOCK_M, BLOCK_D, ACC_DTYPE)
-        for k in range(0, NUM_PARTS):
-            k64 = tl.zeros([], dtype=tl.int64) + k
-            part_lse = tl.load(WS_L + k64 * stride_wl_s + wl_rows, mask=valid, other=float("-inf"),
-                               cache_modifier=".cg")
-            part_o = tl.load(WS_O + k64 * stride_ws_s + ws_rows[:, None] + offs_d[None, :],
-                             mask=valid[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-            m, s, merged = merge_step(m, s, merged, part_lse.to(ACC_DTYPE), part_o.to(ACC_DTYPE))
-        o, lse = merge_finish(m, s, merged)
-        _store_state(O, LSE, o, lse, _rows(b, h, i, stride_ob, stride_oh, stride_on),
-                     _rows(b, h, i, stride_lb, stride_lh, stride_ln), valid, offs_d, HEAD_DIM)
-        tl.store(COUNTERS + counter, 0)  # ready for the next launch
-
-
-@triton.jit
 def shared_context_fused_kernel(
         Q, KC, VC, KB, VB, LENS, O, LSE, WB_O, WB_L, WS_O, WS_L, COUNTERS,
         stride_qb, stride_qh, stride_qn, stride_kch, stride_kcn, stride_vch, stride_vcn,
@@ -497,101 +461,77 @@ def shared_context_fused_kernel(
         R_BUCKET, CTX_BUCKET, BUF_BUCKET,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_BUFFER: tl.constexpr,
         FULL_LENS: tl.constexpr, CAUSAL: tl.constexpr, IN_KERNEL_MERGE: tl.constexpr,
-        BUFFER_PROGRAMS: tl.constexpr,
         ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, ROWS_PAD: tl.constexpr,
         SAMPLES: tl.constexpr, KEYS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_NB: tl.constexpr):
-    qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
+    pid_m = tl.program_id(0)
+    split = tl.program_id(1)
     hk = tl.program_id(2)
-    if BUFFER_PROGRAMS:
-        # The tile's buffer is a program of its own, part NUM_SPLITS of the tile's merge, beside its
-        # NUM_SPLITS context chunks; a tile's parts are neighbours in launch order, so that an SM
-        # holds buffer programs (DRAM-bound) and context programs (bound by the exponentials) at
-        # once, where the one-program path runs the two phases one after the other.
-        parts = NUM_SPLITS + 1
-        split = tl.program_id(0) % parts
-        pid_m = tl.program_id(0) // parts
-        counter = hk * (tl.num_programs(0) // parts) + pid_m
-        valid, b, g, i = _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M)
-        h = hk * GROUP + g
-        offs_d = tl.arange(0, BLOCK_D)
-        if split == NUM_SPLITS:
-            last = tl.zeros([], dtype=tl.int64) + NUM_SPLITS
-            _buffer_phase(Q, KB, VB, LENS, WS_O + last * stride_ws_s, WS_L + last * stride_wl_s, pid_m, 0, hk,
-                          stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
-                          stride_vbb, stride_vbh, stride_vbn, stride_ws_b, stride_ws_h, stride_ws_n,
-                          stride_wl_b, stride_wl_h, stride_wl_n,
-                          R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, 1, qk_scale_log2,
-                          HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, ROWS_PAD,
-                          BLOCK_NB, SAMPLES, KEYS)
-            o = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)  # written by the phase already
-            lse = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
-            _merge_by_ticket(WS_O, WS_L, O, LSE, COUNTERS, counter, o, lse, split, valid, b, h, i, offs_d,
-                             stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
-                             stride_ws_s, stride_ws_b, stride_ws_h, stride_ws_n, stride_wl_s, stride_wl_b, stride_wl_h,
-                             stride_wl_n, parts, HEAD_DIM, BLOCK_M, BLOCK_D, ACC_DTYPE, False)
-        else:
-            q, valid, b, h, i, offs_d = _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL,
-                                                     ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
-            m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
-            l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
-            acc, l_i, m_i = _context_phase(acc, l_i, m_i, q, KC, VC, split, hk, stride_kch, stride_kcn, stride_vch,
-                                           stride_vcn, N_CTX, NUM_SPLITS, qk_scale_log2, offs_d, HEAD_DIM, BLOCK_D,
-                                           ACC_DTYPE, DOT_PRECISION, BLOCK_N)
-            o, lse = _normalized(acc, l_i, m_i)
-            valid, b, g, i = _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M)
-            h = hk * GROUP + g
-            _merge_by_ticket(WS_O, WS_L, O, LSE, COUNTERS, counter, o, lse, split, valid, b, h, i, offs_d,
-                             stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
-                             stride_ws_s, stride_ws_b, stride_ws_h, stride_ws_n, stride_wl_s, stride_wl_b, stride_wl_h,
-                             stride_wl_n, parts, HEAD_DIM, BLOCK_M, BLOCK_D, ACC_DTYPE, True)
+    qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
+    if HAS_BUFFER:
+        _buffer_phase(Q, KB, VB, LENS, WB_O, WB_L, pid_m, split, hk,
+                      stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
+                      stride_vbb, stride_vbh, stride_vbn, stride_wbo_b, stride_wbo_h, stride_wbo_n,
+                      stride_wbl_b, stride_wbl_h, stride_wbl_n,
+                      R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
+                      HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, ROWS_PAD,
+                      BLOCK_NB, SAMPLES, KEYS)
+        tl.debug_barrier()  # this CTA's buffer states are written before any thread reads them back
+    q, valid, b, h, i, offs_d = _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL,
+                                             ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
+    if HAS_BUFFER:
+        # Seed the online softmax with the buffer state of the rows whose sample is this split's:
+        # (O, LSE) is (acc, l = 1) at m = LSE in base 2.
+        mine = valid & (b % NUM_SPLITS == split)
+        lse_b = tl.load(WB_L + _rows(b, h, i, stride_wbl_b, stride_wbl_h, stride_wbl_n), mask=mine,
+                        other=float("-inf"), cache_modifier=".cg").to(ACC_DTYPE)
+        o_b = tl.load(WB_O + _rows(b, h, i, stride_wbo_b, stride_wbo_h, stride_wbo_n)[:, None] + offs_d[None, :],
+                      mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
+        seen = lse_b > float("-inf")
+        m_i = tl.where(seen, lse_b * tl.full([], LOG2E, ACC_DTYPE), -1.0e30)
+        l_i = seen.to(ACC_DTYPE)
+        acc = tl.where(seen[:, None], o_b.to(ACC_DTYPE), 0.0)
     else:
-        pid_m = tl.program_id(0)
-        split = tl.program_id(1)
-        if HAS_BUFFER:
-            _buffer_phase(Q, KB, VB, LENS, WB_O, WB_L, pid_m, split, hk,
-                          stride_qb, stride_qh, stride_qn, stride_kbb, stride_kbh, stride_kbn,
-                          stride_vbb, stride_vbh, stride_vbn, stride_wbo_b, stride_wbo_h, stride_wbo_n,
-                          stride_wbl_b, stride_wbl_h, stride_wbl_n,
-                          R_TOTAL, ROWS_PER_SAMPLE, N_Q, GROUP, N_BUF, NUM_SPLITS, qk_scale_log2,
-                          HEAD_DIM, BLOCK_D, FULL_LENS, CAUSAL, ACC_DTYPE, DOT_PRECISION, BLOCK_M, BLOCK_R, ROWS_PAD,
-                          BLOCK_NB, SAMPLES, KEYS)
-            tl.debug_barrier()  # this CTA's buffer states are written before any thread reads them back
-        q, valid, b, h, i, offs_d = _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL,
-                                                 ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
-        if HAS_BUFFER:
-            # Seed the online softmax with the buffer state of the rows whose sample is this split's:
-            # (O, LSE) is (acc, l = 1) at m = LSE in base 2.
-            mine = valid & (b % NUM_SPLITS == split)
-            lse_b = tl.load(WB_L + _rows(b, h, i, stride_wbl_b, stride_wbl_h, stride_wbl_n), mask=mine,
-                            other=float("-inf"), cache_modifier=".cg").to(ACC_DTYPE)
-            o_b = tl.load(WB_O + _rows(b, h, i, stride_wbo_b, stride_wbo_h, stride_wbo_n)[:, None] + offs_d[None, :],
-                          mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
-            seen = lse_b > float("-inf")
-            m_i = tl.where(seen, lse_b * tl.full([], LOG2E, ACC_DTYPE), -1.0e30)
-            l_i = seen.to(ACC_DTYPE)
-            acc = tl.where(seen[:, None], o_b.to(ACC_DTYPE), 0.0)
-        else:
-            m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
-            l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
-        if HAS_CONTEXT:
-            acc, l_i, m_i = _context_phase(acc, l_i, m_i, q, KC, VC, split, hk, stride_kch, stride_kcn, stride_vch,
-                                           stride_vcn, N_CTX, NUM_SPLITS, qk_scale_log2, offs_d, HEAD_DIM, BLOCK_D,
-                                           ACC_DTYPE, DOT_PRECISION, BLOCK_N)
-        # the rows' coordinates again, rather than keeping them alive in registers through the loop
-        valid, b, g, i = _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M)
-        h = hk * GROUP + g
-        o, lse = _normalized(acc, l_i, m_i)
-        if IN_KERNEL_MERGE:
-            _merge_by_ticket(WS_O, WS_L, O, LSE, COUNTERS, hk * tl.num_programs(0) + pid_m, o, lse, split, valid,
-                             b, h, i, offs_d, stride_ob, stride_oh, stride_on, stride_lb, stride_lh, stride_ln,
-                             stride_ws_s, stride_ws_b, stride_ws_h, stride_ws_n, stride_wl_s, stride_wl_b, stride_wl_h,
-                             stride_wl_n, NUM_SPLITS, HEAD_DIM, BLOCK_M, BLOCK_D, ACC_DTYPE, True)
-        else:
-            _store_state(O, LSE, o, lse, _rows(b, h, i, stride_ob, stride_oh, stride_on),
-                         _rows(b, h, i, stride_lb, stride_lh, stride_ln), valid, offs_d, HEAD_DIM)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+        l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+    if HAS_CONTEXT:
+        acc, l_i, m_i = _context_phase(acc, l_i, m_i, q, KC, VC, split, hk, stride_kch, stride_kcn, stride_vch,
+                                       stride_vcn, N_CTX, NUM_SPLITS, qk_scale_log2, offs_d, HEAD_DIM, BLOCK_D,
+                                       ACC_DTYPE, DOT_PRECISION, BLOCK_N)
+    # the rows' coordinates again, rather than keeping them alive in registers through the loop
+    valid, b, g, i = _packed_rows(pid_m, R_TOTAL, ROWS_PER_SAMPLE, N_Q, BLOCK_M)
+    h = hk * GROUP + g
+    o, lse = _normalized(acc, l_i, m_i)
+    o_rows = _rows(b, h, i, stride_ob, stride_oh, stride_on)
+    lse_rows = _rows(b, h, i, stride_lb, stride_lh, stride_ln)
+    if IN_KERNEL_MERGE:
+        ws_rows = _rows(b, h, i, stride_ws_b, stride_ws_h, stride_ws_n)
+        wl_rows = _rows(b, h, i, stride_wl_b, stride_wl_h, stride_wl_n)
+        split64 = split.to(tl.int64)
+        _store_state(WS_O + split64 * stride_ws_s, WS_L + split64 * stride_wl_s, o, lse, ws_rows, wl_rows,
+                     valid, offs_d, HEAD_DIM)
+        # Every thread's partial is written before the ticket is taken (barrier, then a release
+        # atomic); the last arrival reads the others' partials after its acquire, bypassing L1.
+        tl.debug_barrier()
+        counter = COUNTERS + hk * tl.num_programs(0) + pid_m
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel")
+        if ticket == NUM_SPLITS - 1:
+            tl.debug_barrier()
+            d_mask = offs_d < HEAD_DIM
+            m, s, merged = merge_init(BLOCK_M, BLOCK_D, ACC_DTYPE)
+            for k in range(0, NUM_SPLITS):  # split order: bitwise independent of who merges
+                k64 = tl.zeros([], dtype=tl.int64) + k
+                part_lse = tl.load(WS_L + k64 * stride_wl_s + wl_rows, mask=valid, other=float("-inf"),
+                                   cache_modifier=".cg")
+                part_o = tl.load(WS_O + k64 * stride_ws_s + ws_rows[:, None] + offs_d[None, :],
+                                 mask=valid[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+                m, s, merged = merge_step(m, s, merged, part_lse.to(ACC_DTYPE), part_o.to(ACC_DTYPE))
+            o, lse = merge_finish(m, s, merged)
+            _store_state(O, LSE, o, lse, o_rows, lse_rows, valid, offs_d, HEAD_DIM)
+            tl.store(counter, 0)  # ready for the next launch
+    else:
+        _store_state(O, LSE, o, lse, o_rows, lse_rows, valid, offs_d, HEAD_DIM)
 
 
 @triton.jit
@@ -645,13 +585,12 @@ def buffer_attention_kernel(
                   SAMPLES, KEYS)
 
 
-def _autotuned(kernel, configs, extra_key=()):
-    return {cls: autotune(cfgs, key=_KEY + list(extra_key), prune_configs_by=_PRUNE)(kernel)
-            for cls, cfgs in configs.items()}
+def _autotuned(kernel, configs):
+    return {cls: autotune(cfgs, key=_KEY, prune_configs_by=_PRUNE)(kernel) for cls, cfgs in configs.items()}
 
 
 # Each kernel autotuned over its head-dim class's list (the same compiled kernel underneath).
-FUSED = _autotuned(shared_context_fused_kernel, _FUSED_CONFIGS, ["BUFFER_PROGRAMS"])
+FUSED = _autotuned(shared_context_fused_kernel, _FUSED_CONFIGS)
 CONTEXT = _autotuned(context_attention_kernel, _CONTEXT_CONFIGS)
 BUFFER = _autotuned(buffer_attention_kernel, _BUFFER_CONFIGS)
 
@@ -881,27 +820,26 @@ def _state_dtype(q):
     return accumulator_torch_dtype(q.dtype)
 
 
-def _new_scratch(q, heads_kv, seeds, parts, stand_ins):
-    """(wb_o, wb_l, ws_o, ws_l, counters): the buffer states that seed the context phase (when
-    ``seeds``: passed from one phase to the other through L2), the ``parts`` partial states of a
-    tile's merge (its context splits, and its buffer under BUFFER_PROGRAMS) and their merge tickets.
-    An absent part points at the other part's tensors, or at ``stand_ins`` (an (o, lse) pair) when
-    both are absent: never read."""
+def _new_scratch(q, heads_kv, n_buf, splits, stand_ins):
+    """(wb_o, wb_l, ws_o, ws_l, counters): the buffer states (passed from the buffer phase to the
+    context phase through L2), the split partials and their merge tickets. An absent part points at
+    the other part's tensors, or at ``stand_ins`` (an (o, lse) pair) when both are absent: never
+    read (HAS_BUFFER / IN_KERNEL_MERGE are off)."""
     batch, heads_q, n_q, head_dim = q.shape
 
     def states(*lead):
         return (new_output((*lead, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device),
                 new_output((*lead, batch, heads_q, n_q), lse_dtype(q.dtype), q.device))
 
-    wb = states() if seeds else None
-    ws = states(parts) if parts > 1 else None
+    wb = states() if n_buf else None
+    ws = states(splits) if splits > 1 else None
     wb = wb or ws or stand_ins
     ws = ws or wb
-    counters = _counters(q.device, heads_kv * cdiv(batch * heads_q * n_q // heads_kv, 16)) if parts > 1 else wb[1]
+    counters = _counters(q.device, heads_kv * cdiv(batch * heads_q * n_q // heads_kv, 16)) if splits > 1 else wb[1]
     return (*wb, *ws, counters)
 
 
-def _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, seeds, parts, out_dtype, scratch=None):
+def _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype, scratch=None):
     """The fused kernel's 13 pointer arguments: the inputs (q as the stand-in for an absent part),
     fresh outputs, and the scratch of ``_new_scratch`` (``scratch``: kept from an earlier call)."""
     batch, heads_q, n_q, _ = q.shape
@@ -909,7 +847,7 @@ def _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, seeds, parts, out_dt
     o = new_output(q.shape, out_dtype, q.device)
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
     if scratch is None:
-        scratch = _new_scratch(q, k_ctx.shape[0], seeds, parts, (o, lse))
+        scratch = _new_scratch(q, k_ctx.shape[0], n_buf, splits, (o, lse))
     return (q, k_ctx if n_ctx else q, v_ctx if n_ctx else q, k_buf if n_buf else q, v_buf if n_buf else q,
             buf_lens if n_buf and buf_lens is not None else q, o, lse, *scratch)
 
@@ -921,18 +859,18 @@ MAX_KEPT_SCRATCH_BYTES = 1 << 30
 _kept_bytes = 0
 
 
-def _kept_scratch(kept, q, heads_kv, seeds, parts):
+def _kept_scratch(kept, q, heads_kv, n_buf, splits):
     """The scratch a plan keeps for the current stream (made on first use), or None: allocate. Calls
     on one stream are ordered, so they may share it; another stream gets its own, and a CUDA graph
     being captured allocates its own (graph-owned) scratch, as it must for replays on any stream.
     Under the interpreter nothing is kept (one launch is milliseconds of numpy)."""
     global _kept_bytes
-    if not (seeds or parts > 1) or q.device.type != "cuda" or _capturing(q.device):
+    if not (n_buf or splits > 1) or q.device.type != "cuda" or _capturing(q.device):
         return None
     stream = torch.cuda.current_stream(q.device).cuda_stream
     scratch = kept.get(stream)
     if scratch is None:
-        scratch = _new_scratch(q, heads_kv, seeds, parts, None)
+        scratch = _new_scratch(q, heads_kv, n_buf, splits, None)
         size = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in scratch[:4]}.values())
         if _kept_bytes + size > MAX_KEPT_SCRATCH_BYTES:
             return None
@@ -942,57 +880,44 @@ def _kept_scratch(kept, q, heads_kv, seeds, parts):
 
 
 def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, num_splits=None, config=None,
-                 out_dtype=None, signature=None, buffer_programs=None):
+                 out_dtype=None, signature=None):
     """Buffer, context and merge in one launch on checked inputs. Returns (o, lse). ``signature``:
     the caller's key for the tensors as it was given them, when what it passes here is a function
-    of it (saves recomputing it on the hot path). ``buffer_programs``: give each tile's buffer a
-    program of its own (BUFFER_PROGRAMS in the kernel) where there are both a context and a buffer;
-    None: ``buffer_programs_by_default``."""
+    of it (saves recomputing it on the hot path)."""
     out_dtype = out_dtype or q.dtype
-    heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
-    n_buf = 0 if k_buf is None else k_buf.shape[2]
-    if buffer_programs is None:
-        buffer_programs = buffer_programs_by_default(q, n_ctx, n_buf)
-    buffer_programs = bool(buffer_programs and n_ctx and n_buf)
-    seeds = n_buf if not buffer_programs else 0  # buffer states that seed the context phase
     if config is not None:
         key = None
     elif signature is not None:
-        key = ("fused", signature, autotune_enabled(), causal, sm_scale, num_splits, out_dtype, buffer_programs)
+        key = ("fused", signature, autotune_enabled(), causal, sm_scale, num_splits, out_dtype)
     else:
-        key = _plan_key("fused", q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, num_splits, out_dtype,
-                        buffer_programs)
+        key = _plan_key("fused", q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, num_splits, out_dtype)
     if key is not None and (known := plan(key)) is not None:  # the decode loop's every call after the first
-        parts, launch_plan, kept = known
+        splits, launch_plan, kept = known
         with on_device(q):
-            scratch = _kept_scratch(kept, q, heads_kv, seeds, parts)
-            tensors = _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, seeds, parts, out_dtype, scratch)
+            scratch = _kept_scratch(kept, q, k_ctx.shape[0], 0 if k_buf is None else k_buf.shape[2], splits)
+            tensors = _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype, scratch)
             launch_plan(tensors)
         return tensors[6], tensors[7]
+    heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
+    n_buf = 0 if k_buf is None else k_buf.shape[2]
     full = n_buf == 0 or buf_lens is None
     common = _common(q, head_dim, causal, full, group * n_q, n_buf)
-    tune_key = (*_tune_key(rows, n_ctx, n_buf, common, config), buffer_programs)
+    tune_key = _tune_key(rows, n_ctx, n_buf, common, config)
 
     def runner(splits, plan_key=None):
         """Fresh outputs for this split count, and the launch that writes them (and, given a
         plan_key, remembers how)."""
-        parts = splits + buffer_programs  # the partial states each tile merges
-        tensors = _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, seeds, parts, out_dtype)
+        tensors = _fused_tensors(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, splits, out_dtype)
         _, kc, vc, kb, vb, _, o, lse, wb_o, wb_l, ws_o, ws_l, _ = tensors
-        merge = parts > 1
+        merge = splits > 1
         scalars = (*q.stride()[:3], *(kc.stride()[:2] if n_ctx else (0, 0)), *(vc.stride()[:2] if n_ctx else (0, 0)),
                    *(kb.stride()[:3] if n_buf else (0, 0, 0)), *(vb.stride()[:3] if n_buf else (0, 0, 0)),
-                   *o.stride()[:3], *lse.stride(), *(wb_o.stride()[:3] if seeds else (0, 0, 0)),
-                   *(wb_l.stride() if seeds else (0, 0, 0)), *(ws_o.stride()[:4] if merge else (0, 0, 0, 0)),
+                   *o.stride()[:3], *lse.stride(), *(wb_o.stride()[:3] if n_buf else (0, 0, 0)),
+                   *(wb_l.stride() if n_buf else (0, 0, 0)), *(ws_o.stride()[:4] if merge else (0, 0, 0, 0)),
                    *(ws_l.stride() if merge else (0, 0, 0, 0)), rows, group * n_q, n_q, group, n_ctx, n_buf, splits,
                    *split_scale(sm_scale), seq_bucket(rows), seq_bucket(n_ctx), seq_bucket(n_buf))
-        constexprs = dict(common, HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0, IN_KERNEL_MERGE=merge,
-                          BUFFER_PROGRAMS=buffer_programs)
-        if buffer_programs:  # a tile's parts are neighbours on axis 0 (see the kernel)
-            grid = lambda meta: (cdiv(rows, meta["BLOCK_M"]) * parts, 1, heads_kv)  # noqa: E731
-        else:
-            grid = lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv)  # noqa: E731
+        constexprs = dict(common, HAS_CONTEXT=n_ctx > 0, HAS_BUFFER=n_buf > 0, IN_KERNEL_MERGE=merge)
         made = []
 
         def launch():
@@ -1001,22 +926,17 @@ def fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, n
                 if made:  # a timed repeat: the plan's launch (see _repeatable)
                     made[0](tensors)
                     return o, lse
-                made.append(_repeatable(_launch(FUSED[_head_dim_class(head_dim)], grid, (*tensors, *scalars),
-                                                constexprs, config), len(tensors), scalars))
+                made.append(_repeatable(_launch(FUSED[_head_dim_class(head_dim)],
+                                                lambda meta: (cdiv(rows, meta["BLOCK_M"]), splits, heads_kv),
+                                                (*tensors, *scalars), constexprs, config), len(tensors), scalars))
             if plan_key is not None:
-                remember(plan_key, (parts, made[0], {}))
+                remember(plan_key, (splits, made[0], {}))
             return o, lse
 
         return launch
 
     splits = _split_count("fused", num_splits, rows, heads_kv, n_ctx + n_buf, q, tune_key, runner)
     return runner(splits, _plannable(key, q))()  # the caller's own outputs, untouched by any timing run
-
-
-def buffer_programs_by_default(q, n_ctx, n_buf) -> bool:
-    """Whether a call with both a context and a buffer gives each tile's buffer a program of its own
-    when the caller does not say (see ``fused_launch``)."""
-    return False
 
 
 def _plannable(key, q):

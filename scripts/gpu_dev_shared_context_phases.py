@@ -102,19 +102,6 @@ def run_case(case, modules, with_configs, profile, overlap=False):
         best = getattr(mod.FUSED[cls], "best_config", None)
         picks = {k: v for k, v in mod._SPLIT_PICKS.items() if k[0] == "fused"}
         print(f"      pick: {best}; splits {list(picks.values())[-1:] or '-'}", flush=True)
-        if case.n_buf and case.n_ctx and hasattr(mod, "buffer_programs_by_default"):
-            # each tile's buffer in a program of its own, beside its context programs
-            record(f"{name} fused buffer programs (autotuned)", lambda mod=mod: mod.fused_launch(
-                *args, case.causal, case.softmax_scale, buffer_programs=True), graph=True)
-            picks = {k: v for k, v in mod._SPLIT_PICKS.items() if k[0] == "fused"}
-            print(f"      pick: {mod.FUSED[cls].best_config}; splits {list(picks.values())[-1:] or '-'}", flush=True)
-            for cfg in CONFIGS[:2] + CONFIGS[5:8] if with_configs else ():
-                label = "M{BLOCK_M} N{BLOCK_N} NB{BLOCK_NB} w{num_warps} s{num_stages}".format(**cfg)
-                record(f"{name} fused buffer programs [{label}]", lambda cfg=cfg, mod=mod: mod.fused_launch(
-                    *args, case.causal, case.softmax_scale, config=cfg, buffer_programs=True))
-            for s in SPLITS[:3] if with_configs else ():
-                record(f"{name} fused buffer programs [splits={s}]", lambda s=s, mod=mod: mod.fused_launch(
-                    *args, case.causal, case.softmax_scale, num_splits=s, buffer_programs=True))
         if with_configs:
             if case.n_buf:
                 record(f"{name} buffer alone", lambda mod=mod: mod.buffer_launch(

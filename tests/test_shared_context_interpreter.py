@@ -120,32 +120,6 @@ def test_forced_split_counts_are_exact_in_fp64(oracles, splits):
         torch.testing.assert_close(lse, oracle["lse"], rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3])
-@pytest.mark.parametrize("shape", [(3, 4, 2, 2, 61, 14, 24), (5, 2, 1, 3, 40, 37, 16), (4, 4, 4, 1, 17, 5, 32)],
-                         ids=["whole-gqa", "keyblocks-mqa", "whole-mha"])
-def test_buffer_programs_are_exact_in_fp64(oracles, shape, splits):
-    """Each tile's buffer in a program of its own (part NUM_SPLITS of the tile's merge, beside its
-    context splits), on both buffer paths (whole samples a step; key blocks for 37 keys), causal
-    and ragged lengths (0 to full): the oracle to fp64 rounding, as the seeded path gives."""
-    case = SharedContextCase(*shape, True, "varied", "float64")
-    x, oracle, _ = oracles(case)
-    whole = buffer_steps(shape[1] // shape[2] * shape[3], shape[5], shape[6], 8, "cpu")[3] > 0
-    assert whole == (shape[5] <= 16)  # the ids say which buffer path each shape walks
-    for programs in (True, False):
-        o, lse = shared_context_attention(*_args(x), causal=True, num_splits=splits, buffer_programs=programs)
-        torch.testing.assert_close(o, oracle["o"], rtol=0, atol=1e-13)
-        torch.testing.assert_close(lse, oracle["lse"], rtol=0, atol=1e-13)
-
-
-def test_buffer_programs_are_bitwise_repeatable_and_refuse_non_bools():
-    case = SharedContextCase(5, 2, 2, 1, 70, 9, 16, False, "varied", "float32")
-    x = OP.make_inputs(case, "cpu", 0)
-    assert verify.bitwise_equal_runs(
-        lambda: shared_context_attention(*_args(x), num_splits=2, buffer_programs=True), runs=3)
-    with pytest.raises(ValueError, match="buffer_programs"):
-        shared_context_attention(*_args(x), buffer_programs=1)
-
-
 def test_split_results_are_bitwise_repeatable():
     case = SharedContextCase(5, 2, 2, 1, 70, 9, 16, False, "varied", "float32")
     x = OP.make_inputs(case, "cpu", 0)

@@ -112,21 +112,16 @@ def _num_splits(num_splits):
 
 
 def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False, scale=None,
-                             check_lengths=True, num_splits=None, config=None, buffer_programs=None):
+                             check_lengths=True, num_splits=None, config=None):
     """The shipped path: context, buffer and merge in one fused launch. ``num_splits`` forces the
     split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
-    kernels/shared_context.py); ``config`` forces one launch configuration; ``buffer_programs``
-    (bool) forces whether each row tile's buffer runs in a program of its own beside its context
-    programs (None: the kernels' default)."""
+    kernels/shared_context.py); ``config`` forces one launch configuration."""
     num_splits = _num_splits(num_splits)
-    if buffer_programs is not None and not isinstance(buffer_programs, bool):
-        raise ValueError(f"buffer_programs must be True, False or None (automatic), got {buffer_programs!r}")
     dtype = q.dtype
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
                                                                             causal, scale, check_lengths)
     return _in_dtype(fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
-                                  num_splits=num_splits, config=config, signature=signature,
-                                  buffer_programs=buffer_programs), dtype)
+                                  num_splits=num_splits, config=config, signature=signature), dtype)
 
 
 def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False,
