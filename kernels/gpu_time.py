@@ -89,6 +89,4 @@ def gpu_time_quantiles(fn, quantiles, *, warmup_ms: float = 10.0, rep_ms: float 
 
 def gpu_time_median_ms(fn, *, warmup_ms: float = 5.0, rep_ms: float = 25.0) -> float:
     """The median of ``gpu_time_samples`` (for launchers that time candidates, e.g. split counts)."""
-    fn()
-    samples = sorted(gpu_time_samples(fn, warmup_ms=warmup_ms, rep_ms=rep_ms))
-    return samples[len(samples) // 2]
+    return gpu_time_quantiles(fn, (0.5,), warmup_ms=warmup_ms, rep_ms=rep_ms)[0]
