@@ -398,15 +398,20 @@ def _fits(config, element_size, block_d):
 
 
 # BLOCK_NB counts the keys of one buffer step over all the samples it takes (see _buffer_phase).
-# Three configurations per head-dim class (D <= 64: the TabPFN regime; D > 64: LLM heads), so that
-# autotuning a new shape compiles three kernels, not ten. Under the interpreter: 16-row tiles,
-# 16-key context blocks, 8-key buffer steps and 4-row buffer tiles (BLOCK_R, set by the launcher),
-# so that tiny cases span several of each. The pruner drops what does not fit; the last entry of a
-# list is its smallest.
+# Few configurations per head-dim class (D <= 64: the TabPFN regime; D > 64: LLM heads), so that
+# autotuning a new shape compiles three to five kernels, not ten. The small-D lists' last two (four
+# warps for 128 rows; 128-key context blocks) were added after an H200 study of 11 tile configs at
+# nine cases (shared_context-ctxloop-*): each is the fastest at some D32 cases, 3-10% ahead of the
+# first three (B4096 Lq2 ctx512 buf32: 41.8 against 46.1 us; B1024 ctx10000 buf0: 49.9 against
+# 53.0). Under the interpreter: 16-row tiles, 16-key context blocks, 8-key buffer steps and 4-row
+# buffer tiles (BLOCK_R, set by the launcher), so that tiny cases span several of each. The pruner
+# drops what does not fit.
 _FUSED_CONFIGS = {
     "small_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
                             cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128)],
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128),
+                            cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_NB=128)],
                            cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
     "large_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=64),
                             cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64),
@@ -417,7 +422,9 @@ _FUSED_CONFIGS = {
 _CONTEXT_CONFIGS = {
     "small_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
                             cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=16),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16)],
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16),
+                            cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
+                            cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_NB=16)],
                            cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
     "large_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
                             cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16),

@@ -38,14 +38,15 @@ DEFAULT_CASES = ["256,4,4,1,512,0,32", "4096,4,4,2,2048,0,32", "4096,4,4,2,512,3
                  "256,4,4,2,10000,32,32", "512,32,8,1,8192,256,128"]
 CONFIGS = [dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128, num_warps=8, num_stages=3),
            dict(BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128, num_warps=4, num_stages=3),
-           dict(BLOCK_M=128, BLOCK_N=128, BLOCK_NB=128, num_warps=8, num_stages=3),
-           dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=256, num_warps=8, num_stages=4),
            dict(BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256, num_warps=8, num_stages=2),
-           dict(BLOCK_M=128, BLOCK_N=32, BLOCK_NB=64, num_warps=4, num_stages=4),
+           dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128, num_warps=4, num_stages=3),
+           dict(BLOCK_M=128, BLOCK_N=128, BLOCK_NB=128, num_warps=8, num_stages=3),
+           dict(BLOCK_M=128, BLOCK_N=128, BLOCK_NB=128, num_warps=8, num_stages=2),
+           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_NB=128, num_warps=4, num_stages=3),
+           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_NB=128, num_warps=4, num_stages=2),
+           dict(BLOCK_M=64, BLOCK_N=32, BLOCK_NB=128, num_warps=4, num_stages=4),
            dict(BLOCK_M=32, BLOCK_N=64, BLOCK_NB=128, num_warps=4, num_stages=3),
-           dict(BLOCK_M=32, BLOCK_N=64, BLOCK_NB=128, num_warps=2, num_stages=3),
-           dict(BLOCK_M=16, BLOCK_N=64, BLOCK_NB=128, num_warps=2, num_stages=3),
-           dict(BLOCK_M=16, BLOCK_N=32, BLOCK_NB=64, num_warps=1, num_stages=3)]
+           dict(BLOCK_M=16, BLOCK_N=64, BLOCK_NB=128, num_warps=2, num_stages=3)]
 SPLITS = (1, 2, 4, 8)
 PEERS = ("fold_flash", "fold_cudnn")
 
