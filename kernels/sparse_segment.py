@@ -4,7 +4,9 @@
     product:  z[n, index_out[j]] = sum_{k in seg_out[j]:seg_out[j+1]} s[t] x[n, index1[t]] ∘ y[n, index2[t]],
               t = gather_index[k] (k without it), s = scale (1 without it)
 
-Both are memory-bound gathers (1-20 FLOP per byte), so the layout is chosen for bandwidth:
+Both are memory-bound gathers (1-20 FLOP per byte), so the layout is chosen for bandwidth. (vecsca, scavec and
+inner take the dense route of ``sparse_dense.py`` instead where their structure is dense enough; this kernel keeps
+them for batch sums and thin structures.)
 
 * Grid (batch block, output row, channel tile). A program owns one output row (every row of the output, not only
   the rows of index_out), BLOCK_N batch items and BLOCK_C output channels; it walks the row's terms in CSR

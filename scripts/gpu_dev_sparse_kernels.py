@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""The sparse segment kernels side by side with an earlier version of themselves, in one run on one GPU.
+"""The sparse Triton kernels side by side with an earlier version of themselves, in one run on one GPU.
 
     python3 scripts/gpu_dev_sparse_kernels.py --baseline FILE [--json OUT.json] [--quick]
+    python3 scripts/gpu_dev_sparse_kernels.py --dense-route [--json OUT.json] [--quick]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
 (``new``), the same with the launchers swapped for FILE's (``old``), and the split-PyTorch variant; e3nn's
-tensor product joins on the vecsca cases where it is installed. Each row gives the medians (CUDA events, L2
+tensor product joins on the vecsca cases where it is installed. ``--dense-route`` instead compares the dense
+route of vecsca, scavec and inner (``new``) with the segment kernel on the same tree (``old``: the route off),
+over the vecsca anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5), forward, backward and double backward (the
+family is closed, so the derivatives take the route as well); old and the peers on N 1e4 only (the segment
+kernel's double backward at L 6 N 1e5 runs for seconds). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
 measured copy bandwidth, and the new result's error against the old one (the same sums in the same order, so
 they should agree to rounding).
 """
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
@@ -51,46 +57,76 @@ def cases(quick):
     return out
 
 
+def dense_route_cases(quick):
+    out = [SparseCase("vecsca", l_max, batch, channels, dtype)
+           for dtype in ("float32", "bfloat16") for l_max in (2, 3, 4, 6) for channels in (32, 128)
+           for batch in (10_000, 100_000)]
+    return [c for c in out if c.dtype == "float32" and c.batch == 10_000][:4] if quick else out
+
+
 def timed(case, x, mode, variant, launchers=None):
     saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch)
-    if launchers:
-        triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
+    if launchers == "segment":  # the dense route off: the segment kernel for every op
+        route = triton_ops.dense_route(False)
+    else:
+        route = contextlib.nullcontext()
+        if launchers:
+            triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
+        route.__enter__()
         fn = OP.variants[variant].prepare(case, x, mode)
         outputs = {k: v.detach().clone() for k, v in fn().items()}
         timing = measure(fn, "cuda")
         return timing.median_ms, outputs
     finally:
+        route.__exit__(None, None, None)
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = saved
         torch.cuda.empty_cache()
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline", required=True)
+    parser.add_argument("--baseline")
+    parser.add_argument("--dense-route", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--modes", default="fwd,bwd,double_bwd")
     args = parser.parse_args()
-    old = load_baseline(args.baseline)
-    old_launchers = (old.sparse_product_launch, old.sparse_scale_launch)
+    if args.dense_route == bool(args.baseline):
+        parser.error("give one of --baseline FILE and --dense-route")
+    if args.dense_route:
+        old_launchers, case_list = "segment", dense_route_cases(args.quick)
+    else:
+        old = load_baseline(args.baseline)
+        old_launchers, case_list = (old.sparse_product_launch, old.sparse_scale_launch), cases(args.quick)
     ceil = ceilings("cuda")
     info = machine_info("cuda")
     print(f"# {info['device_name']} | torch {info['torch']} | triton {info['triton']} | copy {ceil.copy_gbps:.0f} GB/s")
     print("| case | mode | new ms | old ms | split ms | e3nn ms | new/old | new/split | new/e3nn | GB/s | % copy | "
-          "new vs old err |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "new vs old err | new vs f64 err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
-    for case in cases(args.quick):
+    for case in case_list:
         x = OP.make_inputs(case, "cuda", 0)
+        oracle = None
+        if args.dense_route and case.batch <= 10_000:  # the float64 einsum reference, every mode's outputs
+            try:
+                oracle = OP.oracle(case, x)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
         for mode in args.modes.split(","):
             row = {"case": case.label, "mode": mode}
             try:
                 row["new_ms"], new_out = timed(case, x, mode, "triton")
-                row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
-                row["error_vs_old"] = max(verify.relative_error(new_out[k], old_out[k]) for k in new_out)
-                del new_out, old_out
-                for peer in ("split", "e3nn"):
+                if oracle:
+                    row["error"] = max(verify.relative_error(new_out[k], oracle[k]) for k in new_out)
+                others = not args.dense_route or case.batch <= 10_000
+                if others:
+                    row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
+                    row["error_vs_old"] = max(verify.relative_error(new_out[k], old_out[k]) for k in new_out)
+                    del old_out
+                del new_out
+                for peer in ("split", "e3nn") if others else ():
                     if peer in OP.variants and OP.variants[peer].unavailable_reason(torch.device("cuda")) is None:
                         try:
                             row[f"{peer}_ms"], _ = timed(case, x, mode, peer)
@@ -111,8 +147,9 @@ def main():
 
             print(f"| {case.label} | {mode} | {ms('new_ms')} | {ms('old_ms')} | {ms('split_ms')} | {ms('e3nn_ms')} | "
                   f"{ratio('old_ms')} | {ratio('split_ms')} | {ratio('e3nn_ms')} | {row.get('gbps', 0):.0f} | "
-                  f"{row.get('copy_pct', 0):.1f} | {row.get('error_vs_old', float('nan')):.1e} |", flush=True)
-        del x
+                  f"{row.get('copy_pct', 0):.1f} | {row.get('error_vs_old', float('nan')):.1e} | "
+                  f"{row.get('error', float('nan')):.1e} |", flush=True)
+        del x, oracle
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:

@@ -107,6 +107,7 @@ class SparseProductInfo:
     size2: int
     term_out: Tensor = field(init=False, repr=False)
     row_bounds: Tensor = field(init=False, repr=False)
+    dense_rows: dict = field(init=False, repr=False)
 
     def __post_init__(self):
         for name in ("out_size", "size1", "size2"):
@@ -130,6 +131,7 @@ class SparseProductInfo:
         bounds[0, self.index_out] = self.seg_out[:-1]
         bounds[1, self.index_out] = self.seg_out[1:]
         object.__setattr__(self, "row_bounds", bounds)
+        object.__setattr__(self, "dense_rows", _dense_rows(self))
 
     @property
     def device(self):
@@ -138,6 +140,57 @@ class SparseProductInfo:
     @property
     def num_terms(self):
         return self.index1.numel()
+
+
+@dataclass(frozen=True)
+class GatherRows:
+    """out[n, r] = sum_{k in bounds[0, r]:bounds[1, r]} scale[k] in[n, index[k]]: a sparse matrix in CSR form
+    with every row present (bounds [2, rows], (k, k) for an empty row), applied to one value per (n, index)
+    (``kernels.sparse_dense.gather_rows_launch``). ``max_len`` is the longest row (the kernel's loop bound)."""
+
+    bounds: Tensor
+    index: Tensor
+    scale: Tensor
+    rows: int
+    max_len: int
+
+
+# The dense route builds a per-sample matrix of rows x (one sparse size) entries; only where that grid is at most
+# this many times the term count (CG structures: 2401 entries against 11896 terms at L 6) or this small.
+DENSE_GRID_PER_TERM = 4
+DENSE_GRID_SMALL = 256
+
+
+def _gather_rows(key, index, scale, rows):
+    """GatherRows of the terms (key, index, scale) grouped by key in [0, rows), stably (the caller's order within
+    a row: a fixed summation order)."""
+    order = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=rows)
+    ends = counts.cumsum(0)
+    bounds = torch.stack([ends - counts, ends])
+    max_len = int(counts.max()) if rows else 0
+    return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len)
+
+
+def _dense_rows(info):
+    """The terms regrouped for the dense route of vecsca, scavec and inner (``kernels.sparse_dense``), one
+    GatherRows each, or {} where the dense grid would be too large:
+
+        "pairs1": rows (out, index1) gathering index2: vecsca's per-sample M[n, out, i1] = sum s y[n, i2]
+        "pairs2": rows (out, index2) gathering index1: scavec's M[n, out, i2] = sum s x[n, i1]
+        "gram":   rows out gathering index1 * size2 + index2: inner's z[n, out] = sum s (x y^T)[n, i1, i2]
+    """
+    i1, i2, out, scale = product_terms(info)
+    positions = out.numel()
+    budget = max(DENSE_GRID_PER_TERM * positions, DENSE_GRID_SMALL)
+    tables = {}
+    if info.out_size * info.size1 <= budget:
+        tables["pairs1"] = _gather_rows(out * info.size1 + i1, i2, scale, info.out_size * info.size1)
+    if info.out_size * info.size2 <= budget:
+        tables["pairs2"] = _gather_rows(out * info.size2 + i2, i1, scale, info.out_size * info.size2)
+    if info.size1 * info.size2 <= budget:
+        tables["gram"] = _gather_rows(out, i1 * info.size2 + i2, scale, info.out_size)
+    return tables
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,6 +10,7 @@ Launches run on the tensors' own GPU, or on the CPU through Triton's interpreter
 bfloat16 runs as a float32 upcast rounded back to bfloat16, as the attention kernels do
 (``attnbench.attention.ops.interpreter_upcasts``).
 """
+import contextlib
 from types import SimpleNamespace
 from typing import Optional
 
@@ -18,9 +19,31 @@ from torch import Tensor
 
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
-from ..kernels.sparse_segment import product_out_shape, scale_out_shape, sparse_product_launch, sparse_scale_launch
+from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
+from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
+                                      sparse_scale_launch)
 
-__all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason"]
+__all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route"]
+
+# vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
+# output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
+DENSE_ROUTE = {"enabled": True}
+# Terms per entry of the dense matrix below which the segment kernel stays (keyed by "16-bit input"). Measured on
+# the H200 (sparse-dense-route-*): Clebsch-Gordan L 2 (1.7 terms an entry) ran 0.99x-2.55x of the segment kernel
+# in fp32 but 0.38x-0.85x in bf16, whose route makes two products (M's hi and lo parts); L 3 (2.4) and up gained
+# in both (bf16 0.92x-17x, fp32 2.6x-36x).
+MIN_DENSITY = {False: 1.0, True: 2.0}
+
+
+@contextlib.contextmanager
+def dense_route(enabled: bool):
+    """Within the block, the dense route of vecsca, scavec and inner is on (the default) or off."""
+    before = DENSE_ROUTE["enabled"]
+    DENSE_ROUTE["enabled"] = bool(enabled)
+    try:
+        yield
+    finally:
+        DENSE_ROUTE["enabled"] = before
 
 
 def unavailable_reason(device) -> Optional[str]:
@@ -43,14 +66,23 @@ def _launch(launcher, *tensors_then_args):
 @torch.library.custom_op("attnbench::sparse_product", mutates_args=())
 def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Tensor, index2: Tensor,
                       row_bounds: Tensor, gather_index: Optional[Tensor], out_size: int, op: str,
-                      out_accumulated: bool) -> Tensor:
+                      out_accumulated: bool, dense_bounds: Optional[Tensor] = None,
+                      dense_index: Optional[Tensor] = None, dense_scale: Optional[Tensor] = None,
+                      dense_rows: int = 0, dense_max_len: int = 0) -> Tensor:
+    if dense_bounds is not None:  # the dense route (sparse_product_triton decided)
+        table = SimpleNamespace(bounds=dense_bounds, index=dense_index, scale=dense_scale, rows=dense_rows,
+                                max_len=dense_max_len)
+        rank_x, rank_y, _ = CHANNEL_RANKS[op]
+        return _launch(lambda a, b: dense_product_launch(op, a, b, table, out_size, a.dim() == rank_x + 1,
+                                                         b.dim() == rank_y + 1), x, y)
     info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
                            gather_index=gather_index, out_size=out_size)
     return _launch(lambda a, b: sparse_product_launch(op, a, b, info, out_accumulated), x, y)
 
 
 @sparse_product_op.register_fake
-def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated):
+def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
+      dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -81,10 +113,28 @@ torch.library.register_vmap(sparse_product_op, _slice_and_stack(sparse_product_o
 torch.library.register_vmap(sparse_scale_op, _slice_and_stack(sparse_scale_op, 1))
 
 
+def _dense_table(op, x, y, info, out_accumulated):
+    """The info's table for the dense route of ``op``, or None where the segment kernel runs."""
+    if op not in DENSE_OPS or not DENSE_ROUTE["enabled"]:
+        return None
+    rank_x, rank_y, _ = CHANNEL_RANKS[op]
+    batched = x.dim() == rank_x + 2 or y.dim() == rank_y + 2
+    table = getattr(info, "dense_rows", {}).get(DENSE_OPS[op])
+    if (out_accumulated and batched) or table is None:
+        return None
+    grid = {"vecsca": info.out_size * info.size1, "scavec": info.out_size * info.size2,
+            "inner": info.size1 * info.size2}[op]  # entries of the per-sample dense matrix
+    density = table.index.numel() / max(grid, 1)  # sparse multiply-adds per dense one, per channel
+    return table if density >= MIN_DENSITY[x.dtype.itemsize <= 2] else None
+
+
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
-    """``sparse_product_split`` on the Triton kernel (same shapes and dtype)."""
+    """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the dense route
+    (kernels/sparse_dense.py) for vecsca, scavec and inner where it applies, else the segment kernel."""
+    table = _dense_table(op, x, y, info, out_accumulated)
+    dense = () if table is None else (table.bounds, table.index, table.scale, table.rows, table.max_len)
     return sparse_product_op(x, y, info.scale, info.index1, info.index2, info.row_bounds, info.gather_index,
-                             info.out_size, op, bool(out_accumulated))
+                             info.out_size, op, bool(out_accumulated), *dense)
 
 
 def sparse_scale_triton(x, info):

@@ -1,0 +1,160 @@
+"""The dense route of the sparse products whose channel dims do not meet in every term: vecsca, scavec, inner.
+
+In vecsca, z[n, o, c] = sum_t s[t] x[n, i1[t], c] y[n, i2[t]], the sum over i2 does not depend on the channel c.
+Grouping the terms by (o, i1) first,
+
+    M[n, o, i1] = sum_{t: (o, i1)} s[t] y[n, i2[t]]        (once per sample: no channel)
+    z[n]        = M[n] @ x[n]                              (a batched matrix product: tensor cores, cuBLAS)
+
+does the i2 sum once per sample instead of once per channel: at L 6 (Clebsch-Gordan terms of 0..6 x 0..6 -> 0..6)
+the per-channel work falls from 11896 multiply-adds to 49 x 49 = 2401, on matrix units instead of one gathered
+x row per term from L2 (the segment kernel's bound: sparse-notes.md). scavec is the same with x and y swapped,
+and inner, z[n, o] = sum_t s[t] <x[n, i1[t]], y[n, i2[t]]>, is the Gram matrix G[n] = x[n] @ y[n]^T followed by
+the same per-sample gather: z[n, o] = sum_t s[t] G[n, i1[t], i2[t]]. The three are closed under differentiation
+(vecsca's gx is a scavec, its gy an inner), so forward, backward and double backward all take this route.
+
+``gather_rows_kernel`` does the per-sample sums (a CSR matrix applied to every sample's row of scalars, the
+info's ``dense_rows`` tables, fixed order: deterministic). The matrix products run in fp32 for fp32 inputs (never
+TF32), fp64 for fp64, and for 16-bit inputs on the tensor cores with fp32 accumulation and output, M split into
+two half-precision parts (hi + lo) so that it is not rounded to 16 bits (``_matmul``).
+"""
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import on_device
+from .outputs import new_output
+from .precision import accumulator_dtype, accumulator_torch_dtype
+from .tuning import autotune, cdiv, cfg, config_list
+
+__all__ = ["DENSE_OPS", "dense_product_launch", "gather_rows_launch", "gather_rows_kernel"]
+
+# the ops of the dense route, and the info table each reads
+DENSE_OPS = {"vecsca": "pairs1", "scavec": "pairs2", "inner": "gram"}
+
+_CONFIGS = config_list(
+    [cfg(4, 1, BLOCK_N=32, BLOCK_R=64), cfg(4, 1, BLOCK_N=16, BLOCK_R=128), cfg(8, 1, BLOCK_N=64, BLOCK_R=64)],
+    cfg(1, 1, BLOCK_N=2, BLOCK_R=4),  # the interpreter: tiny test shapes span several blocks
+)
+
+
+@autotune(_CONFIGS, key=["ROWS", "MAX_LEN"])
+@triton.jit
+def gather_rows_kernel(IN, OUT, BOUNDS, INDEX, SCALE, N, ROWS, MAX_LEN, s_in_n, s_in_m, s_out_n,
+                       ACC_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """OUT[n, r] = sum_{k in BOUNDS[0, r]:BOUNDS[1, r]} SCALE[k] IN[n, INDEX[k]], in CSR order."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    n_mask = offs_n < N
+    r_mask = offs_r < ROWS
+    start = tl.load(BOUNDS + offs_r, mask=r_mask, other=0)
+    end = tl.load(BOUNDS + ROWS + offs_r, mask=r_mask, other=0)
+    # The value loads' mask from [BLOCK_N, BLOCK_R] row bounds made before the loop: triton 3.6 fails to compile
+    # (TritonGPURemoveLayoutConversions) a 2-D mask built inside the loop from the 1-D ones.
+    zero = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.int64)
+    start_2d = start[None, :] + zero
+    end_2d = tl.where(n_mask[:, None], end[None, :] + zero, start_2d)  # samples past N: no terms
+    in_rows = IN + offs_n.to(tl.int64)[:, None] * s_in_n
+    acc = tl.zeros([BLOCK_N, BLOCK_R], dtype=ACC_DTYPE)
+    for j in range(0, MAX_LEN):
+        k = start + j
+        live = k < end
+        index = tl.load(INDEX + k, mask=live, other=0)
+        scale = tl.load(SCALE + k, mask=live, other=0.0).to(ACC_DTYPE)
+        value = tl.load(in_rows + index[None, :] * s_in_m, mask=start_2d + j < end_2d, other=0.0)
+        acc += scale[None, :] * value.to(ACC_DTYPE)
+    out = OUT + offs_n.to(tl.int64)[:, None] * s_out_n + offs_r[None, :]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=n_mask[:, None] & r_mask[None, :])
+
+
+def gather_rows_launch(values, table, out_dtype):
+    """[B, M] -> [B, table.rows]: every row of ``values`` through the table's sparse matrix (B may be 1)."""
+    batch = values.shape[0]
+    out = new_output((batch, table.rows), out_dtype, values.device)
+    if out.numel() == 0:
+        return out
+    if table.max_len == 0:
+        return out.zero_()
+    with on_device(out):
+        gather_rows_kernel[lambda meta: (cdiv(batch, meta["BLOCK_N"]), cdiv(table.rows, meta["BLOCK_R"]))](
+            values, out, table.bounds, table.index, table.scale, batch, table.rows, table.max_len,
+            values.stride(0), values.stride(1), out.stride(0), ACC_DTYPE=accumulator_dtype(values.dtype))
+    return out
+
+
+def _matmul(a, b, dtype):
+    """a @ b (batched, broadcasting) in ``dtype``'s accuracy, never TF32. For 16-bit inputs: fp32 accumulation and
+    output (no reduced-precision reductions), and an fp32 ``a`` (a per-sample M) split into two half-precision
+    parts, a = hi + lo with lo = a - hi rounded, so that M is not rounded to 16 bits: two products, hi @ b + lo @ b,
+    exact to ~2**-16 of |M| against the output's own rounding of 2**-9 (bf16)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        if not a.is_cuda:  # no half-precision bmm with fp32 out on the CPU (the interpreter's bf16 is fp32 anyway)
+            return torch.matmul(a.float(), b.float())
+        parts = [a.to(dtype)]
+        if a.dtype != dtype:
+            parts.append((a - parts[0].float()).to(dtype))
+        squeeze = a.dim() == 2 and b.dim() == 2
+        with _full_precision():
+            out = torch.bmm(*_batched(parts[0], b.to(dtype)), out_dtype=torch.float32)
+            if len(parts) > 1:
+                out += torch.bmm(*_batched(parts[1], b.to(dtype)), out_dtype=torch.float32)
+        return out[0] if squeeze else out
+    if a.is_cuda:
+        with _full_precision():
+            return torch.matmul(a.to(dtype), b.to(dtype))
+    return torch.matmul(a.to(dtype), b.to(dtype))
+
+
+@contextlib.contextmanager
+def _full_precision():
+    """Full-precision products whatever the process set: no TF32 for fp32 (torch.set_float32_matmul_precision),
+    no reduced-precision reductions for fp16/bf16."""
+    matmul = torch.backends.cuda.matmul
+    names = ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction")
+    before = [getattr(matmul, name) for name in names]
+    try:
+        for name in names:
+            setattr(matmul, name, False)
+        yield
+    finally:
+        for name, value in zip(names, before):
+            setattr(matmul, name, value)
+
+
+def _batched(a, b):
+    """3-D operands of one batch size for torch.bmm (a shared operand is expanded, not copied)."""
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    a = a.expand(batch, *a.shape[-2:]) if a.dim() == 2 or a.shape[0] != batch else a
+    b = b.expand(batch, *b.shape[-2:]) if b.dim() == 2 or b.shape[0] != batch else b
+    return a, b
+
+
+def _rows(t, shared):
+    """A scalar-channel operand as [B, M] (B = 1 when shared)."""
+    return t.unsqueeze(0) if shared else t
+
+
+def dense_product_launch(op, x, y, table, out_size, x_shared, y_shared):
+    """z of vecsca, scavec or inner (not accumulated over the batch) by the dense route, in x's dtype.
+    x, y: [N, M, C...] or shared [M, C...]; ``table`` is the info's ``dense_rows[DENSE_OPS[op]]``."""
+    dtype = x.dtype
+    acc = accumulator_torch_dtype(dtype)
+    with on_device(x):
+        if op == "inner":  # G[n] = x[n] @ y[n]^T, then z[n, o] = sum s G[n, i1, i2]
+            gram = _matmul(x, y.transpose(-1, -2), dtype)
+            lead = gram.shape[:-2]
+            flat = gram.reshape(-1, gram.shape[-2] * gram.shape[-1])
+            z = gather_rows_launch(flat, table, dtype)
+            return z.reshape(*lead, out_size)
+        if op == "vecsca":  # M[n, o, i1] = sum s y[n, i2]; z[n] = M[n] @ x[n]
+            scalars, vectors, scalars_shared = y, x, y_shared
+        else:  # scavec: M[n, o, i2] = sum s x[n, i1]; z[n] = M[n] @ y[n]
+            scalars, vectors, scalars_shared = x, y, x_shared
+        m = gather_rows_launch(_rows(scalars, scalars_shared), table, acc)
+        m = m.view(m.shape[0], out_size, vectors.shape[-2])
+        if scalars_shared:
+            m = m[0]
+        z = _matmul(m, vectors, dtype)
+        return z.to(dtype)

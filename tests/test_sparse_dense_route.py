@@ -1,0 +1,172 @@
+"""The dense route of vecsca, scavec and inner (kernels/sparse_dense.py) on the interpreter: its tables
+(``SparseProductInfo.dense_rows``) against a loop over the terms, its values and derivatives against the float64
+reference and the segment kernel it replaces, the cases that keep the segment kernel, and that the route is taken
+where it should be (a counting spy on its gather kernel). Tiny sizes: interpreter launches cost ~0.1 s.
+"""
+import pytest
+import torch
+
+from attnbench.kernels import sparse_dense
+from attnbench.sparse import (CHANNEL_RANKS, product_infos, random_product_infos, sparse_product,
+                              sparse_product_reference, use_implementation)
+from attnbench.sparse.info import DENSE_GRID_PER_TERM, product_terms
+from attnbench.sparse.triton_ops import dense_route
+
+pytestmark = pytest.mark.interpreter
+
+OPS = ("vecsca", "scavec", "inner")
+SIZES = (4, 3, 5)  # size1, size2, out_size
+SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True),
+           "shared_both": (True, True)}
+
+
+@pytest.fixture(scope="module")
+def infos():
+    """Rows without terms in every grouping, repeated terms, backward infos through gather_index; 48 terms, so
+    that every table is dense enough for the route in every precision (triton_ops.MIN_DENSITY: >= 2 terms a
+    dense entry; the grids are 20, 15 and 12 entries)."""
+    return random_product_infos(*SIZES, 48, torch.Generator().manual_seed(11))
+
+
+@pytest.fixture
+def gathers(monkeypatch):
+    """How many times the dense route's gather kernel was launched."""
+    calls = []
+    launch = sparse_dense.gather_rows_launch
+    monkeypatch.setattr(sparse_dense, "gather_rows_launch", lambda *a: calls.append(1) or launch(*a))
+    return calls
+
+
+def inputs(op, shared_x, shared_y, info, batch=3, channels=3, dtype=torch.float64, seed=0, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    rank_x, rank_y, _ = CHANNEL_RANKS[op]
+
+    def tensor(shared, size, rank):
+        shape = (() if shared else (batch,)) + (size,) + (channels,) * rank
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype).requires_grad_(requires_grad)
+
+    return tensor(shared_x, info.size1, rank_x), tensor(shared_y, info.size2, rank_y)
+
+
+def _triton(op, x, y, infos, out_accumulated=False):
+    with use_implementation("triton"):
+        return sparse_product(op, x, y, infos, out_accumulated)
+
+
+def test_tables_regroup_every_term(infos):
+    """Each table, applied as a dense matrix, is the terms' sum grouped by its rows: every term once, rows
+    without terms empty, max_len the longest row."""
+    for info in infos:
+        i1, i2, out, scale = product_terms(info)
+        wanted = {"pairs1": (out * info.size1 + i1, i2, info.out_size * info.size1, info.size2),
+                  "pairs2": (out * info.size2 + i2, i1, info.out_size * info.size2, info.size1),
+                  "gram": (out, i1 * info.size2 + i2, info.out_size, info.size1 * info.size2)}
+        for name, (rows, cols, num_rows, num_cols) in wanted.items():
+            table = info.dense_rows[name]
+            expected = torch.zeros(num_rows, num_cols, dtype=torch.float64)
+            expected.index_put_((rows, cols), scale, accumulate=True)
+            lengths = table.bounds[1] - table.bounds[0]
+            got = torch.zeros_like(expected)
+            for r in range(table.rows):
+                for k in range(int(table.bounds[0, r]), int(table.bounds[1, r])):
+                    got[r, table.index[k]] += table.scale[k]
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-15, msg=name)
+            assert table.rows == num_rows and table.max_len == int(lengths.max())
+            assert int(lengths.sum()) == out.numel() and bool((lengths == 0).any()), name  # empty rows present
+
+
+@pytest.mark.parametrize("sharing", list(SHARING))
+@pytest.mark.parametrize("op", OPS)
+def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers):
+    x, y = inputs(op, *SHARING[sharing], infos[0])
+    z = _triton(op, x, y, infos)
+    assert gathers, "the dense route did not run"
+    with dense_route(False):
+        segment = _triton(op, x, y, infos)
+    expected = sparse_product_reference(op, x, y, infos[0])
+    assert z.shape == expected.shape == segment.shape and z.dtype == torch.float64
+    torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(z, segment, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", OPS)
+def test_low_precision(infos, op, dtype):
+    """Error bound, not a measured tolerance: the output rounds once to ``dtype`` (eps/2 of sum|terms|) after fp32
+    sums of at most ``chain`` terms (a row of the table, then the matrix product's contraction), each adding at
+    most eps32 of sum|terms|. bf16 runs as an fp32 upcast on the interpreter; the GPU tests check M's rounding."""
+    x, y = inputs(op, False, False, infos[0], dtype=dtype, seed=2)
+    z = _triton(op, x, y, infos)
+    assert z.dtype == dtype
+    info = infos[0]
+    expected = sparse_product_reference(op, x.double(), y.double(), info)
+    abs_info = type(info)(info.scale.abs(), info.index1, info.index2, info.seg_out, info.gather_index,
+                          info.index_out, info.out_size, info.size1, info.size2)
+    magnitude = sparse_product_reference(op, x.double().abs(), y.double().abs(), abs_info)
+    table = info.dense_rows[sparse_dense.DENSE_OPS[op]]
+    chain = table.max_len + {"vecsca": info.size1, "scavec": info.size2, "inner": x.shape[-1]}[op] + 2
+    bound = (torch.finfo(dtype).eps / 2 + chain * torch.finfo(torch.float32).eps) * magnitude
+    assert ((z.double() - expected).abs() <= bound + 1e-30).all()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gradcheck_and_gradgradcheck(op, gathers):
+    """First and second derivatives through the dense route: the family is closed (vecsca's gx is a scavec, its
+    gy an inner), so every derivative takes the route too."""
+    infos = random_product_infos(3, 3, 3, 24, torch.Generator().manual_seed(3))
+    x, y = inputs(op, False, False, infos[0], batch=2, channels=2, requires_grad=True)
+
+    def fn(a, b):
+        with use_implementation("triton"):
+            return sparse_product(op, a, b, infos)
+
+    assert torch.autograd.gradcheck(fn, (x, y), fast_mode=True)
+    assert torch.autograd.gradgradcheck(fn, (x, y), fast_mode=True)
+    assert gathers
+
+
+def test_segment_kernel_gradgradcheck_with_the_route_off():
+    """The segment kernel still serves these ops (route off, out_accumulated, large grids): its derivatives."""
+    infos = random_product_infos(3, 3, 3, 6, torch.Generator().manual_seed(4))
+    x, y = inputs("vecsca", False, False, infos[0], batch=2, channels=2, requires_grad=True)
+
+    def fn(a, b):
+        with use_implementation("triton"), dense_route(False):
+            return sparse_product("vecsca", a, b, infos)
+
+    assert torch.autograd.gradgradcheck(fn, (x, y), fast_mode=True)
+
+
+def test_batch_sum_keeps_the_segment_kernel(infos, gathers):
+    x, y = inputs("vecsca", False, False, infos[0])
+    z = _triton("vecsca", x, y, infos, out_accumulated=True)
+    assert not gathers
+    torch.testing.assert_close(z, sparse_product_reference("vecsca", x, y, infos[0], True), rtol=1e-12, atol=1e-12)
+
+
+def test_sparse_route_needs_enough_terms_per_dense_entry(gathers):
+    """A table too thin for the route (14 terms on 20 entries: below 1 term an entry) keeps the segment kernel."""
+    infos = random_product_infos(*SIZES, 14, torch.Generator().manual_seed(11))
+    assert "pairs1" in infos[0].dense_rows
+    x, y = inputs("vecsca", False, False, infos[0])
+    z = _triton("vecsca", x, y, infos)
+    assert not gathers
+    torch.testing.assert_close(z, sparse_product_reference("vecsca", x, y, infos[0]), rtol=1e-12, atol=1e-12)
+
+
+def test_sparse_grid_has_no_table_and_keeps_the_segment_kernel(gathers):
+    """A structure whose dense grid is far larger than its terms: no tables, the segment kernel runs."""
+    size = 40
+    i = torch.arange(6)
+    infos = product_infos(i * 7, i * 5, i * 3, None, size, size, size)
+    assert size * size > DENSE_GRID_PER_TERM * 6 and infos[0].dense_rows == {}
+    x, y = inputs("vecsca", False, False, infos[0], batch=2, channels=2)
+    z = _triton("vecsca", x, y, infos)
+    assert not gathers
+    torch.testing.assert_close(z, sparse_product_reference("vecsca", x, y, infos[0]), rtol=1e-12, atol=1e-12)
+
+
+def test_deterministic(infos):
+    for op in OPS:
+        x, y = inputs(op, False, False, infos[0], seed=5)
+        assert torch.equal(_triton(op, x, y, infos), _triton(op, x, y, infos)), op
