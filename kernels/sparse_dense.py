@@ -101,10 +101,8 @@ def _matmul(a, b, dtype):
             if len(parts) > 1:
                 out += torch.bmm(*_batched(parts[1], b.to(dtype)), out_dtype=torch.float32)
         return out[0] if squeeze else out
-    if a.is_cuda:
-        with _full_precision():
-            return torch.matmul(a.to(dtype), b.to(dtype))
-    return torch.matmul(a.to(dtype), b.to(dtype))
+    with _full_precision():
+        return torch.matmul(a.to(dtype), b.to(dtype))
 
 
 @contextlib.contextmanager

@@ -65,21 +65,19 @@ def dense_route_cases(quick):
 
 
 def timed(case, x, mode, variant, launchers=None):
+    """Median ms and outputs of a variant; ``launchers``: FILE's launchers swapped in, or "segment" for the
+    dense route turned off."""
     saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch)
-    if launchers == "segment":  # the dense route off: the segment kernel for every op
-        route = triton_ops.dense_route(False)
-    else:
-        route = contextlib.nullcontext()
-        if launchers:
-            triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
+    route = triton_ops.dense_route(False) if launchers == "segment" else contextlib.nullcontext()
+    if launchers and launchers != "segment":
+        triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
-        route.__enter__()
-        fn = OP.variants[variant].prepare(case, x, mode)
-        outputs = {k: v.detach().clone() for k, v in fn().items()}
-        timing = measure(fn, "cuda")
-        return timing.median_ms, outputs
+        with route:
+            fn = OP.variants[variant].prepare(case, x, mode)
+            outputs = {k: v.detach().clone() for k, v in fn().items()}
+            timing = measure(fn, "cuda")
+            return timing.median_ms, outputs
     finally:
-        route.__exit__(None, None, None)
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = saved
         torch.cuda.empty_cache()
 

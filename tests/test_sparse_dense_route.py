@@ -3,6 +3,8 @@
 reference and the segment kernel it replaces, the cases that keep the segment kernel, and that the route is taken
 where it should be (a counting spy on its gather kernel). Tiny sizes: interpreter launches cost ~0.1 s.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -100,8 +102,7 @@ def test_low_precision(infos, op, dtype):
     assert z.dtype == dtype
     info = infos[0]
     expected = sparse_product_reference(op, x.double(), y.double(), info)
-    abs_info = type(info)(info.scale.abs(), info.index1, info.index2, info.seg_out, info.gather_index,
-                          info.index_out, info.out_size, info.size1, info.size2)
+    abs_info = dataclasses.replace(info, scale=info.scale.abs())
     magnitude = sparse_product_reference(op, x.double().abs(), y.double().abs(), abs_info)
     table = info.dense_rows[sparse_dense.DENSE_OPS[op]]
     chain = table.max_len + {"vecsca": info.size1, "scavec": info.size2, "inner": x.shape[-1]}[op] + 2

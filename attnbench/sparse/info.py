@@ -146,13 +146,16 @@ class SparseProductInfo:
 class GatherRows:
     """out[n, r] = sum_{k in bounds[0, r]:bounds[1, r]} scale[k] in[n, index[k]]: a sparse matrix in CSR form
     with every row present (bounds [2, rows], (k, k) for an empty row), applied to one value per (n, index)
-    (``kernels.sparse_dense.gather_rows_launch``). ``max_len`` is the longest row (the kernel's loop bound)."""
+    (``kernels.sparse_dense.gather_rows_launch``). ``max_len`` is the longest row (the kernel's loop bound);
+    ``dense_entries`` the entries of the per-sample dense matrix of the route that reads the table (its terms per
+    entry decide whether the route pays: ``triton_ops.MIN_DENSITY``)."""
 
     bounds: Tensor
     index: Tensor
     scale: Tensor
     rows: int
     max_len: int
+    dense_entries: int
 
 
 # The dense route builds a per-sample matrix of rows x (one sparse size) entries; only where that grid is at most
@@ -161,7 +164,7 @@ DENSE_GRID_PER_TERM = 4
 DENSE_GRID_SMALL = 256
 
 
-def _gather_rows(key, index, scale, rows):
+def _gather_rows(key, index, scale, rows, dense_entries):
     """GatherRows of the terms (key, index, scale) grouped by key in [0, rows), stably (the caller's order within
     a row: a fixed summation order)."""
     order = torch.argsort(key, stable=True)
@@ -169,7 +172,7 @@ def _gather_rows(key, index, scale, rows):
     ends = counts.cumsum(0)
     bounds = torch.stack([ends - counts, ends])
     max_len = int(counts.max()) if rows else 0
-    return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len)
+    return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len, dense_entries)
 
 
 def _dense_rows(info):
@@ -183,14 +186,12 @@ def _dense_rows(info):
     i1, i2, out, scale = product_terms(info)
     positions = out.numel()
     budget = max(DENSE_GRID_PER_TERM * positions, DENSE_GRID_SMALL)
-    tables = {}
-    if info.out_size * info.size1 <= budget:
-        tables["pairs1"] = _gather_rows(out * info.size1 + i1, i2, scale, info.out_size * info.size1)
-    if info.out_size * info.size2 <= budget:
-        tables["pairs2"] = _gather_rows(out * info.size2 + i2, i1, scale, info.out_size * info.size2)
-    if info.size1 * info.size2 <= budget:
-        tables["gram"] = _gather_rows(out, i1 * info.size2 + i2, scale, info.out_size)
-    return tables
+    # (name, row key, gathered index, rows, entries of the dense matrix: M's rows for the pairs, G's for gram)
+    layouts = [("pairs1", out * info.size1 + i1, i2, info.out_size * info.size1, info.out_size * info.size1),
+               ("pairs2", out * info.size2 + i2, i1, info.out_size * info.size2, info.out_size * info.size2),
+               ("gram", out, i1 * info.size2 + i2, info.out_size, info.size1 * info.size2)]
+    return {name: _gather_rows(key, index, scale, rows, entries)
+            for name, key, index, rows, entries in layouts if entries <= budget}
 
 
 @dataclass(frozen=True, eq=False)

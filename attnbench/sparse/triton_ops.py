@@ -122,9 +122,7 @@ def _dense_table(op, x, y, info, out_accumulated):
     table = getattr(info, "dense_rows", {}).get(DENSE_OPS[op])
     if (out_accumulated and batched) or table is None:
         return None
-    grid = {"vecsca": info.out_size * info.size1, "scavec": info.out_size * info.size2,
-            "inner": info.size1 * info.size2}[op]  # entries of the per-sample dense matrix
-    density = table.index.numel() / max(grid, 1)  # sparse multiply-adds per dense one, per channel
+    density = table.index.numel() / max(table.dense_entries, 1)  # sparse multiply-adds per dense one, per channel
     return table if density >= MIN_DENSITY[x.dtype.itemsize <= 2] else None
 
 
