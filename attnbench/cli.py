@@ -9,10 +9,10 @@ request that cannot run here (nothing is run then, or, for a write that fails mi
 stops); 130 interrupted (Ctrl-C), every finished row kept in the --json file.
 """
 import argparse
-import os
 import re
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -199,8 +199,31 @@ class Session:
         self.file = results.ResultFile(args.json, {
             "command": command, "argv": args.argv, "machine": info, "ceilings": None})
         self.checks, self.rows, self.failures = [], [], 0
+        self.interrupt_seen = False
+
+    def _on_sigint(self, signum, frame):
+        """Ctrl-C: raise KeyboardInterrupt as Python's own handler does, and remember it. A library
+        can swallow the exception (C code that clears any error of an attribute lookup, as
+        ``PyObject_HasAttr`` does); CI saw a run go on to its last row and exit 0 that way."""
+        self.interrupt_seen = True
+        raise KeyboardInterrupt
+
+    def _keep(self, kind, row):
+        """Write a finished row, then stop if a Ctrl-C came while it ran and was swallowed."""
+        self.file.add(kind, row)
+        if self.interrupt_seen:
+            raise KeyboardInterrupt
 
     def run(self) -> int:
+        if threading.current_thread() is not threading.main_thread():  # signal handlers live there only
+            return self._run()
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _run(self) -> int:
         self.console.print(_header(self.device))
         for note in dict.fromkeys(self.notes):
             self.console.print(wrap(f"# {note}"))
@@ -217,6 +240,8 @@ class Session:
         unavailable = {(p.op.name, n) for p in self.plans_check + self.plans_bench for n in p.unavailable}
         self.console.print("\n" + summary_line(self.checks if self.plans_check else None,
                                                self.rows if self.plans_bench else None, len(unavailable)))
+        if self.interrupt_seen:  # swallowed after the last row: still an interrupted run
+            raise KeyboardInterrupt
         self.file.finish("complete")
         if not (checked and timed) and not self.failures:
             what = "checked" if not checked else "timed"
@@ -229,7 +254,7 @@ class Session:
         args, ran = self.args, False
         for plan in self.plans_check:
             op_results = check(plan.op, plan.cases, self.device, plan.variants, plan.modes, args.seed,
-                               not args.quiet, on_result=lambda r: self.file.add("checks", r),
+                               not args.quiet, on_result=lambda r: self._keep("checks", r),
                                extra_checks=not args.variant and not args.mode)
             self.checks += op_results
             self.console.print(f"\n## check {plan.op.name} ({len(plan.cases)} {plan.case_set} cases)\n"
@@ -245,7 +270,7 @@ class Session:
         for plan in self.plans_bench:
             op = plan.op
             rows = bench(op, plan.cases, self.device, plan.variants, plan.modes, args.seed, plan.baseline,
-                         args.graphs, progress=not args.quiet, on_row=lambda r: self.file.add("bench", r))
+                         args.graphs, progress=not args.quiet, on_row=lambda r: self._keep("bench", r))
             self.rows += rows
             bound_of = _bound_lookup(plan.cases)
             self.console.print(f"\n## bench {op.name} ({len(plan.cases)} {plan.case_set} cases)\n"

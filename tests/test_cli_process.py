@@ -59,3 +59,36 @@ def test_ctrl_c_keeps_every_finished_row(tmp_path, capsys):
     md = capsys.readouterr().out
     assert "Partial run" in md and "interrupted" in md
     assert md.count("| fwd |") == len(rows)
+
+
+def test_ctrl_c_swallowed_by_a_library_still_stops_the_run(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C whose KeyboardInterrupt a library swallows (C code that clears any error of an
+    attribute lookup does) must still stop the run after the row it came in, exit 130: CI once
+    saw such a run go on to its last row and exit 0."""
+    from attnbench import cli
+
+    real_bench = cli.bench
+
+    def bench_with_a_swallowed_interrupt(*args, on_row, **kwargs):
+        def on_row_after_swallow(row):
+            if not on_row_after_swallow.fired:
+                on_row_after_swallow.fired = True
+                try:
+                    signal.raise_signal(signal.SIGINT)  # what the terminal sends
+                except KeyboardInterrupt:
+                    pass  # ... and what the library does with it
+            on_row(row)
+        on_row_after_swallow.fired = False
+        return real_bench(*args, on_row=on_row_after_swallow, **kwargs)
+
+    monkeypatch.setattr(cli, "bench", bench_with_a_swallowed_interrupt)
+    before = signal.getsignal(signal.SIGINT)
+    path = tmp_path / "out.json"
+    try:
+        code = main(["bench", "--op", "flash", "--mode", "fwd", "--variant", "split", "--quiet", "--json", str(path)])
+    finally:
+        signal.signal(signal.SIGINT, before)  # main ignores a second Ctrl-C after the first; undo for pytest
+    assert code == 130
+    assert json.loads(path.read_text())["status"] == "interrupted"
+    assert len(json.loads(path.read_text())["bench"]) == 1  # the row it came in, and no more
+    assert "1 finished row(s) kept" in capsys.readouterr().err
