@@ -382,7 +382,7 @@ def build_parser():
         p.add_argument("--op", action="append", help="operator (repeatable; default: all)")
         p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
         if cases:
-            p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep (default: tiny on CPU; "
+            p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, decode (flash) (default: tiny on CPU; "
                                            "on CUDA check: gpu, bench and run: anchor)")
             p.add_argument("--variant", action="append",
                            help="variant (repeatable; default: every variant that can run here)")

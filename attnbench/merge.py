@@ -9,7 +9,8 @@ which is attention over A and B together: the online-softmax combine of FlashAtt
 flash-decoding's split-K reduction and cascade / shared-prefix attention (context + buffer).
 
 A row that saw no key has LSE = -inf. Such a state contributes nothing, whatever its O holds
-(SDPA leaves NaN there); when every state of a row is -inf the result is O = 0, LSE = -inf.
+(SDPA leaves NaN there); when every state of a row is -inf the result is O = 0, LSE = -inf. A
+state with a NaN LSE makes its row NaN.
 
 This module is plain PyTorch (the split variants use it; it never imports Triton). The Triton
 kernels live in ``attnbench.kernels.merge_states``; ``merge_states_triton`` below is their
@@ -67,9 +68,11 @@ def merge_many(o, lse, dim: int = 0, out_dtype=None):
     # A state that saw no key adds nothing even if its O is NaN (0 * NaN would not).
     contrib = torch.where((weight > 0).unsqueeze(-1), weight.unsqueeze(-1) * o.to(cdt), torch.zeros((), dtype=cdt,
                                                                                                      device=o.device))
-    total_safe = torch.where(total > 0, total, torch.ones_like(total))
+    # a NaN state (a non-finite input) makes the total NaN, and its row comes out NaN, never as
+    # the (0, -inf) of a row that saw no key
+    total_safe = torch.where(total == 0, torch.ones_like(total), total)
     merged_o = contrib.sum(dim=dim, keepdim=True) / total_safe.unsqueeze(-1)
-    merged_lse = torch.where(total > 0, top_safe + torch.log(total_safe), torch.full_like(total, -torch.inf))
+    merged_lse = torch.where(total == 0, torch.full_like(total, -torch.inf), top_safe + torch.log(total_safe))
     return merged_o.squeeze(dim).to(out_dtype or o.dtype), merged_lse.squeeze(dim).to(lse.dtype)
 
 

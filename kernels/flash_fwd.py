@@ -6,47 +6,22 @@ KV head h // group), keeping the running max m, sum l and unnormalized accumulat
 
 Key blocks are visited in two phases: blocks every row of the tile may see in full (no mask
 arithmetic at all), then the blocks that touch the causal diagonal or the end of the keys.
-Scores are kept in base 2 (scale * log2 e folded into one multiply) so the exponentials are exp2.
 A row that sees no key at all (bottom-right causal with Nq > Nk) gets O = 0 and L = -inf; a
-non-finite input gives NaN, never that pair (softmax_rows.finish_rows).
+non-finite input gives NaN, never that pair (softmax_rows.finish_rows). The key-block step is
+key_block.attend_key_block. Few query rows (decode) go to flash_decode.py instead.
 """
+import contextlib
+
 import triton
 import triton.language as tl
 
+from .flash_decode import decode_applies, flash_decode_launch
+from .key_block import attend_key_block
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .softmax_rows import finish_rows
 from .tiling import query_tile, visible_keys
 from .tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
-
-
-@triton.jit
-def _attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
-                      N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    if MASKED:
-        kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    else:
-        kv_mask = offs_d[None, :] < HEAD_DIM  # only the head-dim padding
-    k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
-    if MASKED:
-        keep = offs_n[None, :] < N_K
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
-        s = tl.where(keep, s, float("-inf"))
-    # m starts finite (see the caller), so a row whose keys are all masked so far keeps
-    # alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    return acc, l_i, m_new
 
 
 def _fwd_shared_bytes(config, element_size, block_d):
@@ -92,11 +67,11 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
-        acc, l_i, m_i = _attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
+        acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
                                           offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
                                           BLOCK_N, BLOCK_D, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(full_hi, hi, BLOCK_N):
-        acc, l_i, m_i = _attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
+        acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
                                           offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
                                           BLOCK_N, BLOCK_D, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
@@ -106,9 +81,32 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     tl.store(LSE + (b * H_Q + h) * N_Q + offs_m, lse.to(LSE.dtype.element_ty), mask=offs_m < N_Q)
 
 
+ROUTES = ("tiles", "decode")
+_forced_route = None
+
+
+@contextlib.contextmanager
+def forward_route(route):
+    """Send every forward in the block to one route ("tiles" or "decode"; None: by shape), e.g. to
+    test or time FA2's query tiles at a decode shape. A module global, not thread-local."""
+    global _forced_route
+    if route is not None and route not in ROUTES:
+        raise ValueError(f"route {route!r}: expected one of {ROUTES} or None")
+    before, _forced_route = _forced_route, route
+    try:
+        yield
+    finally:
+        _forced_route = before
+
+
 def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
-    """Run the forward kernel on checked inputs. ``causal_offset`` None means no mask, otherwise
-    query row i sees keys j <= i + causal_offset. Returns (o, lse) with lse of shape [B, Hq, Nq]."""
+    """The forward on checked inputs. ``causal_offset`` None means no mask, otherwise query row i
+    sees keys j <= i + causal_offset. Returns (o, lse) with lse of shape [B, Hq, Nq]. Few query
+    rows (Nq <= flash_decode.DECODE_MAX_NQ) take the split-KV route, the rest FA2's query tiles
+    (below); ``forward_route`` overrides."""
+    route = _forced_route or ("decode" if decode_applies(q.shape[2]) else "tiles")
+    if route == "decode":
+        return flash_decode_launch(q, k, v, sm_scale, causal_offset)
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     o = new_output(q.shape, q.dtype, q.device)

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .outputs import new_output
-from .tuning import cdiv, next_pow2
+from .tuning import cdiv, multiprocessors, next_pow2
 
 
 @triton.jit
@@ -44,11 +44,12 @@ def merge_step(m, s, acc, lse, o):
 
 @triton.jit
 def merge_finish(m, s, acc):
-    """(O, LSE in natural-log units) of the merged state."""
-    seen = s > 0.0
-    s_safe = tl.where(seen, s, 1.0)
-    o = tl.where(seen[:, None], acc / s_safe[:, None], 0.0)
-    lse = tl.where(seen, m + tl.log(s_safe), float("-inf"))
+    """(O, LSE in natural-log units) of the merged state. A NaN state (a non-finite input) makes
+    its row's sum NaN, and the row comes out NaN: never disguised as one that saw no key."""
+    empty = s == 0.0
+    s_safe = tl.where(empty, 1.0, s)
+    o = tl.where(empty[:, None], 0.0, acc / s_safe[:, None])
+    lse = tl.where(empty, float("-inf"), m + tl.log(s_safe))
     return o, lse
 
 
@@ -133,11 +134,15 @@ def _lead3(t, lead_dims):
     return t, (t.stride(0), t.stride(1), t.stride(2))
 
 
-def _block_sizes(head_dim, device):
+def _block_sizes(head_dim, device, n_rows, fewest=1):
+    """(rows a program, padded head dim). Rows a program shrink (to ``fewest``) until the grid has
+    two programs an SM: a stack of many states over few rows (flash-decoding at B8 Hkv8 Nq1: 256
+    rows, 10 splits) ran its whole reduction on 4 programs, ~20 us of a 0.27 ms call on an H200."""
     block_d = max(16, next_pow2(head_dim))
     if device.type == "cpu":
         return 16, block_d
-    return max(1, min(128, 8192 // block_d)), block_d
+    most = max(1, min(128, 8192 // block_d))
+    return max(fewest, min(most, next_pow2(cdiv(n_rows, 2 * multiprocessors(device))))), block_d
 
 
 def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype):
@@ -152,7 +157,9 @@ def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype):
         return o, lse
     (oa, soa), (la, sla), (ob, sob), (lb, slb) = (_lead3(t, lead) for t in (o_a, lse_a, o_b, lse_b))
     (ov, so), (lv, sl) = _lead3(o, lead), _lead3(lse, lead)
-    block_r, block_d = _block_sizes(head_dim, o.device)
+    # triton 3.6 fails to compile merge_two_kernel in fp64 at 8 rows a program
+    # (TritonGPURemoveLayoutConversions; 1-64 rows checked for sm_90): it keeps 16 and more
+    block_r, block_d = _block_sizes(head_dim, o.device, n_rows, fewest=16)
     with _on_device(o):
         merge_two_kernel[(cdiv(n_rows, block_r),)](
             oa, la, ob, lb, ov, lv, n_rows, ov.shape[1], ov.shape[2], head_dim,
@@ -180,7 +187,7 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype):
     # each state alone, as three row dimensions; the split stride walks from one to the next
     (_, so), (_, sl) = _lead3(o_stack[0], lead), _lead3(lse_stack[0], lead)
     (ov, s_o), (lv, s_l) = _lead3(o, lse.dim()), _lead3(lse, lse.dim())
-    block_r, block_d = _block_sizes(head_dim, o.device)
+    block_r, block_d = _block_sizes(head_dim, o.device, n_rows)
     with _on_device(o):
         merge_stack_kernel[(cdiv(n_rows, block_r),)](
             o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,

@@ -29,7 +29,13 @@ def finish_rows(acc, l_i, m_i, offs_m, causal_offset, CAUSAL: tl.constexpr, ACC_
     """(O, LSE, 1/l) of rows accumulated by the online softmax in base 2 (m_i in log2 units).
     Blind rows give O = 0, LSE = -inf and 1/l = 0; a zero or NaN sum on a row with visible keys
     gives NaN for all three."""
-    blind = blind_rows(offs_m, causal_offset, CAUSAL)
+    return finish_rows_where(acc, l_i, m_i, blind_rows(offs_m, causal_offset, CAUSAL), ACC_DTYPE)
+
+
+@triton.jit
+def finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE: tl.constexpr):
+    """``finish_rows`` with the rows that see no key given as a mask (a split of the keys can
+    leave a row without any key of its own)."""
     l_safe = tl.where(blind, 1.0, l_i)  # blind rows are overwritten below: keep them out of 1/l, log
     inv_l = tl.where(blind, 0.0, 1.0 / l_safe)  # a zero sum elsewhere: 1/0 = inf, inf * acc(=0) = NaN
     o = acc * inv_l[:, None]

@@ -38,10 +38,11 @@ def config_list(gpu_configs, interpreter_config):
     return [interpreter_config] if interpreting() else list(gpu_configs)
 
 
-def pruner(shared_bytes):
+def pruner(shared_bytes, fits=None):
     """An ``early_config_prune`` hook keeping configs whose estimated shared memory fits.
 
-    ``shared_bytes(config, element_size, block_d)`` estimates a config's staged tiles.
+    ``shared_bytes(config, element_size, block_d)`` estimates a config's staged tiles; ``fits(config,
+    constexprs)``, when given, is a further test (e.g. registers, for a tile size the launcher picks).
     """
 
     def prune(configs, named_args, **constexprs):
@@ -49,7 +50,8 @@ def pruner(shared_bytes):
             return configs
         element_size = named_args["Q"].element_size()
         block_d = constexprs["BLOCK_D"]
-        fitting = [c for c in configs if shared_bytes(c, element_size, block_d) <= SHARED_MEMORY_BUDGET]
+        fitting = [c for c in configs if shared_bytes(c, element_size, block_d) <= SHARED_MEMORY_BUDGET
+                   and (fits is None or fits(c, constexprs))]
         fitting = fitting or configs[-1:]  # the last entry is the smallest: always try it
         return fitting if autotune_enabled() else fitting[:1]
 

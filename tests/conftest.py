@@ -53,9 +53,10 @@ def tuned_kernels():
     """Kernels autotuned as shipped. The GPU gate runs with ATTNBENCH_AUTOTUNE=0 (one default
     config per shape keeps tens of correctness shapes fast), and Triton's autotuner remembers its
     pick per key, so performance tests clear those picks and tune again."""
-    from attnbench.kernels import attention_bwd_jvp, attention_jvp, flash_bwd, flash_fwd
+    from attnbench.kernels import attention_bwd_jvp, attention_jvp, flash_bwd, flash_decode, flash_fwd
 
-    kernels = (flash_fwd.flash_fwd_kernel, flash_bwd.flash_bwd_dkdv_kernel, flash_bwd.flash_bwd_dq_kernel,
+    kernels = (flash_fwd.flash_fwd_kernel, flash_decode.flash_decode_kernel, flash_bwd.flash_bwd_dkdv_kernel,
+               flash_bwd.flash_bwd_dq_kernel,
                attention_jvp.attention_jvp_kernel, attention_bwd_jvp.bwd_jvp_dkdv_kernel,
                attention_bwd_jvp.bwd_jvp_dq_kernel)
     with pytest.MonkeyPatch.context() as mp:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnbench import verify
+from attnbench.kernels.flash_fwd import forward_route
 from attnbench.operators.flash import TINY_SHAPES, FlashCase
 from attnbench.operators.flash.triton import flash_attention, flash_bwd, flash_fwd
 
@@ -27,6 +28,17 @@ def test_variant_matches_float64_oracle(flash, oracles, case, mode, variant):
     assert not result.skipped, result.skipped
     assert result.passed, [o for o in result.outputs if not o.passed]
     assert {o.name for o in result.outputs} == set(flash.outputs(mode))
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_query_tiles_forward_matches_float64_oracle(flash, oracles, case, mode):
+    """Every tiny case has Nq <= DECODE_MAX_NQ, so the forward above took the split-KV route; FA2's
+    query tiles (the forward of longer queries) are held to the same oracle here."""
+    x, oracle, lowp = oracles(case, 0)
+    with forward_route("tiles"):
+        result = verify.check_variant(flash, "triton", case, mode, x, oracle, lowp)
+    assert result.passed, [o for o in result.outputs if not o.passed]
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -150,3 +150,24 @@ def test_bad_states_are_rejected(args, exc, words):
     for merge in (merge_states, merge_states_triton):
         with pytest.raises(exc, match=words.replace("(", r"\(")):
             merge(*args())
+
+
+def test_a_nan_state_makes_its_row_nan_not_blind():
+    """A state with NaN LSE (a split that read a NaN input) poisons its row, whichever side and
+    whatever the other states hold; other rows are untouched. Before, the row came out as the
+    (O = 0 or the other side's O, LSE = -inf) of a row that saw no key."""
+    q, k, v = _problem(7)
+    o_a, lse_a = _attend(q, k, v)
+    o_b, lse_b = o_a.clone(), lse_a.clone()
+    o_b[1, 2, 3], lse_b[1, 2, 3] = float("nan"), float("nan")
+    empty_o, empty_lse = torch.zeros_like(o_a), torch.full_like(lse_a, -math.inf)
+    for merge in (merge_states, merge_states_triton):
+        for pair in ((o_a, lse_a, o_b, lse_b), (o_b, lse_b, o_a, lse_a), (empty_o, empty_lse, o_b, lse_b)):
+            o, lse = merge(*pair)
+            assert torch.isnan(lse[1, 2, 3]) and torch.isnan(o[1, 2, 3]).all(), merge.__name__
+            rest = torch.ones_like(lse, dtype=torch.bool)
+            rest[1, 2, 3] = False
+            assert torch.isfinite(lse[rest]).all() and torch.isfinite(o[rest]).all(), merge.__name__
+    for many in (merge_many, merge_many_triton):
+        o, lse = many(torch.stack([empty_o, o_b, o_a]), torch.stack([empty_lse, lse_b, lse_a]))
+        assert torch.isnan(lse[1, 2, 3]) and torch.isnan(o[1, 2, 3]).all(), many.__name__

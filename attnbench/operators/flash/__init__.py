@@ -89,6 +89,10 @@ GPU_SHAPES = [
     (2, 4, 4, 256, 384, 256, "bottom_right"),
     (1, 4, 1, 1537, 1537, 24, "top_left"),
     (3, 8, 8, 1, 1024, 128, None),
+    # the split-KV route (Nq <= 64): GQA groups packed into a tile, row tiles, D up to 256
+    (4, 32, 8, 1, 4099, 128, None),
+    (2, 16, 2, 16, 2049, 96, "bottom_right"),
+    (2, 8, 1, 40, 3001, 256, "bottom_right"),
 ]
 ANCHOR_SHAPES = [
     (4, 16, 16, 4096, 4096, 64, None),
@@ -107,11 +111,25 @@ def _sweep():
     return cases
 
 
+def _decode():
+    """Decode and short-query shapes (the split-KV route): Nq 1 (no mask) and 16 (bottom-right
+    causal, speculative decoding), GQA 32/8, head dims 64-256, Nk 2K-32K at 0.5-1 GB of K/V, so
+    that the bandwidth figure is not a launch-latency figure (and the float64 oracle fits)."""
+    cases = []
+    for head_dim in (64, 96, 128, 256):
+        for n_k in (2048, 8192, 32768):
+            batch = max(1, 32 * 8192 // n_k * 128 // max(head_dim, 128))
+            cases.append(FlashCase(batch, 32, 8, 1, n_k, head_dim, None))
+            cases.append(FlashCase(batch, 32, 8, 16, n_k, head_dim, "bottom_right"))
+    return cases
+
+
 CASE_SETS = {
     "tiny": lambda: _shapes(TINY_SHAPES, ("float32", "float16")),
     "gpu": lambda: _shapes(GPU_SHAPES, ("bfloat16", "float16")),
     "anchor": lambda: _shapes(ANCHOR_SHAPES, ("bfloat16",)),
     "sweep": _sweep,
+    "decode": _decode,
 }
 
 
@@ -182,6 +200,7 @@ class FlashOperator(Operator):
     name = "flash"
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
     modes = ("fwd", "bwd", "fwd_bwd")
+    case_sets = ("tiny", "gpu", "anchor", "sweep", "decode")
     baselines = ("sdpa_flash", "reference")
     ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex")
 

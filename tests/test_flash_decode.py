@@ -1,0 +1,158 @@
+"""flash's split-KV forward (kernels/flash_decode.py) on the interpreter: against the float64
+reference and FA2's query tiles, over GQA packing, row tiles, key splits (empty ones included),
+both causal alignments, rows that see no key, non-finite inputs and strided views."""
+import math
+
+import pytest
+import torch
+
+from attnbench import verify
+from attnbench.attention import flash_attention, flash_fwd
+from attnbench.kernels.flash_decode import DECODE_MAX_NQ, decode_applies, decode_splits, flash_decode_launch
+from attnbench.kernels.flash_fwd import forward_route
+from attnbench.verify import BOUNDS
+
+pytestmark = pytest.mark.interpreter
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16}
+
+
+def _inputs(batch, heads_q, heads_kv, n_q, n_k, head_dim, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, h, n, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+            for h, n in ((heads_q, n_q), (heads_kv, n_k), (heads_kv, n_k))]
+
+
+def _reference(q, k, v, scale, offset):
+    """float64 attention with row i seeing keys j <= i + offset; rows that see no key: (0, -inf)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, 1) for t in (k, v))
+    s = (q.double() @ k.transpose(-1, -2)) * scale
+    if offset is not None:
+        i = torch.arange(q.shape[2])[:, None]
+        j = torch.arange(k.shape[2])[None, :]
+        s = s.masked_fill(j > i + offset, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v, lse
+
+
+def _max_rel(a, b):
+    a, b = a.double(), b.double()
+    both_inf = torch.isneginf(a) & torch.isneginf(b)
+    diff = torch.where(both_inf, 0.0, (a - b).abs())
+    return (diff.max() / b[torch.isfinite(b)].abs().max().clamp_min(1e-30)).item()
+
+
+# (B, Hq, Hkv, Nq, Nk, D, causal offset, splits): interpreter blocks are 16 keys
+SHAPES = [
+    (2, 4, 2, 1, 37, 16, None, None),  # decode: one row per head, GQA group of 2 in one tile
+    (1, 6, 2, 3, 50, 24, None, 3),  # head dim not a power of two
+    (2, 2, 1, 5, 33, 32, 0, 4),  # top-left causal: row i sees keys 0..i only
+    (1, 4, 4, 7, 29, 16, 22, 2),  # bottom-right causal
+    (1, 2, 1, 9, 5, 16, -4, 3),  # Nq > Nk bottom-right: rows 0-3 see no key; splits past the keys are empty
+    (1, 3, 1, 4, 70, 80, 66, None),
+    (2, 8, 2, 20, 100, 16, 80, 5),  # 80 packed rows: two row tiles
+    (1, 2, 2, 1, 70, 64, None, 9),  # more splits than key blocks
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_decode_matches_float64_reference(shape):
+    *dims, offset, splits = shape
+    q, k, v = _inputs(*dims)
+    scale = dims[-1] ** -0.5
+    o, lse = flash_decode_launch(q, k, v, scale, offset, num_splits=splits)
+    ref_o, ref_lse = _reference(q, k, v, scale, offset)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    assert _max_rel(o, ref_o) < BOUNDS[torch.float64] and _max_rel(lse, ref_lse) < BOUNDS[torch.float64]
+    blind = torch.isneginf(ref_lse)
+    assert torch.all(o[blind] == 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=str)
+def test_low_precision_within_the_dtype_bound(shape, dtype):
+    *dims, offset, splits = shape
+    q, k, v = _inputs(*dims, dtype=DTYPES[dtype], seed=1)
+    scale = dims[-1] ** -0.5
+    o, lse = flash_decode_launch(q, k, v, scale, offset, num_splits=splits)
+    ref_o, ref_lse = _reference(q, k, v, scale, offset)
+    assert o.dtype == DTYPES[dtype] and lse.dtype == torch.float32
+    assert _max_rel(o, ref_o) < BOUNDS[DTYPES[dtype]] and _max_rel(lse, ref_lse) < BOUNDS[DTYPES[dtype]]
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_split_counts_agree(splits):
+    """Every split count computes the same function (to fp64 rounding): the merge is exact."""
+    q, k, v = _inputs(2, 4, 1, 6, 61, 32, seed=2)
+    one = flash_decode_launch(q, k, v, 0.3, 55, num_splits=1)
+    many = flash_decode_launch(q, k, v, 0.3, 55, num_splits=splits)
+    assert all(_max_rel(a, b) < 1e-13 for a, b in zip(many, one))
+
+
+def test_bitwise_repeatable():
+    q, k, v = _inputs(1, 4, 2, 2, 90, 16, dtype=torch.float32, seed=3)
+    first = flash_decode_launch(q, k, v, 0.25, None)
+    again = flash_decode_launch(q, k, v, 0.25, None)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_public_forward_takes_the_route_by_shape_and_routes_agree():
+    """Nq <= DECODE_MAX_NQ goes to the split-KV route; forcing either route gives the same
+    function through the public API (and the override is undone after its block)."""
+    assert decode_applies(1) and decode_applies(DECODE_MAX_NQ) and not decode_applies(DECODE_MAX_NQ + 1)
+    q, k, v = _inputs(2, 6, 3, 4, 45, 24, dtype=torch.float32, seed=4)
+    results = {}
+    for route in ("tiles", "decode", None):
+        with forward_route(route):
+            results[route] = flash_fwd(q, k, v, causal="bottom_right")
+    for route in ("tiles", "decode"):
+        assert all(_max_rel(a, b) < BOUNDS[torch.float32] for a, b in zip(results[route], results[None]))
+    with pytest.raises(ValueError, match="route"):
+        with forward_route("fast"):
+            pass
+
+
+def test_gradients_through_the_decode_forward():
+    """The backward reads the (O, LSE) the split-KV forward saved: gradcheck in fp64, GQA, causal."""
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 4, 2, 3, 21, 16, seed=5))
+    assert decode_splits(2, 21, q.device) == 2  # the forward below merges two splits
+    with forward_route("decode"):
+        assert verify.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal="bottom_right"), (q, k, v),
+                                atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["q", "k_late", "v_late"])
+def test_non_finite_input_in_one_split_is_nan_not_blind(where):
+    """A NaN in a key or value that only the last split reads must still reach the merged row."""
+    q, k, v = _inputs(1, 2, 1, 2, 60, 16, seed=6)
+    {"q": q[0, 1, 0], "k_late": k[0, 0, 55], "v_late": v[0, 0, 55]}[where][3] = float("nan")
+    o, lse = flash_decode_launch(q, k, v, 0.25, None, num_splits=4)
+    if where == "q":
+        assert torch.isnan(o[0, 1, 0]).all() and torch.isnan(lse[0, 1, 0])
+        assert torch.isfinite(o[0, 0]).all() and torch.isfinite(o[0, 1, 1]).all()
+    elif where == "k_late":
+        assert torch.isnan(lse).all() and torch.isnan(o).all()
+    else:
+        assert torch.isnan(o[..., 3]).all() and torch.isfinite(lse).all()
+
+
+def test_strided_views_match_contiguous():
+    """[B, N, H, D] storage seen as [B, H, N, D]: the kernel takes the strides, no copy needed."""
+    q, k, v = _inputs(2, 4, 2, 3, 40, 16, seed=7)
+    views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    assert not views[0].is_contiguous()
+    a = flash_decode_launch(*views, 0.25, 37, num_splits=3)
+    b = flash_decode_launch(q, k, v, 0.25, 37, num_splits=3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_split_rule():
+    """Enough programs for two an SM, never a split shorter than the minimum, the fewest splits
+    that balance (interpreter: 4 SMs, 16 keys)."""
+    cpu = torch.device("cpu")
+    assert decode_splits(64 * 8, 8192, cpu) == 1  # B x Hkv already fills the "GPU"
+    assert decode_splits(1, 8192, cpu) == 8
+    assert decode_splits(3, 8192, cpu) == 4  # 12 programs, 3 an SM; 3 splits (9) would leave SMs uneven
+    assert decode_splits(1, 20, cpu) == 2
+    assert decode_splits(1, 3, cpu) == 1
