@@ -73,6 +73,7 @@ def merge_many(o, lse, dim: int = 0, out_dtype=None):
     total_safe = torch.where(total == 0, torch.ones_like(total), total)
     merged_o = contrib.sum(dim=dim, keepdim=True) / total_safe.unsqueeze(-1)
     merged_lse = torch.where(total == 0, torch.full_like(total, -torch.inf), top_safe + torch.log(total_safe))
+    merged_lse = torch.where(torch.isposinf(top), torch.full_like(total, torch.nan), merged_lse)  # as the kernels
     return merged_o.squeeze(dim).to(out_dtype or o.dtype), merged_lse.squeeze(dim).to(lse.dtype)
 
 

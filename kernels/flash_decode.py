@@ -17,7 +17,7 @@ from . import interpreting
 from .key_block import attend_key_block
 from .merge_states import merge_stack_launch
 from .outputs import new_output
-from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .precision import LN2, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .softmax_rows import finish_rows_where
 from .tuning import autotune, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
 
@@ -32,6 +32,8 @@ MIN_KEYS_PER_SPLIT = 256
 INTERPRETER_MIN_KEYS_PER_SPLIT = 16
 WAVES = 2  # programs to aim for, in multiples of the multiprocessors
 MAX_SPLITS = 64
+# ... and no more than this many an SM: balance alone asked 18 splits of 133 programs at Nk 32K
+MAX_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -99,11 +101,12 @@ def flash_decode_kernel(Q, K, V, O, LSE,
                         ROWS_BUCKET, SEQ_BUCKET,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(0)
-    split = tl.program_id(1)
-    bh = tl.program_id(2)
-    b = (bh // H_KV).to(tl.int64)
-    hk = (bh % H_KV).to(tl.int64)
+    # batch and KV heads on axes of their own (CUDA caps axes 1 and 2 at 65535 each; the launch
+    # layer keeps the batch under that)
+    pid_m = tl.program_id(0) // NUM_SPLITS
+    split = tl.program_id(0) % NUM_SPLITS
+    hk = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     valid, g, i = _packed_query_rows(pid_m, N_Q, GROUP, BLOCK_M)
     h = hk * GROUP + g.to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
@@ -131,7 +134,17 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     sees = lo < hi
     if CAUSAL:
         sees = sees & (i + causal_offset >= lo)
-    o, lse, _ = finish_rows_where(acc, l_i, m_i, ~sees, ACC_DTYPE)
+    if NUM_SPLITS == 1:  # the row's whole state: a zero sum where keys were seen is a non-finite input
+        o, lse, _ = finish_rows_where(acc, l_i, m_i, ~sees, ACC_DTYPE)
+    else:
+        # One split's share. Its keys may all score -inf (an infinite input) while other splits'
+        # do not: that share is empty, not NaN, or the answer would depend on the split count; a
+        # row that sees keys and ends up empty after the merge is NaN there (merge's SEE_FROM).
+        # A NaN sum stays NaN.
+        empty = ~sees | (l_i == 0.0)
+        l_safe = tl.where(empty, 1.0, l_i)
+        o = tl.where(empty[:, None], 0.0, acc / l_safe[:, None])
+        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * tl.full([], LN2, ACC_DTYPE))
     state = split.to(tl.int64)
     o_rows = state * stride_os + b * stride_ob + h * stride_oh + i * stride_on
     tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])
@@ -158,7 +171,7 @@ def decode_splits(programs: int, n_k: int, device) -> int:
     min_keys = INTERPRETER_MIN_KEYS_PER_SPLIT if interpreting() else MIN_KEYS_PER_SPLIT
     sms = multiprocessors(device)
     programs = max(programs, 1)
-    most = max(1, min(cdiv(n_k, min_keys), MAX_SPLITS))
+    most = max(1, min(cdiv(n_k, min_keys), MAX_SPLITS, MAX_PROGRAMS_PER_SM * sms // programs))
 
     def score(splits):
         total = programs * splits
@@ -187,7 +200,7 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         o_part = new_output((splits, *q.shape), torch.float64 if q.dtype == torch.float64 else torch.float32,
                             q.device)
     l_part = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-    flash_decode_kernel[(row_tiles, splits, batch * heads_kv)](
+    flash_decode_kernel[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *o_part.stride()[:4], *l_part.stride()[:3],
@@ -198,4 +211,6 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
     )
     if splits == 1:
         return o_part[0], l_part[0]
-    return merge_stack_launch(o_part, l_part, q.dtype)
+    # rows i >= -offset see at least one key (Nk >= 1): an empty merge there is a non-finite input
+    see_from = 0 if causal_offset is None else max(0, -int(causal_offset))
+    return merge_stack_launch(o_part, l_part, q.dtype, see_from=see_from)

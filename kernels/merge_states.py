@@ -19,6 +19,8 @@ import triton.language as tl
 from .outputs import new_output
 from .tuning import cdiv, multiprocessors, next_pow2
 
+INT32_MAX = 2**31 - 1
+
 
 @triton.jit
 def merge_init(BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
@@ -46,11 +48,19 @@ def merge_step(m, s, acc, lse, o):
 def merge_finish(m, s, acc):
     """(O, LSE in natural-log units) of the merged state. A NaN state (a non-finite input) makes
     its row's sum NaN, and the row comes out NaN: never disguised as one that saw no key."""
+    return merge_finish_where(m, s, acc, s < 0.0)  # s >= 0 or NaN: no row is known to see a key
+
+
+@triton.jit
+def merge_finish_where(m, s, acc, sees_keys):
+    """``merge_finish`` for rows some of which are known to see keys (``sees_keys``): such a row
+    whose states are all empty had every score -inf, a non-finite input, and comes out NaN."""
     empty = s == 0.0
     s_safe = tl.where(empty, 1.0, s)
     o = tl.where(empty[:, None], 0.0, acc / s_safe[:, None])
     lse = tl.where(empty, float("-inf"), m + tl.log(s_safe))
-    return o, lse
+    poisoned = empty & sees_keys
+    return tl.where(poisoned[:, None], float("nan"), o), tl.where(poisoned, float("nan"), lse)
 
 
 @triton.jit
@@ -95,7 +105,7 @@ def merge_two_kernel(OA, LA, OB, LB, O, L, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
 
 
 @triton.jit
-def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
+def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM, SEE_FROM,
                        s_os_s, s_os_x, s_os_y, s_os_z, s_ls_s, s_ls_x, s_ls_y, s_ls_z,
                        s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
@@ -109,7 +119,7 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
     for k in range(0, NUM_STATES):  # fixed order: the result does not depend on scheduling
         lse, o = _load_state(OS + k * s_os_s, LS + k * s_ls_s, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE)
         m, s, acc = merge_step(m, s, acc, lse, o)
-    o, lse = merge_finish(m, s, acc)
+    o, lse = merge_finish_where(m, s, acc, rows % DIM_Z >= SEE_FROM)
     out_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
     tl.store(O + out_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_mask[:, None] & d_mask[None, :])
@@ -168,8 +178,10 @@ def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype):
     return o, lse
 
 
-def merge_stack_launch(o_stack, lse_stack, out_dtype):
-    """Merge the states stacked along dim 0: O [S, ..., D], LSE [S, ...] -> (O, LSE), contiguous."""
+def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None):
+    """Merge the states stacked along dim 0: O [S, ..., D], LSE [S, ...] -> (O, LSE), contiguous.
+    ``see_from``: rows whose last index is at least this are known to see a key (flash-decoding's
+    splits of a row's keys): there an all-empty merge is NaN, not (0, -inf)."""
     num_states = lse_stack.shape[0]
     head_dim = o_stack.shape[-1]
     o = new_output(tuple(o_stack.shape[1:]), out_dtype, o_stack.device)
@@ -177,6 +189,8 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype):
     n_rows = lse.numel()
     if n_rows == 0:
         return o, lse
+    if num_states == 0:  # no state at all: rows that saw no key
+        return o.zero_(), lse.fill_(float("-inf"))
     lead = lse.dim()
     if o_stack.stride(-1) != 1:
         o_stack = o_stack.contiguous()
@@ -191,6 +205,7 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype):
     with _on_device(o):
         merge_stack_kernel[(cdiv(n_rows, block_r),)](
             o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
+            INT32_MAX if see_from is None else see_from,
             o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,
             BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_stack.dtype, lse_stack.dtype))
     return o, lse

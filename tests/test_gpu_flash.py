@@ -67,6 +67,19 @@ def test_decode_route_is_bitwise_deterministic_and_agrees_with_the_tiles(flash):
         assert verify.relative_error(decode[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
 
 
+def test_decode_route_past_65535_batch_times_kv_heads():
+    """B x Hkv = 65536 (MHA decode, B 2048 H 32): batch and heads have grid axes of their own, so the
+    launch stays within CUDA's 65535 a non-leading axis (it failed with 'invalid argument')."""
+    from attnbench.attention import flash_fwd
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2048, 32, 1, 16, device="cuda", dtype=torch.float16, generator=gen)
+    k, v = (torch.randn(2048, 32, 8, 16, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
+    o, lse = flash_fwd(q, k, v)
+    ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 4, -1) @ v.double()
+    assert verify.relative_error(o, ref) < verify.BOUNDS[torch.float16]
+
+
 def test_rows_that_see_no_key_on_gpu(flash):
     for case in (FlashCase(1, 4, 4, 300, 100, 64, "bottom_right", "bfloat16"),
                  FlashCase(1, 4, 2, 50, 20, 64, "bottom_right", "bfloat16")):  # the second: split-KV route

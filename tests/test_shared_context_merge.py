@@ -171,3 +171,17 @@ def test_a_nan_state_makes_its_row_nan_not_blind():
     for many in (merge_many, merge_many_triton):
         o, lse = many(torch.stack([empty_o, o_b, o_a]), torch.stack([empty_lse, lse_b, lse_a]))
         assert torch.isnan(lse[1, 2, 3]) and torch.isnan(o[1, 2, 3]).all(), many.__name__
+
+
+def test_plus_inf_lse_is_nan_in_both_implementations_and_empty_triton_stack():
+    """An LSE of +inf (an infinite score) merges to NaN in PyTorch as in Triton; a Triton stack of
+    no state is rows that saw no key, like merge_many's."""
+    o = torch.randn(2, 3, 16, dtype=torch.float64)
+    lse = torch.tensor([[math.inf, 0.5, -math.inf], [1.0, -math.inf, 2.0]], dtype=torch.float64)
+    other = torch.zeros_like(lse)
+    for merge in (merge_states, merge_states_triton):
+        _, merged = merge(o, lse, o, other)
+        assert torch.isnan(merged[0, 0]) and torch.isfinite(merged[0, 1:]).all(), merge.__name__
+    for many in (merge_many, merge_many_triton):
+        o_m, lse_m = many(torch.zeros(0, 2, 3, 16), torch.zeros(0, 2, 3))
+        assert torch.equal(o_m, torch.zeros(2, 3, 16)) and torch.isneginf(lse_m).all(), many.__name__
