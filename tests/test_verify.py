@@ -379,15 +379,20 @@ def test_run_poisoned_reaches_the_triton_launcher(flash, monkeypatch):
         seen.append(kernel_outputs._poisoning())
         return real(shape, dtype, device)
 
+    import attnbench.kernels.flash_decode as decode_module
     import attnbench.kernels.flash_fwd as fwd_module
+    import attnbench.kernels.merge_states as merge_module
 
-    monkeypatch.setattr(fwd_module, "new_output", spy)
-    case = FlashCase(1, 1, 1, 5, 7, 16, None, "float32")
-    x = flash.make_inputs(case, "cpu")
-    out = verify.run_poisoned(flash, "triton", case, x, "fwd")
-    assert seen and all(seen)
-    assert torch.isfinite(out["o"]).all()
-    assert not kernel_outputs._poisoning()
+    for module in (fwd_module, decode_module, merge_module):  # both forward routes, and the split merge
+        monkeypatch.setattr(module, "new_output", spy)
+    for case in (FlashCase(1, 1, 1, 5, 7, 16, None, "float32"), FlashCase(1, 2, 1, 3, 70, 16, None, "float32"),
+                 FlashCase(1, 1, 1, 70, 7, 16, None, "float32")):  # decode: one split, several; the tiles
+        seen.clear()
+        x = flash.make_inputs(case, "cpu")
+        out = verify.run_poisoned(flash, "triton", case, x, "fwd")
+        assert seen and all(seen), case
+        assert torch.isfinite(out["o"]).all()
+        assert not kernel_outputs._poisoning()
 
 
 def test_eager_reference_is_reported_not_bounded(flash):
