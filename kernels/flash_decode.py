@@ -9,7 +9,6 @@ each K/V head is read once; and the keys are split over NUM_SPLITS programs so t
 need not fill the GPU. Each split writes its partial state (O, LSE) in fp32 (fp64 for fp64), and
 merge_states' stack kernel reduces the splits in a fixed order: the result is deterministic.
 """
-import torch
 import triton
 import triton.language as tl
 
@@ -17,7 +16,8 @@ from . import interpreting
 from .key_block import attend_key_block
 from .merge_states import merge_stack_launch
 from .outputs import new_output
-from .precision import LN2, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .precision import (accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype, softmax_scale_log2,
+                        split_scale)
 from .softmax_rows import finish_rows_where
 from .tuning import autotune, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
 
@@ -123,28 +123,26 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     lo, mid, hi = _split_range(i, valid, split, N_K, NUM_SPLITS, causal_offset, CAUSAL, BLOCK_N)
     for n0 in range(lo, mid, BLOCK_N):
         acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0, i, offs_d,
-                                          N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D, False,
-                                          CAUSAL, ACC_DTYPE, DOT_PRECISION)
+                                         N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D, False,
+                                         CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0, i, offs_d,
-                                          N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D, True,
-                                          CAUSAL, ACC_DTYPE, DOT_PRECISION)
+                                         N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D, True,
+                                         CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
     # a row sees a key of this split iff the split is not empty and (causal) its first key is visible
-    sees = lo < hi
+    sees = valid & (lo < hi)  # a [BLOCK_M] mask (padding rows are never stored)
     if CAUSAL:
         sees = sees & (i + causal_offset >= lo)
-    if NUM_SPLITS == 1:  # the row's whole state: a zero sum where keys were seen is a non-finite input
-        o, lse, _ = finish_rows_where(acc, l_i, m_i, ~sees, ACC_DTYPE)
-    else:
-        # One split's share. Its keys may all score -inf (an infinite input) while other splits'
-        # do not: that share is empty, not NaN, or the answer would depend on the split count; a
-        # row that sees keys and ends up empty after the merge is NaN there (merge's SEE_FROM).
-        # A NaN sum stays NaN.
-        empty = ~sees | (l_i == 0.0)
-        l_safe = tl.where(empty, 1.0, l_i)
-        o = tl.where(empty[:, None], 0.0, acc / l_safe[:, None])
-        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * tl.full([], LN2, ACC_DTYPE))
+    # With one split this is the row's whole state, and a zero sum where keys were seen is a
+    # non-finite input: NaN. With several, a split's keys may all score -inf (an infinite input)
+    # while other splits' do not: that share is empty, not NaN, or the answer would depend on the
+    # split count; a row that sees keys and merges to empty is NaN there (merge's see_from). A NaN
+    # sum stays NaN either way.
+    blind = ~sees
+    if NUM_SPLITS > 1:
+        blind = blind | (l_i == 0.0)
+    o, lse, _ = finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE)
     state = split.to(tl.int64)
     o_rows = state * stride_os + b * stride_ob + h * stride_oh + i * stride_on
     tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])
@@ -183,30 +181,31 @@ def decode_splits(programs: int, n_k: int, device) -> int:
     return min(splits for splits, value in scores.items() if value >= 0.96 * best)  # fewest merges
 
 
+def decode_plan(batch: int, heads_q: int, n_q: int, heads_kv: int, n_k: int, device) -> tuple:
+    """(packed rows a program, row tiles, key splits) of the launch for these sizes."""
+    rows = heads_q // heads_kv * n_q
+    block_m = decode_block_m(rows)
+    row_tiles = cdiv(rows, block_m)
+    return block_m, row_tiles, decode_splits(row_tiles * batch * heads_kv, n_k, device)
+
+
 def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None):
     """The split-KV forward on checked inputs ([B, H, N, D], head dimension contiguous).
     ``causal_offset`` as in flash_fwd_launch. Returns (o, lse) with lse of shape [B, Hq, Nq]."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    group = heads_q // heads_kv
-    rows = group * n_q
-    block_d = max(16, next_pow2(head_dim))
-    block_m = decode_block_m(rows)
-    row_tiles = cdiv(rows, block_m)
-    splits = num_splits or decode_splits(row_tiles * batch * heads_kv, n_k, q.device)
-    if splits == 1:  # the one state is the result: written in place, no merge
-        o_part = new_output((1, *q.shape), q.dtype, q.device)
-    else:
-        o_part = new_output((splits, *q.shape), torch.float64 if q.dtype == torch.float64 else torch.float32,
-                            q.device)
+    block_m, row_tiles, splits = decode_plan(batch, heads_q, n_q, heads_kv, n_k, q.device)
+    splits = num_splits or splits
+    # the one state is the result, written in place with no merge; several are kept in fp32 (fp64)
+    o_part = new_output((splits, *q.shape), q.dtype if splits == 1 else accumulator_torch_dtype(q.dtype), q.device)
     l_part = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
     flash_decode_kernel[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *o_part.stride()[:4], *l_part.stride()[:3],
-        n_q, n_k, head_dim, heads_kv, group, 0 if causal_offset is None else int(causal_offset),
+        n_q, n_k, head_dim, heads_kv, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
         *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(n_k, splits)),
-        BLOCK_D=block_d, CAUSAL=causal_offset is not None,
+        BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m,
     )
     if splits == 1:

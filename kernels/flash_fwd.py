@@ -68,12 +68,12 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
         acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
-                                          offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                                          BLOCK_N, BLOCK_D, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+                                         offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
+                                         BLOCK_N, BLOCK_D, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(full_hi, hi, BLOCK_N):
         acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
-                                          offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                                          BLOCK_N, BLOCK_D, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+                                         offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
+                                         BLOCK_N, BLOCK_D, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
     o, lse, _ = finish_rows(acc, l_i, m_i, offs_m, causal_offset, CAUSAL, ACC_DTYPE)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]

@@ -22,9 +22,8 @@ import torch
 
 import attnbench
 from attnbench import verify
-from attnbench.kernels.flash_decode import decode_block_m, decode_splits
+from attnbench.kernels.flash_decode import decode_plan
 from attnbench.kernels.flash_fwd import forward_route
-from attnbench.kernels.tuning import cdiv
 from attnbench.operators.flash.peers import sdpa_forward
 from attnbench.registry import Unsupported
 from attnbench.roofline import ceilings, machine_info
@@ -34,9 +33,7 @@ OP = attnbench.get("flash")
 
 
 def splits_of(case, device):
-    rows = case.heads_q // case.heads_kv * case.seqlen_q
-    tiles = cdiv(rows, decode_block_m(rows))
-    return decode_splits(tiles * case.batch * case.heads_kv, case.seqlen_k, device)
+    return decode_plan(case.batch, case.heads_q, case.seqlen_q, case.heads_kv, case.seqlen_k, device)[2]
 
 
 # (B, Hq, Hkv, Nq, Nk, D, causal): odd sizes for the sanitizer
