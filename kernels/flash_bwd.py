@@ -11,6 +11,9 @@
 Splitting dQ into its own pass costs two extra matmuls (recomputing S and dP) but each output is
 owned by one program, so there are no atomics and the result does not depend on scheduling.
 
+Head dims that are not a power of two are tiled in two column blocks (key_block.py): the scores and
+dP sum both blocks' products, and dQ, dK, dV each keep one accumulator a block.
+
 Masking is cheap here: out-of-range query rows load L = +inf (so P = 0 and they add nothing);
 out-of-range keys load K = V = 0 and their dK/dV rows are never stored, but in the dQ pass their
 P = exp2(0 - L) is masked explicitly, in the last (masked) key block only: for a row whose LSE is
@@ -24,31 +27,50 @@ from .outputs import new_output
 from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale_log2, split_scale
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
+from .key_block import head_columns, key_block_mask
 from .tiling import query_tile, visible_keys
-from .tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .tuning import autotune, cdiv, cfg, config_list, head_dim_blocks, pruner, registers_per_thread, seq_bucket
 
 
 @triton.jit
-def _dkdv_query_block(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
-                      m0, offs_n, offs_d, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
-                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
+def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
+                      m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
+                      BLOCK_M: tl.constexpr, BLOCK_D2: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
                       DOT_PRECISION: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    rows = offs_m[:, None] < N_Q
+    row_mask = rows & head_columns(offs_d, HEAD_DIM)[None, :]
     q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
     do = tl.load(DO_head + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
     lse_log2 = load_lse_log2(LSE_head, offs_m, N_Q)
     delta = tl.load(DELTA_head + offs_m, mask=offs_m < N_Q, other=0.0)
     # Transposed tiles ([keys, queries]) so dK and dV come out of the dots without a transpose.
-    s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
-    p_t = tl.math.exp2(s_t - lse_log2[None, :])
+    s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:  # the head dim's second column block (key_block.py)
+        row_mask2 = rows & head_columns(offs_d2, HEAD_DIM)[None, :]
+        q2 = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d2[None, :], mask=row_mask2, other=0.0)
+        do2 = tl.load(DO_head + offs_m[:, None] * stride_don + offs_d2[None, :], mask=row_mask2, other=0.0)
+        s_t += tl.dot(k2, tl.trans(q2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    p_t = tl.math.exp2(s_t * qk_scale_log2 - lse_log2[None, :])
     if MASKED:
         p_t = tl.where(offs_m[None, :] + causal_offset >= offs_n[:, None], p_t, 0.0)
     dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:
+        dv2 += tl.dot(p_t.to(do2.dtype), do2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        dp_t += tl.dot(v2, tl.trans(do2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     ds_t = p_t * (dp_t - delta[None, :])
     dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    return dk, dv
+    if BLOCK_D2 > 0:
+        dk2 += tl.dot(ds_t.to(q2.dtype), q2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    return dk, dv, dk2, dv2
+
+
+# Accumulator registers a thread may hold (registers_per_thread). Measured on an H200 (bf16,
+# flash-bwd-configs-*): dK and dV at 256 registers a thread spill (D 256, 4 warps x 64 keys: 89 TF/s;
+# 32 keys: 249), at 160-192 they do not (D 160 as 128 + 32 columns, 4 warps x 64 keys: 323 TF/s, the
+# fastest there; D 192, 8 warps x 128 keys: 272).
+ACCUMULATOR_REGISTERS = 192
 
 
 def _dkdv_shared_bytes(config, element_size, block_d):
@@ -56,38 +78,69 @@ def _dkdv_shared_bytes(config, element_size, block_d):
     return (2 * kw["BLOCK_N"] * block_d + config.num_stages * 2 * kw["BLOCK_M"] * block_d) * element_size
 
 
+def _dkdv_accumulators_fit(config, constexprs):
+    """dK and dV, [BLOCK_N, BLOCK_D] each, within the accumulator registers of a thread."""
+    elements = 2 * config.kwargs["BLOCK_N"] * _head_width(constexprs)
+    return registers_per_thread(elements, config.num_warps, _acc_bytes(constexprs)) <= ACCUMULATOR_REGISTERS
+
+
+def _head_width(constexprs):
+    return constexprs["BLOCK_D"] + constexprs.get("BLOCK_D2", 0)
+
+
+def _acc_bytes(constexprs):
+    return 8 if constexprs["ACC_DTYPE"] == tl.float64 else 4
+
+
+# Ordered by the H200 study at D 64-256 (flash-bwd-configs-*, bf16): the first that fits is the
+# default when autotuning is off. The 128-key tiles lead at D <= 128 (and at D 192); at D 256 only
+# 32- and 64-key tiles keep dK and dV in registers (4 warps x 32 keys: 249 TF/s causal; 8 x 64:
+# 287 TF/s without a mask; the 4 x 64 tile that was all D 256 had: 89 TF/s).
 _DKDV_CONFIGS = config_list(
     [
+        cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
         cfg(4, 3, BLOCK_M=32, BLOCK_N=128),
         cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
         cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+        cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
     ],
     cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
 )
 
 
-@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "GROUP"],
-                 prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes)})
+@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "GROUP"],
+                 prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes, _dkdv_accumulators_fit)})
 @triton.jit
 def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                           stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                           N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
-                          BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                          BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n0 = tl.program_id(0) * BLOCK_N
     hk = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
+    k_rows = K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn
+    v_rows = V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn
+    kv_mask = key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, True)
+    k = tl.load(k_rows + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_rows + offs_d[None, :], mask=kv_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:  # the head dim's second column block (key_block.py)
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        kv_mask2 = key_block_mask(offs_n, offs_d2, N_K, HEAD_DIM, True)
+        k2 = tl.load(k_rows + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        v2 = tl.load(v_rows + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=ACC_DTYPE)
+        dv2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=ACC_DTYPE)
+    else:
+        offs_d2, k2, v2, dk2, dv2 = offs_d, k, v, dk, dv
+    qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
 
     # Query rows that see any of these keys start at i = n0 - causal_offset; query blocks from
     # full_lo on see every key of the block, the ones before it straddle the diagonal.
@@ -104,44 +157,55 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
         LSE_head = LSE + (b * H_Q + h) * N_Q
         DELTA_head = DELTA + (b * H_Q + h) * N_Q
         for m0 in range(lo, full_lo, BLOCK_M):
-            dk, dv = _dkdv_query_block(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
-                                       m0, offs_n, offs_d, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
-                                       BLOCK_M, True, ACC_DTYPE, DOT_PRECISION)
+            dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
+                                                 stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM,
+                                                 causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, True, ACC_DTYPE,
+                                                 DOT_PRECISION)
         for m0 in range(full_lo, N_Q, BLOCK_M):
-            dk, dv = _dkdv_query_block(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
-                                       m0, offs_n, offs_d, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
-                                       BLOCK_M, False, ACC_DTYPE, DOT_PRECISION)
+            dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
+                                                 stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM,
+                                                 causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, False, ACC_DTYPE,
+                                                 DOT_PRECISION)
 
     # dS was formed from base-2 scores divided back by log2(e) implicitly: dK = scale * dS^T Q.
-    dk = dk * (qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE))
-    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
+    dk_scale = qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE)
+    dk_rows = DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn
+    dv_rows = DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn
+    tl.store(dk_rows + offs_d[None, :], (dk * dk_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_rows + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+    if BLOCK_D2 > 0:
+        tl.store(dk_rows + offs_d2[None, :], (dk2 * dk_scale).to(DK.dtype.element_ty), mask=kv_mask2)
+        tl.store(dv_rows + offs_d2[None, :], dv2.to(DV.dtype.element_ty), mask=kv_mask2)
 
 
 @triton.jit
-def _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
-                  N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                  CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dq_key_block(dq, dq2, q, q2, do, do2, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
+                  offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    if MASKED:
-        kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    else:
-        kv_mask = offs_d[None, :] < HEAD_DIM
+    kv_mask = key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, MASKED)
     k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
-    p = tl.math.exp2(s - lse_log2[:, None])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:  # the head dim's second column block (key_block.py)
+        kv_mask2 = key_block_mask(offs_n, offs_d2, N_K, HEAD_DIM, MASKED)
+        k2 = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        v2 = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        s += tl.dot(q2, tl.trans(k2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    p = tl.math.exp2(s * qk_scale_log2 - lse_log2[:, None])
     if MASKED:  # keys past N_K load K = 0, so s = 0 there and exp2(-lse) overflows for LSE < -88
         keep = offs_n[None, :] < N_K
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
         p = tl.where(keep, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:
+        dp += tl.dot(do2, tl.trans(v2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    return dq
+    if BLOCK_D2 > 0:
+        dq2 += tl.dot(ds.to(k2.dtype), k2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    return dq, dq2
 
 
 def _dq_shared_bytes(config, element_size, block_d):
@@ -149,52 +213,76 @@ def _dq_shared_bytes(config, element_size, block_d):
     return (2 * kw["BLOCK_M"] * block_d + config.num_stages * 2 * kw["BLOCK_N"] * block_d) * element_size
 
 
+def _dq_accumulator_fits(config, constexprs):
+    elements = config.kwargs["BLOCK_M"] * _head_width(constexprs)
+    return registers_per_thread(elements, config.num_warps, _acc_bytes(constexprs)) <= ACCUMULATOR_REGISTERS
+
+
+# As above: 8 warps on 128 x 64 tiles lead at D <= 128 (631 TF/s at D 128) and D 160, 128 x 32 at D 256
+# (445 TF/s causal, against 278 for the 64 x 32 tile that D 256 had), 4 warps on 64 x 64 at D 192.
 _DQ_CONFIGS = config_list(
     [
-        cfg(4, 3, BLOCK_M=128, BLOCK_N=32),
-        cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+        cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
         cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 3, BLOCK_M=128, BLOCK_N=32),
         cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
     ],
     cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
 )
 
 
-@autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes)})
+@autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL"],
+                 prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes, _dq_accumulator_fits)})
 @triton.jit
 def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                         stride_dqb, stride_dqh, stride_dqn,
                         N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
-                        BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
+    rows = offs_m[:, None] < N_Q
     offs_d = tl.arange(0, BLOCK_D)
-    row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
+    q_rows = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn
+    do_rows = DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
+    row_mask = rows & head_columns(offs_d, HEAD_DIM)[None, :]
+    q = tl.load(q_rows + offs_d[None, :], mask=row_mask, other=0.0)
+    do = tl.load(do_rows + offs_d[None, :], mask=row_mask, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:  # the head dim's second column block (key_block.py)
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        row_mask2 = rows & head_columns(offs_d2, HEAD_DIM)[None, :]
+        q2 = tl.load(q_rows + offs_d2[None, :], mask=row_mask2, other=0.0)
+        do2 = tl.load(do_rows + offs_d2[None, :], mask=row_mask2, other=0.0)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=ACC_DTYPE)
+    else:
+        offs_d2, q2, do2, dq2 = offs_d, q, do, dq
     lse_log2 = load_lse_log2(LSE + (b * H_Q + h) * N_Q, offs_m, N_Q)
     delta = tl.load(DELTA + (b * H_Q + h) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
     K_head = K + b * stride_kb + hk * stride_kh
     V_head = V + b * stride_vb + hk * stride_vh
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
-        dq = _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
-                           N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        dq, dq2 = _dq_key_block(dq, dq2, q, q2, do, do2, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0,
+                                offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D2,
+                                False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(full_hi, hi, BLOCK_N):
-        dq = _dq_key_block(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0, offs_m, offs_d,
-                           N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        dq, dq2 = _dq_key_block(dq, dq2, q, q2, do, do2, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0,
+                                offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D2,
+                                True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
-    dq = dq * (qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE))
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_mask)
+    dq_scale = qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE)
+    dq_rows = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn
+    tl.store(dq_rows + offs_d[None, :], (dq * dq_scale).to(DQ.dtype.element_ty), mask=row_mask)
+    if BLOCK_D2 > 0:
+        tl.store(dq_rows + offs_d2[None, :], (dq2 * dq_scale).to(DQ.dtype.element_ty), mask=row_mask2)
 
 
 def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None):
@@ -203,7 +291,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
-    block_d = max(16, next_pow2(head_dim))
+    block_d, block_d2 = head_dim_blocks(head_dim)
     acc_dtype = accumulator_dtype(q.dtype)
     precision = dot_precision(q.dtype)
     causal = causal_offset is not None
@@ -216,7 +304,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
 
-    common = dict(BLOCK_D=block_d, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
+    common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
     flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -19,7 +19,8 @@ from .outputs import new_output
 from .precision import (accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype, softmax_scale_log2,
                         split_scale)
 from .softmax_rows import finish_rows_where
-from .tuning import autotune, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
+from .tuning import (autotune, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, registers_per_thread,
+                     seq_bucket)
 
 DECODE_MAX_NQ = 64  # query rows per head up to which the forward takes this path
 # Packed rows a program holds (more rows: several row tiles, each reading K/V again). A config
@@ -70,7 +71,7 @@ def _decode_shared_bytes(config, element_size, block_d):
 
 
 def _accumulator_fits(config, constexprs):
-    return constexprs["BLOCK_M"] * constexprs["BLOCK_D"] <= ACC_REGISTERS * 32 * config.num_warps
+    return registers_per_thread(constexprs["BLOCK_M"] * constexprs["BLOCK_D"], config.num_warps) <= ACC_REGISTERS
 
 
 _DECODE_CONFIGS = config_list(
@@ -119,16 +120,18 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)  # finite: see key_block.attend_key_block
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+    # One head-dim block, padded to a power of two: reading K and V binds here, not the matmuls
+    # (D 96 ran at 95% of copy bandwidth), so the second block of key_block.py is not used.
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
     lo, mid, hi = _split_range(i, valid, split, N_K, NUM_SPLITS, causal_offset, CAUSAL, BLOCK_N)
     for n0 in range(lo, mid, BLOCK_N):
-        acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0, i, offs_d,
-                                         N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D, False,
-                                         CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        acc, _, l_i, m_i = attend_key_block(acc, acc, l_i, m_i, q, q, K_head, V_head, stride_kn, stride_vn, n0, i,
+                                            offs_d, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, 0,
+                                            False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(mid, hi, BLOCK_N):
-        acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0, i, offs_d,
-                                         N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D, True,
-                                         CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        acc, _, l_i, m_i = attend_key_block(acc, acc, l_i, m_i, q, q, K_head, V_head, stride_kn, stride_vn, n0, i,
+                                            offs_d, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, 0,
+                                            True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
     # a row sees a key of this split iff the split is not empty and (causal) its first key is visible
     sees = valid & (lo < hi)  # a [BLOCK_M] mask (padding rows are never stored)

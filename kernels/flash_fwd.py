@@ -16,12 +16,12 @@ import triton
 import triton.language as tl
 
 from .flash_decode import decode_applies, flash_decode_launch
-from .key_block import attend_key_block
+from .key_block import attend_key_block, head_columns
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .softmax_rows import finish_rows
 from .tiling import query_tile, visible_keys
-from .tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from .tuning import autotune, cdiv, cfg, config_list, head_dim_blocks, pruner, seq_bucket
 
 
 def _fwd_shared_bytes(config, element_size, block_d):
@@ -41,43 +41,54 @@ _FWD_CONFIGS = config_list(
 )
 
 
-@autotune(_FWD_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
+@autotune(_FWD_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL"],
                  prune_configs_by={"early_config_prune": pruner(_fwd_shared_bytes)})
 @triton.jit
 def flash_fwd_kernel(Q, K, V, O, LSE,
                      stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                      N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
-                     BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
 
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
+    rows = offs_m[:, None] < N_Q
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q_rows = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn
+    q = tl.load(q_rows + offs_d[None, :], mask=rows & head_columns(offs_d, HEAD_DIM)[None, :], other=0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:  # the head dim's second column block (key_block.py)
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        q2 = tl.load(q_rows + offs_d2[None, :], mask=rows & head_columns(offs_d2, HEAD_DIM)[None, :], other=0.0)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=ACC_DTYPE)
+    else:
+        offs_d2, q2, acc2 = offs_d, q, acc
     K_head = K + b * stride_kb + hk * stride_kh
     V_head = V + b * stride_vb + hk * stride_vh
 
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     for n0 in range(0, full_hi, BLOCK_N):
-        acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
-                                         offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                                         BLOCK_N, BLOCK_D, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        acc, acc2, l_i, m_i = attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stride_vn, n0,
+                                               offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
+                                               BLOCK_N, BLOCK_D2, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(full_hi, hi, BLOCK_N):
-        acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, n0,
-                                         offs_m, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                                         BLOCK_N, BLOCK_D, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        acc, acc2, l_i, m_i = attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stride_vn, n0,
+                                               offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
+                                               BLOCK_N, BLOCK_D2, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
 
-    o, lse, _ = finish_rows(acc, l_i, m_i, offs_m, causal_offset, CAUSAL, ACC_DTYPE)
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
+    o, lse, inv_l = finish_rows(acc, l_i, m_i, offs_m, causal_offset, CAUSAL, ACC_DTYPE)
+    o_rows = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on
+    tl.store(o_rows + offs_d[None, :], o.to(O.dtype.element_ty), mask=rows & head_columns(offs_d, HEAD_DIM)[None, :])
+    if BLOCK_D2 > 0:
+        o2 = acc2 * inv_l[:, None]
+        o2_mask = rows & head_columns(offs_d2, HEAD_DIM)[None, :]
+        tl.store(o_rows + offs_d2[None, :], o2.to(O.dtype.element_ty), mask=o2_mask)
     tl.store(LSE + (b * H_Q + h) * N_Q + offs_m, lse.to(LSE.dtype.element_ty), mask=offs_m < N_Q)
 
 
@@ -111,6 +122,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     heads_kv, n_k = k.shape[1], k.shape[2]
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    block_d, block_d2 = head_dim_blocks(head_dim)
 
     def grid(meta):
         return (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
@@ -121,7 +133,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
         0 if causal_offset is None else int(causal_offset), *split_scale(sm_scale), seq_bucket(max(n_q, n_k)),
-        BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
+        BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal_offset is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
     )
     return o, lse

@@ -62,7 +62,8 @@ from .outputs import new_output
 from .precision import (LN2, LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype,
                         softmax_scale_log2, split_scale)
 from .launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
-from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, seq_bucket
+from .tuning import (ACCUMULATOR_REGISTERS, autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors,
+                     next_pow2, pruner, registers_per_thread, seq_bucket)
 
 # ---------------------------------------------------------------- device functions
 
@@ -390,7 +391,7 @@ def _fits(config, element_size, block_d):
     scores would take more than ~128 registers a thread (they would spill)."""
     kw = config.kwargs
     block_m, block_n, block_nb = kw["BLOCK_M"], kw.get("BLOCK_N", 0), kw.get("BLOCK_NB", 0)
-    if block_n and (block_m * block_d + block_m * block_n) / (32 * config.num_warps) > 128:
+    if block_n and registers_per_thread(block_m * (block_d + block_n), config.num_warps) > ACCUMULATOR_REGISTERS:
         return float("inf")
     context = (block_m * block_d + config.num_stages * 2 * block_n * block_d) if block_n else 0
     buffer = config.num_stages * (16 * block_d + 2 * block_nb * block_d)

@@ -14,8 +14,15 @@ import triton
 from . import interpreting
 from .gpu_time import gpu_time_quantiles
 
-# Hopper gives a block up to 227 KiB of shared memory; leave room for the compiler's own buffers.
+# A block's shared memory when the device cannot be asked.
 SHARED_MEMORY_BUDGET = 200 * 1024
+# Room left for the compiler's own buffers (barriers, scratch). On an H200 (triton 3.6) the flash
+# backward's compiled needs were within 1 KiB of the staged tiles that the kernels' estimates count
+# (dK/dV at D 256, 64 x 128 tiles, 2 stages: 262,656 bytes needed, 262,144 estimated).
+COMPILER_SHARED_BYTES = 2 * 1024
+# fp32 accumulator registers a thread may hold before the rest of a tile's state spills (255 in all);
+# a kernel whose measurements put its limit elsewhere keeps its own (flash_bwd.py).
+ACCUMULATOR_REGISTERS = 128
 
 
 def autotune_enabled() -> bool:
@@ -49,13 +56,20 @@ def pruner(shared_bytes, fits=None):
         if interpreting():
             return configs
         element_size = named_args["Q"].element_size()
-        block_d = constexprs["BLOCK_D"]
-        fitting = [c for c in configs if shared_bytes(c, element_size, block_d) <= SHARED_MEMORY_BUDGET
+        block_d = constexprs["BLOCK_D"] + constexprs.get("BLOCK_D2", 0)  # the head dim's padded width
+        budget = shared_memory_budget(named_args["Q"].device)
+        fitting = [c for c in configs if shared_bytes(c, element_size, block_d) <= budget
                    and (fits is None or fits(c, constexprs))]
         fitting = fitting or configs[-1:]  # the last entry is the smallest: always try it
         return fitting if autotune_enabled() else fitting[:1]
 
     return prune
+
+
+def registers_per_thread(elements: int, num_warps: int, itemsize: int = 4) -> float:
+    """32-bit registers a thread holds for ``elements`` values of ``itemsize`` bytes spread over a
+    program's threads (an accumulator tile's share)."""
+    return elements * itemsize / 4 / (32 * num_warps)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -70,6 +84,20 @@ def next_pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length() if n > 1 else 1
 
 
+def head_dim_blocks(head_dim: int) -> tuple:
+    """(BLOCK_D, BLOCK_D2): the power-of-two column blocks a kernel tiles the head dimension with.
+    A power of two is one block (BLOCK_D2 = 0); otherwise the largest power of two below it and the
+    rest rounded up, when that is narrower than the next power of two: 80 = 64 + 16, 96 = 64 + 32,
+    160 = 128 + 32, 192 = 128 + 64, so the matmuls cost in proportion to D, not to 128 or 256.
+    Blocks are at least 16 wide (tl.dot's minimum): 24 stays one block of 32."""
+    whole = max(16, next_pow2(head_dim))
+    first = max(16, whole // 2)
+    second = max(16, next_pow2(head_dim - first)) if head_dim > first else 0
+    if second == 0 or first + second >= whole:
+        return whole, 0
+    return first, second
+
+
 def seq_bucket(n: int) -> int:
     """Autotune key for a sequence length: its power-of-two bucket, so odd lengths share a tuning."""
     return next_pow2(max(int(n), 16))
@@ -79,6 +107,25 @@ def seq_bucket(n: int) -> int:
 # (split the work when the grid is too small to fill the GPU) are taken by tiny CPU-gate shapes too.
 INTERPRETER_SMS = 4
 _SM_COUNT = {}
+
+
+_SHARED_BUDGET = {}
+
+
+def shared_memory_budget(device) -> int:
+    """Bytes of shared memory a config's staged tiles may take on ``device``: its per-block opt-in
+    limit (227 KiB on Hopper, 163 KiB on an A100, ~99 KiB on consumer parts) less the compiler's own."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return SHARED_MEMORY_BUDGET
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SHARED_BUDGET:
+        try:  # the limit Triton's compiler checks ("Hardware limit: 232448" on an H200)
+            limit = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+        except (AttributeError, KeyError, RuntimeError):  # another driver or Triton version
+            limit = 0
+        _SHARED_BUDGET[index] = limit - COMPILER_SHARED_BYTES if limit else SHARED_MEMORY_BUDGET
+    return _SHARED_BUDGET[index]
 
 
 def multiprocessors(device) -> int:

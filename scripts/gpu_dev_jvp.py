@@ -20,6 +20,7 @@ import torch.func as tf
 
 import attnbench  # noqa: F401  (sets up the kernels)
 from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_bwd, flash_fwd
+from attnbench.kernels.flash_fwd import forward_route
 from attnbench.operators.flash.reference import attention as reference_attention
 from attnbench.timing import measure, peak_memory_bytes
 
@@ -186,10 +187,12 @@ def main():
 
 
 def sanitize():
-    """One launch of every new kernel path on odd shapes (lengths off the block size, GQA, D 80)."""
+    """One launch of every new kernel path on odd shapes (lengths off the block size, GQA, head dims
+    in one and in two column blocks: 24, 80 = 64 + 16, 160 = 128 + 32); flash's forward by both routes."""
     torch.manual_seed(0)
     for dtype in (torch.float16,):  # memcheck is slow: each kernel specialization once, on odd shapes
-        for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 80, None), (2, 2, 1, 70, 41, 24, "bottom_right")]:
+        for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 80, None), (2, 2, 1, 70, 41, 24, "bottom_right"),
+                                               (1, 2, 1, 130, 97, 160, "top_left")]:
             q = torch.randn(b, hq, nq, d, device=DEV, dtype=dtype)
             k, v = (torch.randn(b, hk, nk, d, device=DEV, dtype=dtype) for _ in range(2))
             do, tq, tdo = (torch.randn_like(q) for _ in range(3))
@@ -197,8 +200,10 @@ def sanitize():
             o, lse, ot, lt = attention_jvp(q, k, v, tq, tk, tv, causal=causal)
             dq_t = attention_bwd_jvp(do, q, k, v, o, lse, tq, tk, tv, tdo, causal=causal)
             grads = flash_bwd(do, q, k, v, o, lse, causal=causal)
+            with forward_route("tiles"):
+                o_tiles, _ = flash_fwd(q, k, v, causal=causal)
             torch.cuda.synchronize()
-            assert all(torch.isfinite(t).all() for t in (o, ot, *dq_t, *grads)), (dtype, b, hq, nq, nk, d)
+            assert all(torch.isfinite(t).all() for t in (o, ot, *dq_t, *grads, o_tiles)), (dtype, b, hq, nq, nk, d)
     print("sanitize: all paths ran")
 
 

@@ -74,6 +74,9 @@ def _fp64(*shape, seed=0):
     ((1, 2, 1, 12, 5, 24), "bottom_right"),  # GQA, and 7 rows that see no key
     ((2, 1, 1, 17, 17, 16), True),
     ((1, 3, 1, 6, 19, 16), "top_left"),
+    # head dims in two column blocks (tuning.head_dim_blocks): 48 = 32 + 16, 80 = 64 + 16
+    ((1, 2, 1, 11, 13, 48), "bottom_right"),
+    ((1, 2, 2, 9, 17, 80), None),
 ])
 def test_gradcheck_autograd_wrapper_fp64(shape, causal):
     b, hq, hk, nq, nk, d = shape

@@ -44,7 +44,9 @@ def test_peers_that_run_are_correct_too(flash, oracles, case):
 
 
 @pytest.mark.parametrize("case", [FlashCase(2, 8, 2, 1000, 777, 128, "bottom_right", "bfloat16"),
-                                  FlashCase(1, 8, 8, 2048, 2048, 64, "top_left", "float16")], ids=lambda c: c.label)
+                                  FlashCase(1, 8, 8, 2048, 2048, 64, "top_left", "float16"),
+                                  FlashCase(1, 4, 2, 700, 900, 160, "bottom_right", "bfloat16")],  # two column blocks
+                         ids=lambda c: c.label)
 def test_backward_is_bitwise_deterministic(flash, case):
     x = flash.make_inputs(case, "cuda", 0)
     assert verify.bitwise_equal_runs(flash.variants["triton"].prepare(case, x, "bwd"), runs=3)

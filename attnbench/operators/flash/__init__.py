@@ -93,6 +93,9 @@ GPU_SHAPES = [
     (4, 32, 8, 1, 4099, 128, None),
     (2, 16, 2, 16, 2049, 96, "bottom_right"),
     (2, 8, 1, 40, 3001, 256, "bottom_right"),
+    # head dims tiled in two column blocks (160 = 128 + 32, 192 = 128 + 64), GQA, odd lengths
+    (1, 4, 2, 700, 900, 160, "bottom_right"),
+    (2, 4, 4, 333, 333, 192, None),
 ]
 ANCHOR_SHAPES = [
     (4, 16, 16, 4096, 4096, 64, None),
