@@ -80,6 +80,14 @@ def seed_type(text: str) -> int:
     return seed
 
 
+def label_pattern(text: str):
+    """A --match regular expression, compiled (a bad one is a usage error, not a traceback)."""
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+
+
 @dataclass
 class Plan:
     """What one operator will run, validated before any work starts."""
@@ -159,6 +167,11 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
             cases = op.cases(set_name)
         except (KeyError, ValueError) as exc:
             raise UsageError(f"--cases {set_name}: {exc.args[0] if exc.args else exc}") from None
+        if args.match is not None:
+            cases = [c for c in cases if args.match.search(c.label)]
+            if not cases:
+                raise UsageError(f"--match {args.match.pattern!r}: no {op.name} case of the {set_name} set matches")
+            set_name = f"{set_name} matching {args.match.pattern!r}"  # a report says it is not the whole set
         unasked = {} if requested is not None else unavailable
         plans.append(Plan(op, set_name, cases, variants, modes, baseline or op.baseline(device, variants), unasked))
     if not plans:
@@ -319,9 +332,9 @@ def cmd_report(args):
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'attnbench[plot]'") from None
-    data = results.load(args.report)
+    data = results.merge([results.load(path) for path in args.report], args.report)
     if args.plot and not report._rows(data):
-        raise UsageError(f"--plot: {args.report} has no timed rows to plot")
+        raise UsageError(f"--plot: {' '.join(args.report)} has no timed rows to plot")
     text = report.markdown(data)
     if args.markdown:
         results.write_atomic(args.markdown, text)
@@ -384,6 +397,8 @@ def build_parser():
         if cases:
             p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, decode (flash) (default: tiny on CPU; "
                                            "on CUDA check: gpu, bench and run: anchor)")
+            p.add_argument("--match", type=label_pattern, metavar="REGEX",
+                           help="only the cases whose label matches (re.search), e.g. ' D(64|96) '")
             p.add_argument("--variant", action="append",
                            help="variant (repeatable; default: every variant that can run here)")
             p.add_argument("--mode", action="append", help="mode (repeatable; default: all)")
@@ -409,7 +424,8 @@ def build_parser():
     cap.add_argument("--markdown", help="write the summary table here")
     cap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial")
-    rep.add_argument("report", help="a JSON file written by check/bench/run --json")
+    rep.add_argument("report", nargs="+", help="a JSON file written by check/bench/run --json (several: the parts "
+                                               "of one run, e.g. split with --match, read as one)")
     rep.add_argument("--markdown", help="write the summary here instead of printing it")
     rep.add_argument("--plot", help="write a PNG of TF/s per variant (needs matplotlib)")
     return parser

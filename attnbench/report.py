@@ -113,7 +113,11 @@ def plot(report, path):
     cases = list(dict.fromkeys(r["case"] for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     value = {(r["case"], r["mode"], r["variant"]): math.nan if r.get("tflops") is None else r["tflops"] for r in rows}
-    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, 2.2 * len(cases)), 3.2 * len(modes)), squeeze=False)
+    # a few cases get wide groups and flat labels; a sweep of tens of cases, narrow bars and slanted labels
+    many = len(cases) > 8
+    per_case = min(2.2, 0.12 * len(variants) + 0.1) if many else 2.2
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, per_case * len(cases)), (4.5 if many else 3.2) * len(modes)),
+                             squeeze=False)
     width = 0.8 / len(variants)
     for ax, mode in zip(axes[:, 0], modes):
         for i, variant in enumerate(variants):
@@ -121,7 +125,9 @@ def plot(report, path):
             ax.bar([x + i * width for x in range(len(cases))], ys, width, label=variant)
         ax.set_title(f"{mode}")
         ax.set_ylabel("TF/s")
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))], cases, fontsize=8)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))], cases, fontsize=6 if many else 8,
+                      rotation=75 if many else 0, ha="right" if many else "center")
+        ax.set_xlim(-0.5, len(cases))
         ax.grid(axis="y", alpha=0.3)
     axes[0, 0].legend(ncol=min(4, len(variants)), fontsize=8)
     fig.suptitle(f"{report.get('machine', {}).get('device_name', '')}: throughput by variant (FA FLOP convention)")

@@ -170,6 +170,28 @@ def load(path: str) -> dict:
     return data
 
 
+def merge(parts: list, paths: list) -> dict:
+    """One document of a run split over several files (e.g. with ``--match``): rows concatenated in
+    order, operators' claims combined; the status is "complete" only if every part is. Parts must
+    come from one GPU (or CPU): numbers of two machines in one table would read as one run."""
+    if len(parts) == 1:
+        return parts[0]
+    names = {(d.get("machine") or {}).get("device_name") for d in parts}
+    if len(names) > 1:
+        raise BadResultFile(f"{', '.join(paths)}: parts from different devices ({', '.join(sorted(map(str, names)))})")
+    doc = dict(parts[0])
+    for kind in ("checks", "bench"):
+        if any(kind in d for d in parts):
+            doc[kind] = [row for d in parts for row in d.get(kind, [])]
+    doc["operators"] = {}
+    for d in parts:
+        doc["operators"].update(d.get("operators") or {})
+    statuses = [d.get("status", "complete") for d in parts]
+    doc["status"] = "complete" if all(s == "complete" for s in statuses) else next(
+        s for s in statuses if s != "complete")
+    return doc
+
+
 def validate(data, path: str = "report") -> None:
     if not isinstance(data, dict):
         raise BadResultFile(f"{path}: not an attnbench result: the top level is a {type(data).__name__}, "

@@ -16,7 +16,10 @@ records the benchmark as skipped.
 import math
 
 
-def measurement(op_name, case_set="anchor"):
+def measurement(op_name, case_set="anchor", variants=None, modes=None):
+    """asv's setup_cache for ``op_name`` on ``case_set`` (``variants`` and ``modes``: those only;
+    default all)."""
+
     def measure(*_bound_instance):
         import os
 
@@ -31,10 +34,10 @@ def measurement(op_name, case_set="anchor"):
         from attnbench.runner import bench
 
         op = attnbench.get(op_name)
-        rows = bench(op, op.cases(case_set), "cuda", progress=True)
+        rows = bench(op, op.cases(case_set), "cuda", variants=variants, modes=modes, progress=True)
         return {(r.case, r.variant, r.mode): _entry(r.as_dict()) for r in rows if r.timing}
 
-    measure.__name__ = f"measure_{op_name}"
+    measure.__name__ = f"measure_{op_name}" + ("" if case_set == "anchor" else f"_{case_set}")
     measure.timeout = 3000
     return measure
 

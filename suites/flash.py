@@ -1,4 +1,5 @@
-"""asv benchmarks for the flash operator: every variant, every mode, on the anchor cases.
+"""asv benchmarks for the flash operator: every variant, every mode, on the anchor cases; and the
+Hopper issue's sweep (D 64-256, N 512-32K, causal and not, GQA, decode) for ours, SDPA FLASH and cuDNN.
 
 The shared measuring pass and benchmark bodies are in suites/_anchor.py; this module spells out
 the operator's parameters (no torch import: asv spawns ~500 interpreters) and
@@ -15,6 +16,36 @@ RATIO_PEERS = ["sdpa_flash", "sdpa_cudnn", "flex"]
 
 measure_flash = measurement(OP)
 
+# flash's "sweep" set
+SWEEP_LABELS = ["B64 H16 N512 D64 bf16", "B64 H16 N512 D64 causal bf16", "B32 H16 N1024 D64 bf16",
+                "B32 H16 N1024 D64 causal bf16", "B16 H16 N2048 D64 bf16", "B16 H16 N2048 D64 causal bf16",
+                "B8 H16 N4096 D64 bf16", "B8 H16 N4096 D64 causal bf16", "B4 H16 N8192 D64 bf16",
+                "B4 H16 N8192 D64 causal bf16", "B2 H16 N16384 D64 bf16", "B2 H16 N16384 D64 causal bf16",
+                "B1 H16 N32768 D64 bf16", "B1 H16 N32768 D64 causal bf16", "B64 H16 N512 D96 bf16",
+                "B64 H16 N512 D96 causal bf16", "B32 H16 N1024 D96 bf16", "B32 H16 N1024 D96 causal bf16",
+                "B16 H16 N2048 D96 bf16", "B16 H16 N2048 D96 causal bf16", "B8 H16 N4096 D96 bf16",
+                "B8 H16 N4096 D96 causal bf16", "B4 H16 N8192 D96 bf16", "B4 H16 N8192 D96 causal bf16",
+                "B2 H16 N16384 D96 bf16", "B2 H16 N16384 D96 causal bf16", "B1 H16 N32768 D96 bf16",
+                "B1 H16 N32768 D96 causal bf16", "B64 H16/4 N512 D128 bf16", "B64 H16/4 N512 D128 causal bf16",
+                "B32 H16/4 N1024 D128 bf16", "B32 H16/4 N1024 D128 causal bf16", "B16 H16/4 N2048 D128 bf16",
+                "B16 H16/4 N2048 D128 causal bf16", "B8 H16/4 N4096 D128 bf16", "B8 H16/4 N4096 D128 causal bf16",
+                "B4 H16/4 N8192 D128 bf16", "B4 H16/4 N8192 D128 causal bf16", "B2 H16/4 N16384 D128 bf16",
+                "B2 H16/4 N16384 D128 causal bf16", "B1 H16/4 N32768 D128 bf16", "B1 H16/4 N32768 D128 causal bf16",
+                "B64 H8 N512 D256 bf16", "B64 H8 N512 D256 causal bf16", "B32 H8 N1024 D256 bf16",
+                "B32 H8 N1024 D256 causal bf16", "B16 H8 N2048 D256 bf16", "B16 H8 N2048 D256 causal bf16",
+                "B8 H8 N4096 D256 bf16", "B8 H8 N4096 D256 causal bf16", "B4 H8 N8192 D256 bf16",
+                "B4 H8 N8192 D256 causal bf16", "B2 H8 N16384 D256 bf16", "B2 H8 N16384 D256 causal bf16",
+                "B1 H8 N32768 D256 bf16", "B1 H8 N32768 D256 causal bf16", "B32 H32/8 N1x8192 D64 bf16",
+                "B32 H32/8 N16x8192 D64 causal-br bf16", "B32 H32/8 N1x8192 D96 bf16",
+                "B32 H32/8 N16x8192 D96 causal-br bf16", "B32 H32/8 N1x8192 D128 bf16",
+                "B32 H32/8 N16x8192 D128 causal-br bf16", "B16 H32/8 N1x8192 D256 bf16",
+                "B16 H32/8 N16x8192 D256 causal-br bf16"]
+SWEEP_VARIANTS = ["triton", "sdpa_flash", "sdpa_cudnn"]
+SWEEP_MODES = ["fwd", "bwd"]
+SWEEP_PEERS = ["sdpa_flash", "sdpa_cudnn"]
+
+measure_flash_sweep = measurement(OP, "sweep", SWEEP_VARIANTS, SWEEP_MODES)
+
 
 class FlashAnchor(_Anchor):
     params = (LABELS, VARIANTS, MODES)
@@ -26,3 +57,13 @@ class FlashTritonSpeedup(_Speedup):
 
     params = (LABELS, MODES, RATIO_PEERS)
     setup_cache = measure_flash
+
+
+class FlashSweep(_Anchor):
+    params = (SWEEP_LABELS, SWEEP_VARIANTS, SWEEP_MODES)
+    setup_cache = measure_flash_sweep
+
+
+class FlashSweepSpeedup(_Speedup):
+    params = (SWEEP_LABELS, SWEEP_MODES, SWEEP_PEERS)
+    setup_cache = measure_flash_sweep

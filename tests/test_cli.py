@@ -84,6 +84,18 @@ def test_bench_split_and_reference_json_on_stdout(capsys):
             assert row["speedup"] == 1.0
 
 
+def test_match_keeps_the_cases_whose_label_matches_and_says_so(capsys):
+    rc = main(["bench", "--op", "flash", "--mode", "fwd", "--variant", "split", "--match", r" D(80|24) ",
+               "--json", "-"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    report = json.loads(captured.out)
+    labels = {r["case"] for r in report["bench"]}
+    assert labels and all(" D80 " in label or " D24 " in label for label in labels)
+    assert len(labels) == 4  # two tiny shapes x fp32 and fp16
+    assert report["operators"]["flash"]["case_set"] == "tiny matching ' D(80|24) '"
+
+
 def test_unknown_operator(capsys):
     assert main(["check", "--quiet", "--op", "no_such_op"]) == 2
     err = capsys.readouterr().err

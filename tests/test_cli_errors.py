@@ -30,6 +30,8 @@ BAD_ARGUMENTS = [
     (["bench", "--op", "nosuch"], "unknown operator 'nosuch'"),
     (["list", "--op", "nosuch"], "nosuch"),
     (["bench", "--op", "flash", "--cases", "huge"], "--cases huge"),
+    (["bench", "--op", "flash", "--match", "D(64"], "--match: 'D(64' is not a regular expression"),
+    (["check", "--op", "flash", "--match", " D999 "], "--match ' D999 ': no flash case of the tiny set matches"),
     (["check", "--graphs"], "unrecognized arguments: --graphs"),  # check times nothing
     (["bench", "--no-such-flag"], "unrecognized arguments"),
     (["nosuch"], "invalid choice"),

@@ -146,3 +146,18 @@ def test_sdpa_declines_rows_that_see_no_key(flash):
     x = flash.make_inputs(case, "cpu", 0)
     with pytest.raises(Unsupported, match="rows that see no key"):
         flash.variants["sdpa_math"].prepare(case, x, "fwd")
+
+
+@pytest.mark.parametrize("offset", [None, 0, -17, 17])
+def test_oracle_in_query_row_chunks_equals_the_whole(offset):
+    """The float64 oracle splits long sequences into query-row chunks (each with its own causal
+    offset; dK and dV summed over chunks) to bound its memory: same outputs, blind rows included."""
+    from attnbench.operators.flash import reference
+
+    q, do = _fp64(1, 6, 40, 8, seed=1), _fp64(1, 6, 40, 8, seed=2)
+    k, v = _fp64(1, 2, 23, 8, seed=3), _fp64(1, 2, 23, 8, seed=4)
+    whole = reference.evaluate(q, k, v, do, 0.3, offset, torch.float64)
+    for max_scores in (1, 3 * 23 * 7, 2000):  # one row a chunk, 7 rows, whole heads
+        chunked = reference.evaluate(q, k, v, do, 0.3, offset, torch.float64, max_scores=max_scores)
+        for name in whole:
+            assert torch.allclose(chunked[name], whole[name], rtol=1e-12, atol=1e-12, equal_nan=False), name

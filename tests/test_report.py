@@ -48,3 +48,23 @@ def test_partial_cpu_run_states_what_it_is(tmp_path, capsys):
     assert "CPU run" in out
     assert "| case | mode | fast ms | fast TF/s | vs eager | vs slow | % roofline | max rel. error |" in out
     assert "| c1 | fwd | 100.000 | - | n/a | n/a | - | 1.0e-07 |" in out
+
+
+def test_parts_of_one_run_read_as_one_and_other_devices_refused(tmp_path, capsys):
+    """A run split with --match into files: report reads them as one table (a part still running
+    makes the whole partial); parts from two GPUs are one usage error."""
+    first = _report(tmp_path)
+    data = json.loads(first.read_text())
+    data["status"] = "interrupted"
+    data["bench"] = [dict(r, case="B1 H1 N128 D64 bf16") for r in data["bench"]]
+    second = tmp_path / "r2.json"
+    second.write_text(json.dumps(data))
+    png = tmp_path / "both.png"
+    assert main(["report", str(first), str(second), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| B1 H1 N64 D64 bf16 | fwd |" in out and "| B1 H1 N128 D64 bf16 | fwd |" in out
+    assert "**Partial run** (status: interrupted): 8 bench" in out
+    data["machine"]["device_name"] = "Other GPU"
+    second.write_text(json.dumps(data))
+    assert main(["report", str(first), str(second)]) == 2
+    assert "parts from different devices" in capsys.readouterr().err

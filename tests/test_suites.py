@@ -26,6 +26,16 @@ def test_suite_parameters_match_the_operator(suite):
     assert suite.RATIO_PEERS == list(op.ratio_peers)  # the dashboard states the CLI's claim
 
 
+def test_flash_sweep_suite_matches_the_sweep_set():
+    from suites import flash as suite
+
+    op = attnbench.get("flash")
+    assert suite.SWEEP_LABELS == [c.label for c in op.cases("sweep")]
+    assert set(suite.SWEEP_VARIANTS) <= set(op.variants) and set(suite.SWEEP_MODES) <= set(op.modes)
+    assert set(suite.SWEEP_PEERS) <= set(op.ratio_peers) and "triton" in suite.SWEEP_VARIANTS
+    assert suite.measure_flash_sweep.__name__ != suite.measure_flash.__name__  # asv caches each on its own
+
+
 def test_asv_collects_the_suites_not_their_shared_bases():
     """asv collects public classes with benchmark methods (inherited ones too) from every module."""
     from suites import _anchor

@@ -105,13 +105,21 @@ ANCHOR_SHAPES = [
 ]
 
 
+SWEEP_HEADS = {64: (16, 16), 96: (16, 16), 128: (16, 4), 256: (8, 8)}  # (Hq, Hkv): D 128 as GQA 16/4
+SWEEP_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+SWEEP_DECODE_KEYS = 8192
+
+
 def _sweep():
+    """The Hopper issue's grid: D 64, 96, 128 (GQA 16/4) and 256, N 512 to 32K at 32K tokens a
+    batch, causal and not; then the decode shapes of every D at Nk 8192 (Nq 1, and 16
+    bottom-right causal; GQA 32/8)."""
     cases = []
-    for head_dim in (64, 128):
-        for n in (512, 1024, 2048, 4096, 8192, 16384):
+    for head_dim, (heads_q, heads_kv) in SWEEP_HEADS.items():
+        for n in SWEEP_LENGTHS:
             for causal in (None, "top_left"):
-                cases.append(FlashCase(max(1, 32768 // n), 16, 16, n, n, head_dim, causal))
-    return cases
+                cases.append(FlashCase(max(1, 32768 // n), heads_q, heads_kv, n, n, head_dim, causal))
+    return cases + [c for c in _decode() if c.seqlen_k == SWEEP_DECODE_KEYS]
 
 
 def _decode():
