@@ -5,7 +5,7 @@ The shared measuring pass and benchmark bodies are in suites/_anchor.py; this mo
 the operator's parameters (no torch import: asv spawns ~500 interpreters) and
 tests/test_suites.py keeps them equal to the operator's own.
 """
-from ._anchor import _Anchor, _Speedup, measurement
+from ._anchor import _Anchor, _Latency, _Speedup, measurement
 
 OP = "flash"
 LABELS = ["B4 H16 N4096 D64 bf16", "B4 H16 N4096 D64 causal bf16",
@@ -59,7 +59,9 @@ class FlashTritonSpeedup(_Speedup):
     setup_cache = measure_flash
 
 
-class FlashSweep(_Anchor):
+class FlashSweep(_Latency):
+    """The sweep's latencies (the plot's TF/s are in the run's report); the ratios below."""
+
     params = (SWEEP_LABELS, SWEEP_VARIANTS, SWEEP_MODES)
     setup_cache = measure_flash_sweep
 
