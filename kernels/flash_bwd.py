@@ -1,4 +1,5 @@
-"""FlashAttention-2 backward (Algorithm 4) as three launches, no atomics, bitwise deterministic.
+"""FlashAttention-2 backward (Algorithm 4) as three launches, no atomics, bitwise deterministic
+(unless a caller asks for the atomic dQ route: ``dq_route``, at the end).
 
 1. ``delta = rowsum(dO * O) - dLSE`` per query row (row_dot.py; dLSE is the cotangent of the
    logsumexp output, zero unless the caller differentiates through the LSE).
@@ -10,6 +11,8 @@
 
 Splitting dQ into its own pass costs two extra matmuls (recomputing S and dP) but each output is
 owned by one program, so there are no atomics and the result does not depend on scheduling.
+``dq_route("atomic")`` is the measured alternative: the dK/dV pass also adds dS K into an fp32 dQ
+with atomics (five matmuls, not seven; not deterministic); off unless asked for.
 
 Head dims that are not a power of two are tiled in two column blocks (key_block.py): the scores and
 dP sum both blocks' products, and dQ, dK, dV each keep one accumulator a block.
@@ -20,23 +23,26 @@ P = exp2(0 - L) is masked explicitly, in the last (masked) key block only: for a
 below -88 it would overflow to inf, and inf * 0 is NaN. A fully masked
 row has L = -inf from the forward; it is read as +inf so its P is 0, not NaN.
 """
+import torch
 import triton
 import triton.language as tl
 
+from .key_block import head_columns, key_block_mask
 from .outputs import new_output
-from .precision import LOG2E, accumulator_dtype, dot_precision, softmax_scale_log2, split_scale
+from .precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, softmax_scale_log2,
+                        split_scale)
+from .routes import RouteSwitch
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
-from .key_block import head_columns, key_block_mask
 from .tiling import query_tile, visible_keys
 from .tuning import autotune, cdiv, cfg, config_list, head_dim_blocks, pruner, registers_per_thread, seq_bucket
 
 
 @triton.jit
-def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, stride_qn, stride_don,
-                      m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
+def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, DQ_head, stride_qn,
+                      stride_don, m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
                       BLOCK_M: tl.constexpr, BLOCK_D2: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
+                      DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
     rows = offs_m[:, None] < N_Q
     row_mask = rows & head_columns(offs_d, HEAD_DIM)[None, :]
@@ -63,6 +69,14 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
     dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     if BLOCK_D2 > 0:
         dk2 += tl.dot(ds_t.to(q2.dtype), q2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if ATOMIC_DQ:  # dQ += dS K for these rows, added in whatever order the programs reach them
+        ds = tl.trans(ds_t.to(k.dtype))
+        dq_rows = DQ_head + offs_m[:, None] * HEAD_DIM
+        tl.atomic_add(dq_rows + offs_d[None, :], tl.dot(ds, k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE),
+                      mask=row_mask)
+        if BLOCK_D2 > 0:
+            tl.atomic_add(dq_rows + offs_d2[None, :],
+                          tl.dot(ds, k2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE), mask=row_mask2)
     return dk, dv, dk2, dv2
 
 
@@ -109,16 +123,19 @@ _DKDV_CONFIGS = config_list(
 )
 
 
-@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "GROUP"],
-                 prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes, _dkdv_accumulators_fit)})
+# DQ_ACC is zeroed before each config is timed and after tuning (the atomic route adds into it).
+@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "GROUP", "ATOMIC_DQ"],
+                 prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes, _dkdv_accumulators_fit)},
+                 reset_to_zero=["DQ_ACC"])
 @triton.jit
-def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
                           stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                           N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                           BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
     n0 = tl.program_id(0) * BLOCK_N
     hk = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -156,16 +173,17 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
         DO_head = DO + b * stride_dob + h * stride_doh
         LSE_head = LSE + (b * H_Q + h) * N_Q
         DELTA_head = DELTA + (b * H_Q + h) * N_Q
+        DQ_head = DQ_ACC + (b * H_Q + h) * N_Q * HEAD_DIM  # [B, Hq, Nq, D], contiguous
         for m0 in range(lo, full_lo, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM,
-                                                 causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, True, ACC_DTYPE,
-                                                 DOT_PRECISION)
+                                                 DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
+                                                 HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, True,
+                                                 ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
         for m0 in range(full_lo, N_Q, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM,
-                                                 causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, False, ACC_DTYPE,
-                                                 DOT_PRECISION)
+                                                 DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
+                                                 HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, False,
+                                                 ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
 
     # dS was formed from base-2 scores divided back by log2(e) implicitly: dK = scale * dS^T Q.
     dk_scale = qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE)
@@ -285,9 +303,24 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
         tl.store(dq_rows + offs_d2[None, :], (dq2 * dq_scale).to(DQ.dtype.element_ty), mask=row_mask2)
 
 
+DQ_ROUTES = ("recompute", "atomic")
+_DQ_ROUTE = RouteSwitch(DQ_ROUTES, "dQ route")
+
+
+def dq_route(route):
+    """How the backward forms dQ inside the block: "recompute" (the default: the dQ pass above,
+    deterministic) or "atomic" (**not deterministic**: the dK/dV pass also forms dS K and adds it
+    into an fp32 dQ with atomics, in whatever order the programs get there, so dQ may differ in its
+    last bits from run to run; five matmuls instead of seven). ``with dq_route("atomic"):``.
+    Measured on an H200 (bf16, flash-dq-routes-*): the atomic route ran at 0.39-0.45x the recompute
+    route's speed at D 64-160 and 0.10-0.13x at D 256: every key block adds a [rows, D] fp32 tile per
+    query block (2 GB of atomic traffic at B4 H16 N4096 D64), more than the two matmuls it saves."""
+    return _DQ_ROUTE(route)
+
+
 def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None):
-    """Run the three backward launches on checked inputs; returns (dq, dk, dv) of
-    <do, o> + <dlse, lse> (``dlse`` None: the LSE is not differentiated)."""
+    """Run the backward launches on checked inputs; returns (dq, dk, dv) of <do, o> + <dlse, lse>
+    (``dlse`` None: the LSE is not differentiated). dQ by ``dq_route`` (default: recompute)."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -299,18 +332,23 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     scale_hi, scale_lo = split_scale(sm_scale)
     bucket = seq_bucket(max(n_q, n_k))
 
+    atomic = _DQ_ROUTE.forced == "atomic"
     delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
-    dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
+    # the atomic route's dQ sum (contiguous, in the accumulator dtype); otherwise an unread stand-in
+    dq_acc = torch.zeros(q.shape, dtype=accumulator_torch_dtype(q.dtype), device=q.device) if atomic else dk
 
     common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
     flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
-        q, k, v, do, lse, delta, dk, dv,
+        q, k, v, do, lse, delta, dk, dv, dq_acc,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, **common)
+        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, **common)
+    if atomic:
+        return (dq_acc * sm_scale).to(q.dtype), dk, dv
+    dq = new_output(q.shape, q.dtype, q.device)
     flash_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -10,8 +10,6 @@ A row that sees no key at all (bottom-right causal with Nq > Nk) gets O = 0 and 
 non-finite input gives NaN, never that pair (softmax_rows.finish_rows). The key-block step is
 key_block.attend_key_block. Few query rows (decode) go to flash_decode.py instead.
 """
-import contextlib
-
 import triton
 import triton.language as tl
 
@@ -19,6 +17,7 @@ from .flash_decode import decode_applies, flash_decode_launch
 from .key_block import attend_key_block, head_columns
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from .routes import RouteSwitch
 from .softmax_rows import finish_rows
 from .tiling import query_tile, visible_keys
 from .tuning import autotune, cdiv, cfg, config_list, head_dim_blocks, pruner, seq_bucket
@@ -93,21 +92,13 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
 
 
 ROUTES = ("tiles", "decode")
-_forced_route = None
+_ROUTE = RouteSwitch(ROUTES, "forward route")
 
 
-@contextlib.contextmanager
 def forward_route(route):
     """Send every forward in the block to one route ("tiles" or "decode"; None: by shape), e.g. to
-    test or time FA2's query tiles at a decode shape. A module global, not thread-local."""
-    global _forced_route
-    if route is not None and route not in ROUTES:
-        raise ValueError(f"route {route!r}: expected one of {ROUTES} or None")
-    before, _forced_route = _forced_route, route
-    try:
-        yield
-    finally:
-        _forced_route = before
+    test or time FA2's query tiles at a decode shape: ``with forward_route("tiles"):``."""
+    return _ROUTE(route)
 
 
 def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
@@ -115,7 +106,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     sees keys j <= i + causal_offset. Returns (o, lse) with lse of shape [B, Hq, Nq]. Few query
     rows (Nq <= flash_decode.DECODE_MAX_NQ) take the split-KV route, the rest FA2's query tiles
     (below); ``forward_route`` overrides."""
-    route = _forced_route or ("decode" if decode_applies(q.shape[2]) else "tiles")
+    route = _ROUTE.forced or ("decode" if decode_applies(q.shape[2]) else "tiles")
     if route == "decode":
         return flash_decode_launch(q, k, v, sm_scale, causal_offset)
     batch, heads_q, n_q, head_dim = q.shape

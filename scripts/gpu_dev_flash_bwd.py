@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """flash's forward and backward beside SDPA's FLASH and cuDNN, and its backward kernels one config at a time.
 
-    python3 scripts/gpu_dev_flash_bwd.py [--json OUT.json] [--dims 64,96,128,160,192,256] [--configs]
+    python3 scripts/gpu_dev_flash_bwd.py [--json OUT.json] [--dims 64,96,128,160,192,256] [--configs] [--dq-routes]
 
 For each case (the Hopper issue's table, plus D 80, 160 and 192): the forward and the backward of the
 Triton variant as shipped (autotuned), SDPA FLASH's and cuDNN's on the same inputs; with --configs also
@@ -16,7 +16,8 @@ import json
 import torch
 
 import attnbench
-from attnbench.kernels.flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from attnbench import verify
+from attnbench.kernels.flash_bwd import DQ_ROUTES, dq_route, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from attnbench.kernels.flash_fwd import flash_fwd_launch
 from attnbench.kernels.gpu_time import gpu_time_quantiles
 from attnbench.kernels.precision import accumulator_dtype, dot_precision, split_scale
@@ -62,8 +63,8 @@ def kernel_runs(case, x):
 
     def dkdv(w, s, bm, bn):
         return lambda: flash_bwd_dkdv_kernel.fn[(cdiv(case.seqlen_k, bn), case.heads_kv, case.batch)](
-            q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *tail, **common,
-            BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+            q, k, v, do, lse, delta, dk, dv, dk, *strides, *dk.stride()[:3], *dv.stride()[:3], *tail, **common,
+            ATOMIC_DQ=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
 
     def dq_pass(w, s, bm, bn):
         return lambda: flash_bwd_dq_kernel.fn[(cdiv(case.seqlen_q, bm), case.heads_q, case.batch)](
@@ -73,11 +74,28 @@ def kernel_runs(case, x):
     return {"dkdv": dkdv, "dq": dq_pass}
 
 
+def dq_routes(case, x):
+    """The backward by each dQ route: median ms and the max relative error against float64."""
+    oracle = OP.oracle(case, x)
+    out = {}
+    for route in DQ_ROUTES:
+        with dq_route(route):
+            fn = OP.variants["triton"].prepare(case, x, "bwd")
+            grads = fn()  # the first call after tuning: the atomic route's sum must start from zero
+            error = max(verify.relative_error(grads[name], oracle[name]) for name in grads)
+            out[route] = {"ms": median_ms(fn), "error": error}
+    ratio = out["recompute"]["ms"] / out["atomic"]["ms"]
+    print(f"  dQ routes: recompute {out['recompute']['ms']:.3f} ms (error {out['recompute']['error']:.1e}), "
+          f"atomic {out['atomic']['ms']:.3f} ms (error {out['atomic']['error']:.1e}): atomic {ratio:.2f}x", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--dims", default="", help="only cases of these head dims (comma-separated)")
     ap.add_argument("--configs", action="store_true", help="also time each backward kernel at every candidate config")
+    ap.add_argument("--dq-routes", action="store_true", help="also time the backward by each dQ route (dq_route)")
     args = ap.parse_args()
     dims = {int(d) for d in args.dims.split(",") if d}
     device = torch.device("cuda")
@@ -101,6 +119,8 @@ def main():
                                if isinstance(times.get(p), float))
             print(f"{case.label:34s} {mode}: ours {times['triton']:.3f} ms "
                   f"({products * pair_flops / times['triton'] / 1e9:.0f} TF/s)  {ratios}", flush=True)
+        if args.dq_routes:
+            entry["dq_routes"] = dq_routes(case, x)
         if not args.configs:
             doc["cases"].append(entry)
             continue

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnbench import verify
+from attnbench.kernels.flash_bwd import dq_route
 from attnbench.kernels.flash_fwd import forward_route
 from attnbench.operators.flash import TINY_SHAPES, FlashCase
 from attnbench.operators.flash.triton import flash_attention, flash_bwd, flash_fwd
@@ -161,3 +162,24 @@ def test_oracle_in_query_row_chunks_equals_the_whole(offset):
         chunked = reference.evaluate(q, k, v, do, 0.3, offset, torch.float64, max_scores=max_scores)
         for name in whole:
             assert torch.allclose(chunked[name], whole[name], rtol=1e-12, atol=1e-12, equal_nan=False), name
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_atomic_dq_route_matches_float64_oracle(flash, oracles, case):
+    """The non-deterministic dQ route (atomics in the dK/dV pass, no dQ pass) is held to the same
+    oracle: GQA (several query heads add into one pass's dQ), split head dims, blind rows."""
+    x, oracle, lowp = oracles(case, 0)
+    with dq_route("atomic"):
+        result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
+    assert result.passed, [o for o in result.outputs if not o.passed]
+
+
+def test_atomic_dq_route_gradcheck_fp64_and_is_asked_for_by_name():
+    q = _fp64(1, 4, 11, 48, seed=1).requires_grad_()
+    k, v = (_fp64(1, 2, 13, 48, seed=s).requires_grad_() for s in (2, 3))
+    with dq_route("atomic"):
+        assert verify.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal="bottom_right"), (q, k, v),
+                                atol=1e-8, rtol=1e-6)
+    with pytest.raises(ValueError, match="dQ route 'atomics'"):
+        with dq_route("atomics"):
+            pass
