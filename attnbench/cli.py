@@ -125,14 +125,14 @@ def _known(requested, ops, attr, option):
 def make_plans(args, device, kind, timing, notes=None) -> list:
     """Check every argument against the selected operators and this device, before any work.
     ``timing``: plans for bench (a --baseline is timed with the rest), not for check. An operator
-    that has none of the requested modes or variants (another operator's) is left out, and
-    ``notes`` gets a line saying so."""
+    that has none of the requested modes or variants (another operator's), or no case that --match
+    selects, is left out, and ``notes`` gets a line saying so."""
     ops = _ops(args.op)
     _known(args.variant, ops, "variants", "--variant")
     _known(args.mode, ops, "modes", "--mode")
     if timing and args.graphs and device.type != "cuda":
         raise UsageError(f"--graphs times CUDA-graph replays: it needs a CUDA device, and this run is on {device.type}")
-    plans = []
+    plans, unmatched = [], []
     for op in ops:
         modes = [m for m in dict.fromkeys(args.mode)] if args.mode else list(op.modes)
         modes = [m for m in modes if m in op.modes]
@@ -169,11 +169,17 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
             raise UsageError(f"--cases {set_name}: {exc.args[0] if exc.args else exc}") from None
         if args.match is not None:
             cases = [c for c in cases if args.match.search(c.label)]
-            if not cases:
-                raise UsageError(f"--match {args.match.pattern!r}: no {op.name} case of the {set_name} set matches")
+            if not cases:  # like --mode and --variant: another operator's cases
+                unmatched.append(op.name)
+                if notes is not None:
+                    notes.append(f"{op.name}: left out, no case of its {set_name} set matches --match "
+                                 f"{args.match.pattern!r}")
+                continue
             set_name = f"{set_name} matching {args.match.pattern!r}"  # a report says it is not the whole set
         unasked = {} if requested is not None else unavailable
         plans.append(Plan(op, set_name, cases, variants, modes, baseline or op.baseline(device, variants), unasked))
+    if not plans and unmatched:
+        raise UsageError(f"--match {args.match.pattern!r}: no case of {', '.join(unmatched)} matches")
     if not plans:
         raise UsageError("no selected operator has the requested variants and modes together")
     return plans

@@ -173,19 +173,34 @@ def load(path: str) -> dict:
 def merge(parts: list, paths: list) -> dict:
     """One document of a run split over several files (e.g. with ``--match``): rows concatenated in
     order, operators' claims combined; the status is "complete" only if every part is. Parts must
-    come from one GPU (or CPU): numbers of two machines in one table would read as one run."""
+    come from one machine and software stack, and no row may appear in two parts: a table whose
+    ratios divide one part's numbers by another's would read as one run's."""
     if len(parts) == 1:
         return parts[0]
-    names = {(d.get("machine") or {}).get("device_name") for d in parts}
-    if len(names) > 1:
-        raise BadResultFile(f"{', '.join(paths)}: parts from different devices ({', '.join(sorted(map(str, names)))})")
+    stack = ("device_name", "torch", "triton", "cuda")
+    stacks = {tuple((d.get("machine") or {}).get(k) for k in stack) for d in parts}
+    if len(stacks) > 1:
+        raise BadResultFile(f"{', '.join(paths)}: parts from different devices or versions "
+                            f"({'; '.join(' '.join(map(str, s)) for s in sorted(stacks, key=str))})")
     doc = dict(parts[0])
     for kind in ("checks", "bench"):
         if any(kind in d for d in parts):
-            doc[kind] = [row for d in parts for row in d.get(kind, [])]
+            rows = [row for d in parts for row in d.get(kind, [])]
+            seen = set()
+            for row in rows:
+                key = tuple(row.get(k) for k in _ROW_KEYS)
+                if key in seen:
+                    raise BadResultFile(f"{', '.join(paths)}: the {kind} row {' / '.join(map(str, key))} "
+                                        "is in two parts")
+                seen.add(key)
+            doc[kind] = rows
     doc["operators"] = {}
     for d in parts:
-        doc["operators"].update(d.get("operators") or {})
+        for name, claim in (d.get("operators") or {}).items():
+            seen = doc["operators"].get(name)
+            if seen and seen.get("case_set") != claim.get("case_set"):  # e.g. two --match parts of one set
+                claim = dict(claim, case_set=f"{seen.get('case_set')} + {claim.get('case_set')}")
+            doc["operators"][name] = claim
     statuses = [d.get("status", "complete") for d in parts]
     doc["status"] = "complete" if all(s == "complete" for s in statuses) else next(
         s for s in statuses if s != "complete")

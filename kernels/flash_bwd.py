@@ -40,7 +40,7 @@ from .tuning import autotune, cdiv, cfg, config_list, head_dim_blocks, pruner, r
 
 @triton.jit
 def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, DQ_head, stride_qn,
-                      stride_don, m0, offs_n, offs_d, offs_d2, N_Q, HEAD_DIM, causal_offset, qk_scale_log2,
+                      stride_don, m0, offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
                       BLOCK_M: tl.constexpr, BLOCK_D2: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -70,7 +70,9 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
     if BLOCK_D2 > 0:
         dk2 += tl.dot(ds_t.to(q2.dtype), q2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     if ATOMIC_DQ:  # dQ += dS K for these rows, added in whatever order the programs reach them
-        ds = tl.trans(ds_t.to(k.dtype))
+        # keys past N_K load K = 0, so their P = exp2(0 - lse) overflows for LSE < -88 and inf * 0
+        # would be NaN in dS K: they are masked here (dK and dV drop those rows at the store)
+        ds = tl.trans(tl.where(offs_n[:, None] < N_K, ds_t, 0.0).to(k.dtype))
         dq_rows = DQ_head + offs_m[:, None] * HEAD_DIM
         tl.atomic_add(dq_rows + offs_d[None, :], tl.dot(ds, k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE),
                       mask=row_mask)
@@ -177,12 +179,12 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
         for m0 in range(lo, full_lo, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
                                                  DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
-                                                 HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, True,
+                                                 N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, True,
                                                  ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
         for m0 in range(full_lo, N_Q, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
                                                  DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
-                                                 HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, False,
+                                                 N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, False,
                                                  ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
 
     # dS was formed from base-2 scores divided back by log2(e) implicitly: dK = scale * dS^T Q.
@@ -333,11 +335,17 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     bucket = seq_bucket(max(n_q, n_k))
 
     atomic = _DQ_ROUTE.forced == "atomic"
+    if atomic and torch.are_deterministic_algorithms_enabled():
+        raise RuntimeError('flash backward: dq_route("atomic") is not deterministic, and '
+                           "torch.use_deterministic_algorithms(True) is set")
     delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
-    # the atomic route's dQ sum (contiguous, in the accumulator dtype); otherwise an unread stand-in
-    dq_acc = torch.zeros(q.shape, dtype=accumulator_torch_dtype(q.dtype), device=q.device) if atomic else dk
+    # The atomic route's dQ sum (contiguous, in the accumulator dtype); otherwise an unread one-value
+    # stand-in: the autotuner zeroes DQ_ACC, which must not be an output (that would hide an unwritten
+    # element from the poisoning checks).
+    acc = accumulator_torch_dtype(q.dtype)
+    dq_acc = torch.zeros(q.shape if atomic else (1,), dtype=acc, device=q.device)
 
     common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
     flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](

@@ -58,9 +58,10 @@ def pruner(shared_bytes, fits=None):
         element_size = named_args["Q"].element_size()
         block_d = constexprs["BLOCK_D"] + constexprs.get("BLOCK_D2", 0)  # the head dim's padded width
         budget = shared_memory_budget(named_args["Q"].device)
-        fitting = [c for c in configs if shared_bytes(c, element_size, block_d) <= budget
-                   and (fits is None or fits(c, constexprs))]
-        fitting = fitting or configs[-1:]  # the last entry is the smallest: always try it
+        staged = [shared_bytes(c, element_size, block_d) for c in configs]
+        fitting = [c for c, size in zip(configs, staged) if size <= budget and (fits is None or fits(c, constexprs))]
+        if not fitting:  # nothing fits the estimates: the config staging the least (the later on a tie)
+            fitting = [configs[min(range(len(configs)), key=lambda i: (staged[i], -i))]]
         return fitting if autotune_enabled() else fitting[:1]
 
     return prune

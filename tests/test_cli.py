@@ -96,6 +96,16 @@ def test_match_keeps_the_cases_whose_label_matches_and_says_so(capsys):
     assert report["operators"]["flash"]["case_set"] == "tiny matching ' D(80|24) '"
 
 
+def test_match_leaves_out_operators_without_a_matching_case(capsys):
+    """--op defaults to every operator: one whose cases do not match is left out with a note, as for
+    --mode and --variant, instead of failing the whole command."""
+    rc = main(["check", "--match", r" D80 ", "--variant", "split", "--json", "-"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert {c["op"] for c in json.loads(captured.out)["checks"]} == {"flash", "shared_context"}
+    assert "# sparse: left out, no case of its tiny set matches --match ' D80 '" in captured.err
+
+
 def test_unknown_operator(capsys):
     assert main(["check", "--quiet", "--op", "no_such_op"]) == 2
     err = capsys.readouterr().err

@@ -31,7 +31,8 @@ BAD_ARGUMENTS = [
     (["list", "--op", "nosuch"], "nosuch"),
     (["bench", "--op", "flash", "--cases", "huge"], "--cases huge"),
     (["bench", "--op", "flash", "--match", "D(64"], "--match: 'D(64' is not a regular expression"),
-    (["check", "--op", "flash", "--match", " D999 "], "--match ' D999 ': no flash case of the tiny set matches"),
+    (["check", "--op", "flash", "--match", " D999 "], "--match ' D999 ': no case of flash matches"),
+    (["check", "--match", " D999 "], "--match ' D999 ': no case of flash, jvp_attention"),
     (["check", "--graphs"], "unrecognized arguments: --graphs"),  # check times nothing
     (["bench", "--no-such-flag"], "unrecognized arguments"),
     (["nosuch"], "invalid choice"),

@@ -52,6 +52,19 @@ def test_backward_is_bitwise_deterministic(flash, case):
     assert verify.bitwise_equal_runs(flash.variants["triton"].prepare(case, x, "bwd"), runs=3)
 
 
+@pytest.mark.parametrize("case", [FlashCase(2, 8, 2, 1000, 777, 128, "bottom_right", "bfloat16"),
+                                  FlashCase(1, 4, 2, 700, 900, 160, "top_left", "float16")], ids=lambda c: c.label)
+def test_atomic_dq_route_matches_the_oracle_on_its_first_call_after_tuning(flash, oracles, case, tuned_kernels):
+    """dq_route("atomic") adds into a buffer the autotuner runs every config on: the call that tunes
+    must still return dS K summed once (reset_to_zero), within the dtype's bound."""
+    from attnbench.kernels.flash_bwd import dq_route
+
+    x, oracle, lowp = oracles(case, 0)
+    with dq_route("atomic"):
+        result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
+    assert result.passed, [o for o in result.outputs if not o.passed]
+
+
 def test_decode_route_is_bitwise_deterministic_and_agrees_with_the_tiles(flash):
     """The split-KV forward (several splits here, merged in a fixed order) repeats bit for bit and
     computes what FA2's query tiles compute, to the dtype's bound."""

@@ -64,7 +64,11 @@ def test_parts_of_one_run_read_as_one_and_other_devices_refused(tmp_path, capsys
     out = capsys.readouterr().out
     assert "| B1 H1 N64 D64 bf16 | fwd |" in out and "| B1 H1 N128 D64 bf16 | fwd |" in out
     assert "**Partial run** (status: interrupted): 8 bench" in out
-    data["machine"]["device_name"] = "Other GPU"
-    second.write_text(json.dumps(data))
-    assert main(["report", str(first), str(second)]) == 2
-    assert "parts from different devices" in capsys.readouterr().err
+    for key, value in (("device_name", "Other GPU"), ("triton", "other")):
+        other = dict(data, machine=dict(data["machine"], **{key: value}))
+        second.write_text(json.dumps(other))
+        assert main(["report", str(first), str(second)]) == 2
+        assert "parts from different devices or versions" in capsys.readouterr().err
+    # the same file twice, or parts that overlap, would divide one part's numbers by another's
+    assert main(["report", str(first), str(first)]) == 2
+    assert "is in two parts" in capsys.readouterr().err

@@ -58,3 +58,22 @@ def test_registers_per_thread():
 
 def test_shared_memory_budget_without_a_gpu_is_the_fixed_one():
     assert tuning.shared_memory_budget(torch.device("cpu")) == tuning.SHARED_MEMORY_BUDGET
+
+
+def test_pruner_falls_back_to_the_config_staging_the_least(monkeypatch):
+    """When no config fits (fp32 at D 256 on a GPU), the fallback is the one with the smallest
+    shared-memory estimate, not whichever is listed last."""
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning, "autotune_enabled", lambda: True)
+    configs = [cfg(4, 2, BLOCK_M=64, BLOCK_N=32), cfg(4, 1, BLOCK_M=16, BLOCK_N=16), cfg(8, 2, BLOCK_M=64, BLOCK_N=64)]
+    prune = tuning.pruner(lambda c, size, d: 10**9 * c.kwargs["BLOCK_N"])  # nothing fits
+
+    class Q:
+        device = torch.device("cpu")
+
+        @staticmethod
+        def element_size():
+            return 4
+
+    kept = prune(configs, {"Q": Q}, BLOCK_D=256)
+    assert kept == [configs[1]]
