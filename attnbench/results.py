@@ -197,9 +197,9 @@ def merge(parts: list, paths: list) -> dict:
     doc["operators"] = {}
     for d in parts:
         for name, claim in (d.get("operators") or {}).items():
-            seen = doc["operators"].get(name)
-            if seen and seen.get("case_set") != claim.get("case_set"):  # e.g. two --match parts of one set
-                claim = dict(claim, case_set=f"{seen.get('case_set')} + {claim.get('case_set')}")
+            earlier = doc["operators"].get(name)
+            if earlier and earlier.get("case_set") != claim.get("case_set"):  # e.g. two --match parts of a set
+                claim = dict(claim, case_set=f"{earlier.get('case_set')} + {claim.get('case_set')}")
             doc["operators"][name] = claim
     statuses = [d.get("status", "complete") for d in parts]
     doc["status"] = "complete" if all(s == "complete" for s in statuses) else next(

@@ -35,7 +35,8 @@ from .routes import RouteSwitch
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
 from .tiling import query_tile, visible_keys
-from .tuning import autotune, cdiv, cfg, config_list, head_dim_blocks, pruner, registers_per_thread, seq_bucket
+from .tuning import (autotune, cdiv, cfg, config_list, head_dim_blocks, head_width, pruner, registers_per_thread,
+                     seq_bucket)
 
 
 @triton.jit
@@ -94,18 +95,14 @@ def _dkdv_shared_bytes(config, element_size, block_d):
     return (2 * kw["BLOCK_N"] * block_d + config.num_stages * 2 * kw["BLOCK_M"] * block_d) * element_size
 
 
+def _accumulators_fit(elements, config, constexprs):
+    itemsize = constexprs["ACC_DTYPE"].primitive_bitwidth // 8  # fp64 accumulators take two registers
+    return registers_per_thread(elements, config.num_warps, itemsize) <= ACCUMULATOR_REGISTERS
+
+
 def _dkdv_accumulators_fit(config, constexprs):
-    """dK and dV, [BLOCK_N, BLOCK_D] each, within the accumulator registers of a thread."""
-    elements = 2 * config.kwargs["BLOCK_N"] * _head_width(constexprs)
-    return registers_per_thread(elements, config.num_warps, _acc_bytes(constexprs)) <= ACCUMULATOR_REGISTERS
-
-
-def _head_width(constexprs):
-    return constexprs["BLOCK_D"] + constexprs.get("BLOCK_D2", 0)
-
-
-def _acc_bytes(constexprs):
-    return 8 if constexprs["ACC_DTYPE"] == tl.float64 else 4
+    """dK and dV, [BLOCK_N, head width] each, within the accumulator registers of a thread."""
+    return _accumulators_fit(2 * config.kwargs["BLOCK_N"] * head_width(constexprs), config, constexprs)
 
 
 # Ordered by the H200 study at D 64-256 (flash-bwd-configs-*, bf16): the first that fits is the
@@ -234,8 +231,7 @@ def _dq_shared_bytes(config, element_size, block_d):
 
 
 def _dq_accumulator_fits(config, constexprs):
-    elements = config.kwargs["BLOCK_M"] * _head_width(constexprs)
-    return registers_per_thread(elements, config.num_warps, _acc_bytes(constexprs)) <= ACCUMULATOR_REGISTERS
+    return _accumulators_fit(config.kwargs["BLOCK_M"] * head_width(constexprs), config, constexprs)
 
 
 # As above: 8 warps on 128 x 64 tiles lead at D <= 128 (631 TF/s at D 128) and D 160, 128 x 32 at D 256
@@ -342,10 +338,10 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
     # The atomic route's dQ sum (contiguous, in the accumulator dtype); otherwise an unread one-value
-    # stand-in: the autotuner zeroes DQ_ACC, which must not be an output (that would hide an unwritten
-    # element from the poisoning checks).
+    # stand-in, left uninitialized (no fill kernel on the default path): the autotuner zeroes DQ_ACC,
+    # which must not be an output (that would hide an unwritten element from the poisoning checks).
     acc = accumulator_torch_dtype(q.dtype)
-    dq_acc = torch.zeros(q.shape if atomic else (1,), dtype=acc, device=q.device)
+    dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if atomic else torch.empty(1, dtype=acc, device=q.device)
 
     common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
     flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](

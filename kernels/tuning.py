@@ -56,7 +56,7 @@ def pruner(shared_bytes, fits=None):
         if interpreting():
             return configs
         element_size = named_args["Q"].element_size()
-        block_d = constexprs["BLOCK_D"] + constexprs.get("BLOCK_D2", 0)  # the head dim's padded width
+        block_d = head_width(constexprs)
         budget = shared_memory_budget(named_args["Q"].device)
         staged = [shared_bytes(c, element_size, block_d) for c in configs]
         fitting = [c for c, size in zip(configs, staged) if size <= budget and (fits is None or fits(c, constexprs))]
@@ -65,6 +65,11 @@ def pruner(shared_bytes, fits=None):
         return fitting if autotune_enabled() else fitting[:1]
 
     return prune
+
+
+def head_width(constexprs) -> int:
+    """The padded head dim a launch tiles: its one or two column blocks (head_dim_blocks)."""
+    return constexprs["BLOCK_D"] + constexprs.get("BLOCK_D2", 0)
 
 
 def registers_per_thread(elements: int, num_warps: int, itemsize: int = 4) -> float:
@@ -108,33 +113,36 @@ def seq_bucket(n: int) -> int:
 # (split the work when the grid is too small to fill the GPU) are taken by tiny CPU-gate shapes too.
 INTERPRETER_SMS = 4
 _SM_COUNT = {}
-
-
 _SHARED_BUDGET = {}
+
+
+def _gpu_property(cache, device, off_gpu, query):
+    """``query(index)`` of a CUDA device, cached by index (a property query per launch is host
+    time); ``off_gpu`` on any other device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return off_gpu
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in cache:
+        cache[index] = query(index)
+    return cache[index]
+
+
+def _shared_budget_of(index) -> int:
+    try:  # the limit Triton's compiler checks ("Hardware limit: 232448" on an H200)
+        limit = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    except (AttributeError, KeyError, RuntimeError):  # another driver or Triton version
+        return SHARED_MEMORY_BUDGET
+    return limit - COMPILER_SHARED_BYTES
 
 
 def shared_memory_budget(device) -> int:
     """Bytes of shared memory a config's staged tiles may take on ``device``: its per-block opt-in
     limit (227 KiB on Hopper, 163 KiB on an A100, ~99 KiB on consumer parts) less the compiler's own."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return SHARED_MEMORY_BUDGET
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SHARED_BUDGET:
-        try:  # the limit Triton's compiler checks ("Hardware limit: 232448" on an H200)
-            limit = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
-        except (AttributeError, KeyError, RuntimeError):  # another driver or Triton version
-            limit = 0
-        _SHARED_BUDGET[index] = limit - COMPILER_SHARED_BYTES if limit else SHARED_MEMORY_BUDGET
-    return _SHARED_BUDGET[index]
+    return _gpu_property(_SHARED_BUDGET, device, SHARED_MEMORY_BUDGET, _shared_budget_of)
 
 
 def multiprocessors(device) -> int:
-    """Streaming multiprocessors of ``device`` (cached: a property query per launch is host time)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    """Streaming multiprocessors of ``device``."""
+    return _gpu_property(_SM_COUNT, device, INTERPRETER_SMS,
+                         lambda index: torch.cuda.get_device_properties(index).multi_processor_count)

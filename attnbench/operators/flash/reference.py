@@ -66,9 +66,8 @@ def evaluate(q, k, v, do, scale: float, causal_offset, dtype: torch.dtype, max_s
                     parts[name].append(t.detach())
                 dk += dk_part
                 dv += dv_part
-            row["o"].append(torch.cat(parts["o"], dim=2))
-            row["lse"].append(torch.cat(parts["lse"], dim=2))
-            row["dq"].append(torch.cat(parts["dq"], dim=2))
+            for name, chunks in parts.items():  # query-row chunks side by side
+                row[name].append(torch.cat(chunks, dim=2))
             row["dk"].append(dk)
             row["dv"].append(dv)
         for name in outs:
