@@ -19,6 +19,7 @@ import torch
 import triton
 
 from . import interpreting
+from .tuning import gpu_property
 
 # Triton 3.4+ (with ``triton.knobs``): a CompiledKernel's runner takes every argument of the
 # function in order, constexprs included. Older runners took another list, so those (and the
@@ -79,3 +80,50 @@ def remember(key, launch_plan):
 def forget_plans():
     """Forget every plan (tests do, with the autotuners' picks, to tune again)."""
     _PLANS.clear()
+
+
+# Tensor descriptors (TMA) -------------------------------------------------------------------------
+_CAPABILITY = {}
+
+
+def _tma_capable(device) -> bool:
+    """A GPU with the tensor-memory copy engine (compute capability 9.0+: Hopper and later)."""
+    return gpu_property(_CAPABILITY, device, False, lambda index: torch.cuda.get_device_capability(index)[0] >= 9)
+
+
+def descriptors_apply(tensors, gpu_dtypes=False) -> bool:
+    """Whether kernels may read ``tensors`` ([B, H, N, D], last dim contiguous) through tensor
+    descriptors made per (batch, head): every base pointer a program forms and every row stride a
+    multiple of 16 bytes (the copy engine's rule), on a GPU that has the engine or under the
+    interpreter. ``gpu_dtypes`` also asks for fp16/bf16, the dtypes the descriptor kernels were
+    measured at (the default route's test)."""
+    for t in tensors:
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
+            return False
+        if gpu_dtypes and t.dtype not in (torch.float16, torch.bfloat16):
+            return False
+    device = tensors[0].device
+    return interpreting() if device.type != "cuda" else (not interpreting() and _tma_capable(device))
+
+
+def _scratch_on(device):
+    def allocate(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+    return allocate
+
+
+@contextlib.contextmanager
+def descriptor_scratch(device):
+    """Global memory for the descriptors a kernel makes on the device (``tl.make_tensor_descriptor``
+    asks Triton's allocator for it at launch). Set for the launch only, and only when the caller has
+    not set an allocator of their own (``triton.set_allocator``), which is then used as is."""
+    from triton.runtime import _allocation  # Triton's allocator context variable (3.4+)
+
+    if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        yield
+        return
+    token = _allocation._allocator.set(_scratch_on(device))
+    try:
+        yield
+    finally:
+        _allocation._allocator.reset(token)

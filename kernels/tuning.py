@@ -116,7 +116,7 @@ _SM_COUNT = {}
 _SHARED_BUDGET = {}
 
 
-def _gpu_property(cache, device, off_gpu, query):
+def gpu_property(cache, device, off_gpu, query):
     """``query(index)`` of a CUDA device, cached by index (a property query per launch is host
     time); ``off_gpu`` on any other device."""
     device = torch.device(device)
@@ -139,10 +139,10 @@ def _shared_budget_of(index) -> int:
 def shared_memory_budget(device) -> int:
     """Bytes of shared memory a config's staged tiles may take on ``device``: its per-block opt-in
     limit (227 KiB on Hopper, 163 KiB on an A100, ~99 KiB on consumer parts) less the compiler's own."""
-    return _gpu_property(_SHARED_BUDGET, device, SHARED_MEMORY_BUDGET, _shared_budget_of)
+    return gpu_property(_SHARED_BUDGET, device, SHARED_MEMORY_BUDGET, _shared_budget_of)
 
 
 def multiprocessors(device) -> int:
     """Streaming multiprocessors of ``device``."""
-    return _gpu_property(_SM_COUNT, device, INTERPRETER_SMS,
+    return gpu_property(_SM_COUNT, device, INTERPRETER_SMS,
                          lambda index: torch.cuda.get_device_properties(index).multi_processor_count)

@@ -188,7 +188,8 @@ def main():
 
 def sanitize():
     """One launch of every new kernel path on odd shapes (lengths off the block size, GQA, head dims
-    in one and in two column blocks: 24, 80 = 64 + 16, 160 = 128 + 32); flash's forward by both routes."""
+    in one and in two column blocks: 24, 80 = 64 + 16, 160 = 128 + 32); flash's forward by every route
+(tensor descriptors too: their zero fill past N_K and D stands in for load masks)."""
     torch.manual_seed(0)
     for dtype in (torch.float16,):  # memcheck is slow: each kernel specialization once, on odd shapes
         for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 80, None), (2, 2, 1, 70, 41, 24, "bottom_right"),
@@ -202,8 +203,10 @@ def sanitize():
             grads = flash_bwd(do, q, k, v, o, lse, causal=causal)
             with forward_route("tiles"):
                 o_tiles, _ = flash_fwd(q, k, v, causal=causal)
+            with forward_route("tma"):
+                o_tma, _ = flash_fwd(q, k, v, causal=causal)
             torch.cuda.synchronize()
-            assert all(torch.isfinite(t).all() for t in (o, ot, *dq_t, *grads, o_tiles)), (dtype, b, hq, nq, nk, d)
+            assert all(torch.isfinite(t).all() for t in (o, ot, *dq_t, *grads, o_tiles, o_tma)), (dtype, b, hq, nq, d)
     print("sanitize: all paths ran")
 
 

@@ -31,13 +31,15 @@ def test_variant_matches_float64_oracle(flash, oracles, case, mode, variant):
     assert {o.name for o in result.outputs} == set(flash.outputs(mode))
 
 
+@pytest.mark.parametrize("route", ["tiles", "tma"])
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
-def test_query_tiles_forward_matches_float64_oracle(flash, oracles, case, mode):
+def test_query_tiles_forward_matches_float64_oracle(flash, oracles, case, mode, route):
     """Every tiny case has Nq <= DECODE_MAX_NQ, so the forward above took the split-KV route; FA2's
-    query tiles (the forward of longer queries) are held to the same oracle here."""
+    query tiles (the forward of longer queries), through pointers and through tensor descriptors
+    (whose zero fill past N_K and D replaces the load masks), are held to the same oracle here."""
     x, oracle, lowp = oracles(case, 0)
-    with forward_route("tiles"):
+    with forward_route(route):
         result = verify.check_variant(flash, "triton", case, mode, x, oracle, lowp)
     assert result.passed, [o for o in result.outputs if not o.passed]
 
@@ -220,3 +222,46 @@ def test_atomic_dq_route_refuses_deterministic_mode():
         flash_bwd(do, q, k, v, o, lse)  # the default route is deterministic: allowed
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_tma_route_refuses_strides_the_copy_engine_cannot_take():
+    """Descriptors need 16-byte strides and base pointers: a forced "tma" route says so before any
+    kernel runs (D 20 in fp16: 40-byte rows; a view starting 2 bytes in), the default takes the tiles."""
+    from attnbench.attention import flash_fwd
+    from attnbench.kernels.launch import descriptors_apply
+
+    q, k, v = (torch.randn(1, 2, 70, 20, dtype=torch.float16) for _ in range(3))
+    assert not descriptors_apply((k, v))
+    wide = torch.randn(1, 2, 70, 17, dtype=torch.float32)[..., 1:]  # rows of 68 bytes, base 4 bytes in
+    assert not descriptors_apply((wide,))
+    assert descriptors_apply((torch.randn(1, 2, 70, 16, dtype=torch.float16),))
+    with pytest.raises(ValueError, match="16 bytes"):
+        with forward_route("tma"):
+            flash_fwd(q, k, v)
+    o, _ = flash_fwd(q, k, v)
+    ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 20 ** 0.5, -1) @ v.double()
+    assert verify.relative_error(o, ref) < verify.BOUNDS[torch.float16]
+
+
+def test_descriptor_scratch_is_set_for_the_launch_only_and_never_over_the_callers_allocator():
+    from triton.runtime import _allocation
+
+    from attnbench.kernels.launch import descriptor_scratch
+
+    before = _allocation._allocator.get()
+    assert isinstance(before, _allocation.NullAllocator)
+    with descriptor_scratch(torch.device("cpu")):
+        inside = _allocation._allocator.get()
+        assert not isinstance(inside, _allocation.NullAllocator)
+        assert inside(256, 128, None).numel() == 256
+    assert _allocation._allocator.get() is before
+
+    def users(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8)
+
+    token = _allocation._allocator.set(users)
+    try:
+        with descriptor_scratch(torch.device("cpu")):
+            assert _allocation._allocator.get() is users
+    finally:
+        _allocation._allocator.reset(token)

@@ -65,6 +65,44 @@ def test_atomic_dq_route_matches_the_oracle_on_its_first_call_after_tuning(flash
     assert result.passed, [o for o in result.outputs if not o.passed]
 
 
+@pytest.mark.parametrize("case", gpu_cases(), ids=lambda c: c.label)
+def test_tma_route_matches_oracle_repeats_bitwise_and_agrees_with_the_tiles(flash, oracles, case):
+    """The query tiles through tensor descriptors (forward_route("tma"), Hopper): the forward and the
+    backward that reads its (O, LSE) against float64, bit-for-bit repeats, and the pointer tiles' answer
+    to the dtype's bound, at every GPU shape (odd lengths, GQA, D 80/96/160/192 in two column blocks)."""
+    from attnbench.kernels.flash_fwd import forward_route
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors (TMA) need compute capability 9.0")
+    x, oracle, lowp = oracles(case)
+    with forward_route("tma"):
+        for mode in ("fwd", "fwd_bwd"):
+            result = verify.check_variant(flash, "triton", case, mode, x, oracle, lowp)
+            assert result.passed, (mode, [o for o in result.outputs if not o.passed])
+        fn = flash.variants["triton"].prepare(case, x, "fwd")
+        assert verify.bitwise_equal_runs(fn, runs=3)
+        tma = fn()
+    with forward_route("tiles"):
+        tiles = flash.variants["triton"].prepare(case, x, "fwd")()
+    for name in ("o", "lse"):
+        assert verify.relative_error(tma[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
+
+
+def test_tma_route_refuses_strides_the_copy_engine_cannot_take():
+    """A row stride of 40 bytes (D 20 in fp16) cannot be a descriptor's: the forced route
+    says so before any kernel runs, and the default route takes the pointer tiles."""
+    from attnbench.attention import flash_fwd
+    from attnbench.kernels.flash_fwd import forward_route
+
+    q, k, v = (torch.randn(1, 2, 100, 20, device="cuda", dtype=torch.float16) for _ in range(3))
+    with pytest.raises(ValueError, match="16 bytes"):
+        with forward_route("tma"):
+            flash_fwd(q, k, v)
+    o, _ = flash_fwd(q, k, v)
+    ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 20 ** 0.5, -1) @ v.double()
+    assert verify.relative_error(o, ref) < verify.BOUNDS[torch.float16]
+
+
 def test_decode_route_is_bitwise_deterministic_and_agrees_with_the_tiles(flash):
     """The split-KV forward (several splits here, merged in a fixed order) repeats bit for bit and
     computes what FA2's query tiles compute, to the dtype's bound."""
