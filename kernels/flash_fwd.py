@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .flash_decode import decode_applies, flash_decode_launch
-from .key_block import attend_key_block, attend_key_block_tma, attend_scored_block, head_columns, key_block_scores
+from .key_block import attend_key_block, attend_key_block_tma, head_columns
 from .launch import descriptor_scratch, descriptors_apply
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
@@ -38,13 +38,13 @@ def _fwd_shared_bytes(config, element_size, block_d):
 
 _FWD_CONFIGS = config_list(
     [
-        cfg(4, 3, BLOCK_M=128, BLOCK_N=64, VARIANT=1),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=128, VARIANT=1),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64, VARIANT=1),
-        cfg(4, 4, BLOCK_M=64, BLOCK_N=64, VARIANT=1),
-        cfg(4, 2, BLOCK_M=64, BLOCK_N=32, VARIANT=1),
+        cfg(4, 3, BLOCK_M=128, BLOCK_N=64),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=128),
+        cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+        cfg(4, 4, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
     ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16, VARIANT=2),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
 )
 
 
@@ -91,8 +91,7 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                      N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                      BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     VARIANT: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -106,31 +105,14 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
-    # (study, to be removed) VARIANT 0: scale then max; 1: fused scale; 2: fused scale, next block's scores first
-    FUSED: tl.constexpr = VARIANT > 0
-    if VARIANT == 2:
-        # Q K^T of the next block is issued before this block's softmax, so that the tensor cores
-        # work while the exponentials run (FlashAttention-3's intra-warpgroup overlap); it costs one
-        # extra score block per tile (loaded masked: the next block may pass N_K).
-        s = key_block_scores(q, q2, K_head, stride_kn, 0, offs_d, offs_d2, N_K, HEAD_DIM, BLOCK_N, BLOCK_D2, True,
-                             ACC_DTYPE, DOT_PRECISION)
-        for n0 in range(0, full_hi, BLOCK_N):
-            s_next = key_block_scores(q, q2, K_head, stride_kn, n0 + BLOCK_N, offs_d, offs_d2, N_K, HEAD_DIM, BLOCK_N,
-                                      BLOCK_D2, True, ACC_DTYPE, DOT_PRECISION)
-            acc, acc2, l_i, m_i = attend_scored_block(acc, acc2, l_i, m_i, s, V_head, stride_vn, n0, offs_m, offs_d,
-                                                      offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N,
-                                                      BLOCK_D2, False, CAUSAL, ACC_DTYPE, DOT_PRECISION, FUSED)
-            s = s_next
-    else:
-        for n0 in range(0, full_hi, BLOCK_N):
-            acc, acc2, l_i, m_i = attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stride_vn,
-                                                   n0, offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset,
-                                                   qk_scale_log2, BLOCK_N, BLOCK_D2, False, CAUSAL, ACC_DTYPE,
-                                                   DOT_PRECISION, FUSED)
+    for n0 in range(0, full_hi, BLOCK_N):
+        acc, acc2, l_i, m_i = attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stride_vn, n0,
+                                               offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
+                                               BLOCK_N, BLOCK_D2, False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     for n0 in range(full_hi, hi, BLOCK_N):
         acc, acc2, l_i, m_i = attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stride_vn, n0,
                                                offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                                               BLOCK_N, BLOCK_D2, True, CAUSAL, ACC_DTYPE, DOT_PRECISION, FUSED)
+                                               BLOCK_N, BLOCK_D2, True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
     store_query_tile(O, LSE, b, h, stride_ob, stride_oh, stride_on, H_Q, offs_m, offs_d, offs_d2, N_Q, HEAD_DIM,
                      acc, acc2, l_i, m_i, causal_offset, BLOCK_D2, CAUSAL, ACC_DTYPE)
 

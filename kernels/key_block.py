@@ -27,14 +27,13 @@ def key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, MASKED: tl.constexpr):
 
 @triton.jit
 def key_weights(s, m_i, l_i, offs_n, offs_m, N_K, causal_offset, qk_scale_log2,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_SCALE: tl.constexpr = True):
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """The online softmax's update for one block of raw scores ``s`` [rows, keys]: (p, alpha, l, m)
-    with p = exp2(scaled s - m_new), alpha the rescale of what was accumulated before. MASKED
-    applies the key-length and causal masks (row i sees key j <= i + causal_offset).
-    FUSED_SCALE takes the row max of the raw scores and scales it (the scale is positive: spec.py),
-    so that each score costs one fused multiply-add before its exponential, not a multiply and an add."""
-    if not FUSED_SCALE:
-        s = s * qk_scale_log2
+    with p = exp2(scale * s - m_new) in log2 units, alpha the rescale of what was accumulated before.
+    MASKED applies the key-length and causal masks (row i sees key j <= i + causal_offset). The row
+    max is taken on the raw scores and scaled (the scale is positive: spec.check_scale), so each
+    score costs one fused multiply-add before its exponential instead of a multiply and an add
+    (1-3% of the forward at D 128 on an H200: results/gpu/nvidia-h200/flash-fwd-variants-*)."""
     if MASKED:
         keep = offs_n[None, :] < N_K
         if CAUSAL:
@@ -42,53 +41,11 @@ def key_weights(s, m_i, l_i, offs_n, offs_m, N_K, causal_offset, qk_scale_log2,
         s = tl.where(keep, s, float("-inf"))
     # m starts finite (see the callers), so a row whose keys are all masked so far keeps
     # alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN.
-    if FUSED_SCALE:
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
-        p = tl.math.exp2(s * qk_scale_log2 - m_new[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
+    p = tl.math.exp2(s * qk_scale_log2 - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, l_i, m_new
-
-
-@triton.jit
-def key_block_scores(q, q2, K_head, stride_kn, n0, offs_d, offs_d2, N_K, HEAD_DIM,
-                     BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr, MASKED: tl.constexpr,
-                     ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Raw scores Q K^T [rows, BLOCK_N] of keys [n0, n0 + BLOCK_N) over one or two column blocks;
-    MASKED loads keys past N_K as zeros (their scores are masked later, in key_weights)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, MASKED), other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    if BLOCK_D2 > 0:
-        k2 = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d2[None, :],
-                     mask=key_block_mask(offs_n, offs_d2, N_K, HEAD_DIM, MASKED), other=0.0)
-        s += tl.dot(q2, tl.trans(k2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    return s
-
-
-@triton.jit
-def attend_scored_block(acc, acc2, l_i, m_i, s, V_head, stride_vn, n0, offs_m, offs_d, offs_d2,
-                        N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                        BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr,
-                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, FUSED_SCALE: tl.constexpr = True):
-    """The rest of a key-block step once its raw scores ``s`` are known: the online softmax's
-    update and P V added into the accumulators."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    p, alpha, l_i, m_new = key_weights(s, m_i, l_i, offs_n, offs_m, N_K, causal_offset, qk_scale_log2, MASKED, CAUSAL,
-                                       FUSED_SCALE)
-    v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :],
-                mask=key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, MASKED), other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    if BLOCK_D2 > 0:
-        v2 = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d2[None, :],
-                     mask=key_block_mask(offs_n, offs_d2, N_K, HEAD_DIM, MASKED), other=0.0)
-        acc2 = acc2 * alpha[:, None] + tl.dot(p.to(v2.dtype), v2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    return acc, acc2, l_i, m_new
 
 
 @triton.jit
@@ -96,15 +53,25 @@ def attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stri
                      N_K, HEAD_DIM, causal_offset, qk_scale_log2,
                      BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr,
                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, FUSED_SCALE: tl.constexpr = True):
+                     DOT_PRECISION: tl.constexpr):
     """One step of the online softmax: rows ``offs_m`` (the query index each row is masked by)
     over keys [n0, n0 + BLOCK_N), loaded through pointers. MASKED applies the key-length and causal
     masks; unmasked blocks skip that arithmetic."""
-    s = key_block_scores(q, q2, K_head, stride_kn, n0, offs_d, offs_d2, N_K, HEAD_DIM, BLOCK_N, BLOCK_D2, MASKED,
-                         ACC_DTYPE, DOT_PRECISION)
-    return attend_scored_block(acc, acc2, l_i, m_i, s, V_head, stride_vn, n0, offs_m, offs_d, offs_d2, N_K, HEAD_DIM,
-                               causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D2, MASKED, CAUSAL, ACC_DTYPE,
-                               DOT_PRECISION, FUSED_SCALE)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    kv_mask = key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, MASKED)
+    k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:
+        kv_mask2 = key_block_mask(offs_n, offs_d2, N_K, HEAD_DIM, MASKED)
+        k2 = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        s += tl.dot(q2, tl.trans(k2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    p, alpha, l_i, m_new = key_weights(s, m_i, l_i, offs_n, offs_m, N_K, causal_offset, qk_scale_log2, MASKED, CAUSAL)
+    v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if BLOCK_D2 > 0:
+        v2 = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        acc2 = acc2 * alpha[:, None] + tl.dot(p.to(v2.dtype), v2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    return acc, acc2, l_i, m_new
 
 
 @triton.jit

@@ -7,8 +7,7 @@ For each case (the Hopper issue's anchors and large head dims): the forward by e
 shipped (autotuned; ``forward_route("tiles")`` and ``forward_route("tma")``), SDPA FLASH's and cuDNN's,
 in TF/s on the true head dim, and the TMA route's error against float64. With --configs also both
 kernels at every candidate configuration (the TMA kernel with and without a warp-specialized key
-loop, the pointer kernel with and without the next block's scores issued before this block's
-softmax), each output checked against the pointer route's; a configuration the compiler rejects reports
+loop), each output checked against the pointer route's; a configuration the compiler rejects reports
 why. Medians of CUDA-event samples, L2 flushed (kernels/gpu_time.py).
 """
 import argparse
@@ -33,20 +32,18 @@ CASES = [(4, 16, 16, 4096, 64, None), (4, 16, 16, 4096, 64, "top_left"), (2, 16,
          (2, 16, 16, 8192, 128, "top_left"), (8, 32, 32, 2048, 128, "top_left"), (4, 16, 16, 4096, 96, "top_left"),
          (2, 8, 8, 4096, 256, "top_left"), (2, 8, 8, 4096, 256, None)]
 
-# (num_warps, num_stages, BLOCK_M, BLOCK_N, flag) for --configs; the flag is the pointer kernel's
-# VARIANT (0: scale, then max; 1: max, then one fused multiply-add; 2: 1 with the next block's Q K^T issued
-# before this block's softmax) and the TMA kernel's WARP_SPECIALIZE
+# (num_warps, num_stages, BLOCK_M, BLOCK_N, warp-specialized key loop) for --configs (the pointer kernel: not)
 TILE_CONFIGS = [(4, 3, 128, 64), (8, 3, 128, 128), (8, 3, 128, 64), (4, 4, 64, 64), (8, 2, 128, 128),
                 (8, 4, 128, 64), (4, 3, 64, 128), (8, 2, 128, 64)]
-CANDIDATES = {"flash_fwd_kernel": [c + (flag,) for flag in (0, 1, 2) for c in TILE_CONFIGS],
-              "flash_fwd_tma_kernel": [(8, 3, 128, 128, False), (8, 3, 128, 128, True), (8, 3, 128, 64, True)]}
+CANDIDATES = {"flash_fwd_kernel": [c + (False,) for c in TILE_CONFIGS],
+              "flash_fwd_tma_kernel": [c + (ws,) for ws in (False, True) for c in TILE_CONFIGS]}
 
 
 def median_ms(fn):
     return gpu_time_quantiles(fn, (0.5,))[0]
 
 
-def config_run(kernel, case, x, warps, stages, block_m, block_n, flag):
+def config_run(kernel, case, x, warps, stages, block_m, block_n, warp_specialize):
     """A closure launching one forward kernel at one config; returns its (o, lse)."""
     q, k, v = x["q"], x["k"], x["v"]
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=lse_dtype(q.dtype))
@@ -58,7 +55,8 @@ def config_run(kernel, case, x, warps, stages, block_m, block_n, flag):
     kw = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=offset is not None, ACC_DTYPE=accumulator_dtype(q.dtype),
               DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
               num_stages=stages)
-    kw["WARP_SPECIALIZE" if kernel is flash_fwd_tma_kernel else "VARIANT"] = flag
+    if kernel is flash_fwd_tma_kernel:
+        kw["WARP_SPECIALIZE"] = warp_specialize
     grid = (cdiv(case.seqlen_q, block_m), case.heads_q, case.batch)
 
     def run():
@@ -108,7 +106,7 @@ def main():
                 reference = OP.variants["triton"].prepare(case, x, "fwd")()
             for kernel in (flash_fwd_kernel, flash_fwd_tma_kernel):
                 for w, s, bm, bn, ws in CANDIDATES[kernel.fn.__name__]:
-                    label = f"{kernel.fn.__name__:20s} warps {w} stages {s} BM {bm:3d} BN {bn:3d} flag {int(ws)}"
+                    label = f"{kernel.fn.__name__:20s} warps {w} stages {s} BM {bm:3d} BN {bn:3d} ws {int(ws)}"
                     row = {"kernel": kernel.fn.__name__, "config": [w, s, bm, bn, ws]}
                     try:
                         run = config_run(kernel, case, x, w, s, bm, bn, ws)
