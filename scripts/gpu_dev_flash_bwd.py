@@ -11,6 +11,7 @@ the true head dim D, so a power-of-two padding shows as lost TF/s. A configurati
 cannot fit reports the reason. Medians of CUDA-event samples, L2 flushed (kernels/gpu_time.py).
 """
 import argparse
+import functools
 import json
 
 import torch
@@ -19,7 +20,7 @@ import attnbench
 from attnbench import verify
 from attnbench.kernels.flash_bwd import DQ_ROUTES, dq_route, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from attnbench.kernels.flash_fwd import flash_fwd_launch
-from attnbench.kernels.gpu_time import gpu_time_quantiles
+from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.kernels.precision import accumulator_dtype, dot_precision, split_scale
 from attnbench.kernels.row_dot import row_dot_launch
 from attnbench.kernels.tuning import cdiv, head_dim_blocks, seq_bucket
@@ -42,8 +43,8 @@ CANDIDATES = [(4, 3, 32, 128), (8, 2, 64, 128), (4, 3, 64, 64), (4, 2, 32, 64), 
               (8, 3, 64, 64), (8, 2, 128, 16), (4, 2, 64, 16)]
 
 
-def median_ms(fn):
-    return gpu_time_quantiles(fn, (0.5,))[0]
+# the median of CUDA-event samples over the autotuner's own window (10 ms warm-up, 40 ms of samples)
+median_ms = functools.partial(gpu_time_median_ms, warmup_ms=10.0, rep_ms=40.0)
 
 
 def kernel_runs(case, x):

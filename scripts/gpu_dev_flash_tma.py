@@ -11,6 +11,7 @@ loop), each output checked against the pointer route's; a configuration the comp
 why. Medians of CUDA-event samples, L2 flushed (kernels/gpu_time.py).
 """
 import argparse
+import functools
 import json
 
 import torch
@@ -18,7 +19,7 @@ import torch
 import attnbench
 from attnbench import verify
 from attnbench.kernels.flash_fwd import flash_fwd_kernel, flash_fwd_tma_kernel, forward_route
-from attnbench.kernels.gpu_time import gpu_time_quantiles
+from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.kernels.launch import descriptor_scratch
 from attnbench.kernels.precision import accumulator_dtype, dot_precision, lse_dtype, split_scale
 from attnbench.kernels.tuning import cdiv, head_dim_blocks, seq_bucket
@@ -39,8 +40,8 @@ CANDIDATES = {"flash_fwd_kernel": [c + (False,) for c in TILE_CONFIGS],
               "flash_fwd_tma_kernel": [c + (ws,) for ws in (False, True) for c in TILE_CONFIGS]}
 
 
-def median_ms(fn):
-    return gpu_time_quantiles(fn, (0.5,))[0]
+# the median of CUDA-event samples over the autotuner's own window (10 ms warm-up, 40 ms of samples)
+median_ms = functools.partial(gpu_time_median_ms, warmup_ms=10.0, rep_ms=40.0)
 
 
 def config_run(kernel, case, x, warps, stages, block_m, block_n, warp_specialize):
