@@ -4,7 +4,7 @@ In vecsca, z[n, o, c] = sum_t s[t] x[n, i1[t], c] y[n, i2[t]], the sum over i2 d
 Grouping the terms by (o, i1) first,
 
     M[n, o, i1] = sum_{t: (o, i1)} s[t] y[n, i2[t]]        (once per sample: no channel)
-    z[n]        = M[n] @ x[n]                              (a batched matrix product: tensor cores, cuBLAS)
+    z[n]        = M[n] @ x[n]                              (a batched matrix product: small_matmul.py)
 
 does the i2 sum once per sample instead of once per channel: at L 6 (Clebsch-Gordan terms of 0..6 x 0..6 -> 0..6)
 the per-channel work falls from 11896 multiply-adds to 49 x 49 = 2401, on matrix units instead of one gathered
@@ -14,12 +14,12 @@ the same per-sample gather: z[n, o] = sum_t s[t] G[n, i1[t], i2[t]]. The three a
 (vecsca's gx is a scavec, its gy an inner), so forward, backward and double backward all take this route.
 
 ``gather_rows_kernel`` does the per-sample sums (a CSR matrix applied to every sample's row of scalars, the
-info's ``dense_rows`` tables, fixed order: deterministic). The matrix products run in fp32 for fp32 inputs (never
-TF32), fp64 for fp64, and for 16-bit inputs on the tensor cores with fp32 accumulation and output, M split into
-two half-precision parts (hi + lo) so that it is not rounded to 16 bits (``_matmul``).
+info's ``dense_rows`` tables, fixed order: deterministic). The matrix products (``small_matmul``: one launch, each
+sample's product in registers) run in fp32 for fp32 inputs (never TF32), fp64 for fp64, and for 16-bit inputs on
+the tensor cores with fp32 accumulation, M kept in fp32 and split into two half-precision parts (hi + lo) so that
+it is not rounded to 16 bits. The fp32 and fp64 Gram matrices (a deep channel inner dim) go to cuBLAS instead
+(``_gram``: measured faster there).
 """
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
@@ -27,6 +27,7 @@ import triton.language as tl
 from .launch import on_device
 from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype
+from .small_matmul import small_matmul
 from .tuning import autotune, cdiv, cfg, config_list
 
 __all__ = ["DENSE_OPS", "dense_product_launch", "gather_rows_launch", "gather_rows_kernel"]
@@ -84,49 +85,20 @@ def gather_rows_launch(values, table, out_dtype):
     return out
 
 
-def _matmul(a, b, dtype):
-    """a @ b (batched, broadcasting) in ``dtype``'s accuracy, never TF32. For 16-bit inputs: fp32 accumulation and
-    output (no reduced-precision reductions), and an fp32 ``a`` (a per-sample M) split into two half-precision
-    parts, a = hi + lo with lo = a - hi rounded, so that M is not rounded to 16 bits: two products, hi @ b + lo @ b,
-    exact to ~2**-16 of |M| against the output's own rounding of 2**-9 (bf16)."""
-    if dtype in (torch.float16, torch.bfloat16):
-        if not a.is_cuda:  # no half-precision bmm with fp32 out on the CPU (the interpreter's bf16 is fp32 anyway)
-            return torch.matmul(a.float(), b.float())
-        parts = [a.to(dtype)]
-        if a.dtype != dtype:
-            parts.append((a - parts[0].float()).to(dtype))
-        squeeze = a.dim() == 2 and b.dim() == 2
-        with _full_precision():
-            out = torch.bmm(*_batched(parts[0], b.to(dtype)), out_dtype=torch.float32)
-            if len(parts) > 1:
-                out += torch.bmm(*_batched(parts[1], b.to(dtype)), out_dtype=torch.float32)
-        return out[0] if squeeze else out
-    with _full_precision():
-        return torch.matmul(a.to(dtype), b.to(dtype))
-
-
-@contextlib.contextmanager
-def _full_precision():
-    """Full-precision products whatever the process set: no TF32 for fp32 (torch.set_float32_matmul_precision),
-    no reduced-precision reductions for fp16/bf16."""
+def _gram(x, y_t, acc):
+    """x @ y_t, the inner product's Gram matrices: a few rows, a deep (channel) inner dim. 16-bit inputs on
+    small_matmul (tensor cores: 76-99% of the copy bandwidth on the H100, cuBLAS 50-86%); fp32 and fp64 on cuBLAS,
+    TF32 off whatever the process set: small_matmul's FMA dot holds each thread's rows over the whole inner step
+    and ran these at 24-54% against cuBLAS's 49-84% (results/gpu/nvidia-h100/small-matmul-configs-*.md)."""
+    if acc != x.dtype:
+        return small_matmul(x, y_t, acc)
     matmul = torch.backends.cuda.matmul
-    names = ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction")
-    before = [getattr(matmul, name) for name in names]
+    before = matmul.allow_tf32
     try:
-        for name in names:
-            setattr(matmul, name, False)
-        yield
+        matmul.allow_tf32 = False
+        return torch.matmul(x, y_t)
     finally:
-        for name, value in zip(names, before):
-            setattr(matmul, name, value)
-
-
-def _batched(a, b):
-    """3-D operands of one batch size for torch.bmm (a shared operand is expanded, not copied)."""
-    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
-    a = a.expand(batch, *a.shape[-2:]) if a.dim() == 2 or a.shape[0] != batch else a
-    b = b.expand(batch, *b.shape[-2:]) if b.dim() == 2 or b.shape[0] != batch else b
-    return a, b
+        matmul.allow_tf32 = before
 
 
 def _rows(t, shared):
@@ -141,7 +113,7 @@ def dense_product_launch(op, x, y, table, out_size, x_shared, y_shared):
     acc = accumulator_torch_dtype(dtype)
     with on_device(x):
         if op == "inner":  # G[n] = x[n] @ y[n]^T, then z[n, o] = sum s G[n, i1, i2]
-            gram = _matmul(x, y.transpose(-1, -2), dtype)
+            gram = _gram(x, y.transpose(-1, -2), acc)
             lead = gram.shape[:-2]
             flat = gram.reshape(-1, gram.shape[-2] * gram.shape[-1])
             z = gather_rows_launch(flat, table, dtype)
@@ -154,5 +126,4 @@ def dense_product_launch(op, x, y, table, out_size, x_shared, y_shared):
         m = m.view(m.shape[0], out_size, vectors.shape[-2])
         if scalars_shared:
             m = m[0]
-        z = _matmul(m, vectors, dtype)
-        return z.to(dtype)
+        return small_matmul(m, vectors, dtype)

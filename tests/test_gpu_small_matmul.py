@@ -1,0 +1,78 @@
+"""GPU gate for ``kernels.small_matmul``: every launch config against float64, in every dtype pairing.
+
+The correctness gate runs with ATTNBENCH_AUTOTUNE=0 (one config per key), but the autotuner may pick any config
+on a user's shapes, so each config is forced in turn here: the dense route's shapes (49 x 49 at L 6 times 128
+channels; the Gram matrix's 128-deep inner dim), a ragged one (70 x 33 x 18: two row tiles, partial inner and
+column tiles) and shared operands, with a batch that leaves the last program a sample past the end.
+
+Bounds are a priori (Higham, ch. 3), elementwise against A = |a| @ |b| in float64: an fp32 accumulation of K
+products adds at most gamma_{K+1}(2**-24) A; an fp32 ``a`` split into bf16 hi + lo misses at most 2**-16 |a|;
+a 16-bit output rounds once more (u_out |exact|). fp64 operands: gamma_{K+1}(2**-53) A.
+"""
+import pytest
+import torch
+
+from attnbench.kernels import outputs as kernel_outputs
+from attnbench.kernels import small_matmul as module
+
+pytestmark = pytest.mark.gpu
+
+# (a dtype, b dtype, out dtype): fp32 on the FMA units, M in fp32 against 16-bit vectors (hi + lo), the Gram
+# matrix of 16-bit inputs (fp32 out), fp64 (the gradcheck path)
+PAIRINGS = [(torch.float32, torch.float32, torch.float32), (torch.float32, torch.bfloat16, torch.bfloat16),
+            (torch.float32, torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16, torch.float32),
+            (torch.float64, torch.float64, torch.float64)]
+SHAPES = [(49, 49, 128), (49, 128, 49), (70, 33, 18), (16, 16, 32)]  # (P, K, Q)
+BATCH = 37
+
+
+def _gamma(m, u):
+    return m * u / (1 - m * u)
+
+
+def _bound(a64, b64, exact, a_dtype, b_dtype, out_dtype):
+    k = a64.shape[-1]
+    fp64 = b_dtype == torch.float64
+    factor = _gamma(k + 1, 2.0 ** -53 if fp64 else 2.0 ** -24)
+    if a_dtype != b_dtype:
+        factor += 2.0 ** -16
+    out = 0.0 if out_dtype in (torch.float32, torch.float64) else torch.finfo(out_dtype).eps / 2
+    return factor * (a64.abs() @ b64.abs()) + out * exact.abs() + 1e-300
+
+
+@pytest.fixture
+def one_config(monkeypatch):
+    """Force a single launch config (and poison outputs: an element the kernel misses is NaN)."""
+    kernel = module.small_matmul_kernel
+    monkeypatch.setattr(kernel_outputs, "_poisoning", lambda: True)
+    monkeypatch.setenv("ATTNBENCH_AUTOTUNE", "0")
+
+    def force(config):
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+
+    return force
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pairing", PAIRINGS, ids=lambda p: "-".join(str(d).split(".")[1] for d in p))
+def test_every_config_matches_float64(pairing, one_config):
+    a_dtype, b_dtype, out_dtype = pairing
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    failures = []
+    for index, config in enumerate(module._CONFIGS):
+        one_config(config)
+        for p, k, q in SHAPES:
+            for shared in ("none", "a", "b"):
+                a_shape = (p, k) if shared == "a" else (BATCH, p, k)
+                b_shape = (k, q) if shared == "b" else (BATCH, k, q)
+                a = torch.randn(a_shape, device="cuda", generator=generator).to(a_dtype)
+                b = torch.randn(b_shape, device="cuda", generator=generator).to(b_dtype)
+                out = module.small_matmul(a, b, out_dtype)
+                a64, b64 = a.double(), b.double()
+                exact = a64 @ b64
+                excess = ((out.double() - exact).abs() / _bound(a64, b64, exact, a_dtype, b_dtype, out_dtype)).max()
+                if not bool(excess <= 1):  # NaN (an unwritten element) fails too
+                    failures.append(f"config {index} {config}, shape {(p, k, q)}, shared {shared}: "
+                                    f"{float(excess):.3g} of the bound")
+    assert not failures, "\n".join(failures)

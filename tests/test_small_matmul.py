@@ -1,0 +1,69 @@
+"""``kernels.small_matmul`` (the dense route's per-sample products) on the Triton interpreter, against float64.
+
+The interpreter's tiles are 16 x 16 with an inner step of 16 and two samples a program, so the shapes below
+span several row, column and inner tiles, ragged edges in each, and a batch that leaves the last program with a
+sample past the end. Every output element starts as NaN (poisoned outputs): one the kernel misses fails.
+"""
+import pytest
+import torch
+
+from attnbench.kernels.outputs import poisoned_outputs
+from attnbench.kernels.small_matmul import small_matmul
+
+pytestmark = pytest.mark.interpreter
+
+
+def _operand(shape, generator, transpose=False):
+    """A float64 operand, optionally laid out column-major (a transposed view: non-unit inner strides)."""
+    if transpose:
+        flipped = (*shape[:-2], shape[-1], shape[-2])
+        return torch.randn(flipped, generator=generator, dtype=torch.float64).transpose(-1, -2)
+    return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+
+def _bound(a, b, dtype):
+    """Elementwise rounding bound of a length-K dot in ``dtype`` (fp64 here: K u |a| |b|, plus one output rounding)."""
+    unit = torch.finfo(dtype).eps / 2
+    k = a.shape[-1]
+    return (k + 1) * unit * (a.abs() @ b.abs()) + 1e-300
+
+
+@pytest.mark.parametrize("batch_a, batch_b", [(5, 5), (None, 5), (5, None), (None, None), (1, 5), (5, 1)])
+@pytest.mark.parametrize("p, k, q", [(3, 5, 7), (17, 33, 18), (70, 20, 40)])
+def test_matches_float64_for_every_sharing_and_shape(batch_a, batch_b, p, k, q):
+    generator = torch.Generator().manual_seed(p * 1000 + k)
+    a = _operand(((batch_a,) if batch_a else ()) + (p, k), generator, transpose=p % 2 == 1)
+    b = _operand(((batch_b,) if batch_b else ()) + (k, q), generator, transpose=True)
+    with poisoned_outputs():
+        out = small_matmul(a, b, torch.float64)
+    expected = torch.matmul(a, b)
+    assert out.shape == expected.shape
+    assert bool(((out - expected).abs() <= _bound(a, b, torch.float64)).all())
+
+
+def test_fp32_operands_accumulate_in_fp32_without_tf32():
+    """fp32 in, fp32 out, within the fp32 bound of a length-K sum (TF32 would miss it by ~1000x)."""
+    generator = torch.Generator().manual_seed(3)
+    a, b = _operand((4, 20, 49), generator), _operand((4, 49, 33), generator)
+    out = small_matmul(a.float(), b.float(), torch.float32)
+    exact = a.float().double() @ b.float().double()
+    assert out.dtype == torch.float32
+    assert bool(((out.double() - exact).abs() <= _bound(a, b, torch.float32)).all())
+
+
+def test_empty_and_degenerate_shapes():
+    a = torch.randn(3, 4, 0, dtype=torch.float64)
+    b = torch.randn(3, 0, 5, dtype=torch.float64)
+    with poisoned_outputs():
+        assert torch.equal(small_matmul(a, b, torch.float64), torch.zeros(3, 4, 5, dtype=torch.float64))
+        assert small_matmul(torch.randn(0, 4, 2, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64),
+                            torch.float64).shape == (0, 4, 5)
+
+
+def test_refuses_operands_that_do_not_pair():
+    with pytest.raises(ValueError, match="do not multiply"):
+        small_matmul(torch.randn(3, 4, 5), torch.randn(3, 6, 2), torch.float32)
+    with pytest.raises(ValueError, match="do not multiply"):
+        small_matmul(torch.randn(3, 4, 5), torch.randn(2, 5, 2), torch.float32)
+    with pytest.raises(ValueError, match="do not pair"):
+        small_matmul(torch.randn(3, 4, 5, dtype=torch.float64), torch.randn(3, 5, 2), torch.float32)
