@@ -3,6 +3,7 @@
 
     python3 scripts/gpu_dev_sparse_kernels.py --baseline FILE [--json OUT.json] [--quick]
     python3 scripts/gpu_dev_sparse_kernels.py --dense-route [--json OUT.json] [--quick]
+    python3 scripts/gpu_dev_sparse_kernels.py --dense-baseline FILE [--json OUT.json] [--quick] [--no-peers]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
@@ -11,7 +12,9 @@ tensor product joins on the vecsca cases where it is installed. ``--dense-route`
 route of vecsca, scavec and inner (``new``) with the segment kernel on the same tree (``old``: the route off),
 over the vecsca anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5), forward, backward and double backward (the
 family is closed, so the derivatives take the route as well); old and the peers on N 1e4 only (the segment
-kernel's double backward at L 6 N 1e5 runs for seconds). Each row gives the medians (CUDA events, L2
+kernel's double backward at L 6 N 1e5 runs for seconds). ``--dense-baseline FILE`` compares the dense route on
+this tree (``new``) with the same route on an earlier ``kernels/sparse_dense.py`` (``old``), at every size of
+those anchors (``--no-peers``: split and e3nn left out). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
 measured copy bandwidth, and the new result's error against the old one (the same sums in the same order, so
 they should agree to rounding).
@@ -34,8 +37,8 @@ from attnbench.timing import measure
 OP = attnbench.get("sparse")
 
 
-def load_baseline(path):
-    spec = importlib.util.spec_from_file_location("attnbench.kernels._baseline_sparse_segment", path)
+def load_baseline(path, name="sparse_segment"):
+    spec = importlib.util.spec_from_file_location(f"attnbench.kernels._baseline_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -65,11 +68,13 @@ def dense_route_cases(quick):
 
 
 def timed(case, x, mode, variant, launchers=None):
-    """Median ms and outputs of a variant; ``launchers``: FILE's launchers swapped in, or "segment" for the
-    dense route turned off."""
-    saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch)
+    """Median ms and outputs of a variant; ``launchers``: FILE's segment launchers swapped in, an earlier dense
+    route's launcher (a function), or "segment" for the dense route turned off."""
+    saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch)
     route = triton_ops.dense_route(False) if launchers == "segment" else contextlib.nullcontext()
-    if launchers and launchers != "segment":
+    if callable(launchers):
+        triton_ops.dense_product_launch = launchers
+    elif launchers and launchers != "segment":
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
         with route:
@@ -78,7 +83,7 @@ def timed(case, x, mode, variant, launchers=None):
             timing = measure(fn, "cuda")
             return timing.median_ms, outputs
     finally:
-        triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = saved
+        triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch = saved
         torch.cuda.empty_cache()
 
 
@@ -86,14 +91,19 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--baseline")
     parser.add_argument("--dense-route", action="store_true")
+    parser.add_argument("--dense-baseline")
+    parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--modes", default="fwd,bwd,double_bwd")
     args = parser.parse_args()
-    if args.dense_route == bool(args.baseline):
-        parser.error("give one of --baseline FILE and --dense-route")
+    if args.dense_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
+        parser.error("give one of --baseline FILE, --dense-route and --dense-baseline FILE")
     if args.dense_route:
         old_launchers, case_list = "segment", dense_route_cases(args.quick)
+    elif args.dense_baseline:
+        old_launchers = load_baseline(args.dense_baseline, "sparse_dense").dense_product_launch
+        case_list = dense_route_cases(args.quick)
     else:
         old = load_baseline(args.baseline)
         old_launchers, case_list = (old.sparse_product_launch, old.sparse_scale_launch), cases(args.quick)
@@ -107,7 +117,8 @@ def main():
     for case in case_list:
         x = OP.make_inputs(case, "cuda", 0)
         oracle = None
-        if args.dense_route and case.batch <= 10_000:  # the float64 einsum reference, every mode's outputs
+        # the float64 einsum reference, every mode's outputs
+        if (args.dense_route or args.dense_baseline) and case.batch <= 10_000:
             try:
                 oracle = OP.oracle(case, x)
             except torch.OutOfMemoryError:
@@ -119,12 +130,12 @@ def main():
                 if oracle:
                     row["error"] = max(verify.relative_error(new_out[k], oracle[k]) for k in new_out)
                 others = not args.dense_route or case.batch <= 10_000
-                if others:
+                if others or args.dense_baseline:
                     row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
                     row["error_vs_old"] = max(verify.relative_error(new_out[k], old_out[k]) for k in new_out)
                     del old_out
                 del new_out
-                for peer in ("split", "e3nn") if others else ():
+                for peer in ("split", "e3nn") if others and not args.no_peers else ():
                     if peer in OP.variants and OP.variants[peer].unavailable_reason(torch.device("cuda")) is None:
                         try:
                             row[f"{peer}_ms"], _ = timed(case, x, mode, peer)
