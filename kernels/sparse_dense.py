@@ -13,8 +13,12 @@ and inner, z[n, o] = sum_t s[t] <x[n, i1[t]], y[n, i2[t]]>, is the Gram matrix G
 the same per-sample gather: z[n, o] = sum_t s[t] G[n, i1[t], i2[t]]. The three are closed under differentiation
 (vecsca's gx is a scavec, its gy an inner), so forward, backward and double backward all take this route.
 
-``gather_rows_kernel`` does the per-sample sums (a CSR matrix applied to every sample's row of scalars, the
-info's ``dense_rows`` tables, fixed order: deterministic). The matrix products (``small_matmul``: one launch, each
+The per-sample sums (a sparse matrix applied to every sample's row of scalars, the info's ``dense_rows`` tables)
+are one GEMM on the table's dense matrix form where it has one (cuBLAS, TF32 off: the Clebsch-Gordan tables hold
+~10 entries a term, and the GEMM's zeros add nothing), else ``gather_rows_kernel`` (CSR, every row looped to the
+longest one's length, a gathered load a term, fixed order: deterministic). At L 6 the kernel took ~1.9 ms of the
+3.5 ms bf16 forward at N 1e5 on the H100, the GEMM route's forward 3.0 ms and backward 2x faster (results/gpu/
+nvidia-h100/sparse-gather-gemm-*). The matrix products (``small_matmul``: one launch, each
 sample's product in registers) run in fp32 for fp32 inputs (never TF32), fp64 for fp64, and for 16-bit inputs on
 the tensor cores with fp32 accumulation, M kept in fp32 and split into two half-precision parts (hi + lo) so that
 it is not rounded to 16 bits. The fp32 and fp64 Gram matrices (a deep channel inner dim) go to cuBLAS instead
@@ -71,7 +75,12 @@ def gather_rows_kernel(IN, OUT, BOUNDS, INDEX, SCALE, N, ROWS, MAX_LEN, s_in_n, 
 
 
 def gather_rows_launch(values, table, out_dtype):
-    """[B, M] -> [B, table.rows]: every row of ``values`` through the table's sparse matrix (B may be 1)."""
+    """[B, M] -> [B, table.rows]: every row of ``values`` through the table's sparse matrix (B may be 1): one GEMM
+    on its matrix form where the table has one (``table.matrix``, [M, rows]), else the CSR gather kernel."""
+    matrix = getattr(table, "matrix", None)
+    if matrix is not None:
+        acc = accumulator_torch_dtype(values.dtype)
+        return full_precision_matmul(values.to(acc), matrix.to(acc)).to(out_dtype)
     batch = values.shape[0]
     out = new_output((batch, table.rows), out_dtype, values.device)
     if out.numel() == 0:
@@ -85,20 +94,23 @@ def gather_rows_launch(values, table, out_dtype):
     return out
 
 
-def _gram(x, y_t, acc):
-    """x @ y_t, the inner product's Gram matrices: a few rows, a deep (channel) inner dim. 16-bit inputs on
-    small_matmul (tensor cores: 76-99% of the copy bandwidth on the H100, cuBLAS 50-86%); fp32 and fp64 on cuBLAS,
-    TF32 off whatever the process set: small_matmul's FMA dot holds each thread's rows over the whole inner step
-    and ran these at 24-54% against cuBLAS's 49-84% (results/gpu/nvidia-h100/small-matmul-configs-*.md)."""
-    if acc != x.dtype:
-        return small_matmul(x, y_t, acc)
+def full_precision_matmul(a, b):
+    """torch.matmul with TF32 off whatever the process set (fp32 stays fp32; fp64 and 16-bit are unaffected)."""
     matmul = torch.backends.cuda.matmul
     before = matmul.allow_tf32
     try:
         matmul.allow_tf32 = False
-        return torch.matmul(x, y_t)
+        return torch.matmul(a, b)
     finally:
         matmul.allow_tf32 = before
+
+
+def _gram(x, y_t, acc):
+    """x @ y_t, the inner product's Gram matrices: a few rows, a deep (channel) inner dim. 16-bit inputs on
+    small_matmul (tensor cores: 76-99% of the copy bandwidth on the H100, cuBLAS 50-86%); fp32 and fp64 on cuBLAS
+    (TF32 off): small_matmul's FMA dot holds each thread's rows over the whole inner step and ran these at 24-54%
+    against cuBLAS's 49-84% (results/gpu/nvidia-h100/small-matmul-configs-*.md)."""
+    return small_matmul(x, y_t, acc) if acc != x.dtype else full_precision_matmul(x, y_t)
 
 
 def _rows(t, shared):

@@ -1,7 +1,9 @@
 """The dense route of vecsca, scavec and inner (kernels/sparse_dense.py) on the interpreter: its tables
 (``SparseProductInfo.dense_rows``) against a loop over the terms, its values and derivatives against the float64
 reference and the segment kernel it replaces, the cases that keep the segment kernel, and that the route is taken
-where it should be (a counting spy on its gather kernel). Tiny sizes: interpreter launches cost ~0.1 s.
+where it should be (a counting spy on its gather launcher). The per-sample sums run both ways: as a GEMM on the
+tables' matrix form (the default where a table has one) and on the CSR gather kernel. Tiny sizes: interpreter
+launches cost ~0.1 s.
 """
 import dataclasses
 
@@ -11,8 +13,8 @@ import torch
 from attnbench.kernels import sparse_dense
 from attnbench.sparse import (CHANNEL_RANKS, product_infos, random_product_infos, sparse_product,
                               sparse_product_reference, use_implementation)
-from attnbench.sparse.info import DENSE_GRID_PER_TERM, product_terms
-from attnbench.sparse.triton_ops import dense_route
+from attnbench.sparse.info import DENSE_GRID_PER_TERM, GATHER_MATRIX_PER_TERM, product_terms
+from attnbench.sparse.triton_ops import dense_route, gather_by_matmul
 
 pytestmark = pytest.mark.interpreter
 
@@ -50,6 +52,13 @@ def inputs(op, shared_x, shared_y, info, batch=3, channels=3, dtype=torch.float6
     return tensor(shared_x, info.size1, rank_x), tensor(shared_y, info.size2, rank_y)
 
 
+@pytest.fixture(params=[True, False], ids=["gemm", "gather_kernel"])
+def gather_route(request):
+    """The per-sample sums as a GEMM on the tables' matrix form, or on the CSR gather kernel."""
+    with gather_by_matmul(request.param):
+        yield request.param
+
+
 def _triton(op, x, y, infos, out_accumulated=False):
     with use_implementation("triton"):
         return sparse_product(op, x, y, infos, out_accumulated)
@@ -73,13 +82,17 @@ def test_tables_regroup_every_term(infos):
                 for k in range(int(table.bounds[0, r]), int(table.bounds[1, r])):
                     got[r, table.index[k]] += table.scale[k]
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-15, msg=name)
+            # the matrix form: the same sparse matrix, transposed, its repeated terms summed in float64
+            assert table.matrix is not None and table.matrix.dtype == torch.float64, name
+            torch.testing.assert_close(table.matrix.T, expected, rtol=0, atol=1e-15, msg=name)
+            assert torch.equal(table.matrix32, table.matrix.float()), name
             assert table.rows == num_rows and table.max_len == int(lengths.max())
             assert int(lengths.sum()) == out.numel() and bool((lengths == 0).any()), name  # empty rows present
 
 
 @pytest.mark.parametrize("sharing", list(SHARING))
 @pytest.mark.parametrize("op", OPS)
-def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers):
+def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers, gather_route):
     x, y = inputs(op, *SHARING[sharing], infos[0])
     z = _triton(op, x, y, infos)
     assert gathers, "the dense route did not run"
@@ -93,7 +106,7 @@ def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("op", OPS)
-def test_low_precision(infos, op, dtype):
+def test_low_precision(infos, op, dtype, gather_route):
     """Error bound, not a measured tolerance: the output rounds once to ``dtype`` (eps/2 of sum|terms|) after fp32
     sums of at most ``chain`` terms (a row of the table, then the matrix product's contraction), each adding at
     most eps32 of sum|terms|. bf16 runs as an fp32 upcast on the interpreter; the GPU tests check M's rounding."""
@@ -111,7 +124,7 @@ def test_low_precision(infos, op, dtype):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_gradcheck_and_gradgradcheck(op, gathers):
+def test_gradcheck_and_gradgradcheck(op, gathers, gather_route):
     """First and second derivatives through the dense route: the family is closed (vecsca's gx is a scavec, its
     gy an inner), so every derivative takes the route too."""
     infos = random_product_infos(3, 3, 3, 24, torch.Generator().manual_seed(3))
@@ -167,7 +180,22 @@ def test_sparse_grid_has_no_table_and_keeps_the_segment_kernel(gathers):
     torch.testing.assert_close(z, sparse_product_reference("vecsca", x, y, infos[0]), rtol=1e-12, atol=1e-12)
 
 
-def test_deterministic(infos):
+def test_deterministic(infos, gather_route):
     for op in OPS:
         x, y = inputs(op, False, False, infos[0], seed=5)
         assert torch.equal(_triton(op, x, y, infos), _triton(op, x, y, infos)), op
+
+
+def test_thin_table_has_no_matrix_form(gathers):
+    """A table whose dense matrix would hold more than GATHER_MATRIX_PER_TERM entries a term (and more than the
+    small-grid allowance) keeps only its CSR form: the gather kernel serves it."""
+    size = 20
+    i = torch.arange(20)
+    infos = product_infos(i % 4, i % 19, i % 5, None, 4, size, 5)  # pairs1: 19 gathered x 20 rows on 20 terms
+    table = infos[0].dense_rows["pairs1"]
+    assert size * table.rows > GATHER_MATRIX_PER_TERM * 20 and table.matrix is None and table.matrix32 is None
+    x, y = inputs("vecsca", False, False, infos[0], batch=2, channels=2)
+    torch.testing.assert_close(_triton("vecsca", x, y, infos), sparse_product_reference("vecsca", x, y, infos[0]),
+                               rtol=1e-12, atol=1e-12)
+    assert gathers, "the dense route did not run"
+

@@ -148,7 +148,10 @@ class GatherRows:
     with every row present (bounds [2, rows], (k, k) for an empty row), applied to one value per (n, index)
     (``kernels.sparse_dense.gather_rows_launch``). ``max_len`` is the longest row (the kernel's loop bound);
     ``dense_entries`` the entries of the per-sample dense matrix of the route that reads the table (its terms per
-    entry decide whether the route pays: ``triton_ops.MIN_DENSITY``)."""
+    entry decide whether the route pays: ``triton_ops.MIN_DENSITY``). ``matrix``, where the table is dense enough
+    (``GATHER_MATRIX_PER_TERM``), is the same sparse matrix stored dense and transposed, [gathered size, rows] in
+    float64 (repeated terms summed once, exactly rounded), so that out = in @ matrix is one GEMM, and
+    ``matrix32`` the same rounded to fp32 (for fp32 and 16-bit inputs: no cast a call); else both None."""
 
     bounds: Tensor
     index: Tensor
@@ -156,23 +159,35 @@ class GatherRows:
     rows: int
     max_len: int
     dense_entries: int
+    matrix: Optional[Tensor] = None
+    matrix32: Optional[Tensor] = None
 
 
 # The dense route builds a per-sample matrix of rows x (one sparse size) entries; only where that grid is at most
 # this many times the term count (CG structures: 2401 entries against 11896 terms at L 6) or this small.
 DENSE_GRID_PER_TERM = 4
 DENSE_GRID_SMALL = 256
+# A table is also stored as a dense [gathered size, rows] matrix where that has at most this many entries a term
+# (Clebsch-Gordan pairs tables at L 6: 9.9; their gram table: the same) or at most DENSE_GRID_SMALL entries.
+GATHER_MATRIX_PER_TERM = 16
 
 
-def _gather_rows(key, index, scale, rows, dense_entries):
+def _gather_rows(key, index, scale, rows, dense_entries, gathered_size):
     """GatherRows of the terms (key, index, scale) grouped by key in [0, rows), stably (the caller's order within
-    a row: a fixed summation order)."""
+    a row: a fixed summation order); ``gathered_size`` bounds ``index`` (the matrix form's rows)."""
     order = torch.argsort(key, stable=True)
     counts = torch.bincount(key, minlength=rows)
     ends = counts.cumsum(0)
     bounds = torch.stack([ends - counts, ends])
     max_len = int(counts.max()) if rows else 0
-    return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len, dense_entries)
+    matrix = matrix32 = None
+    if gathered_size * rows <= max(GATHER_MATRIX_PER_TERM * key.numel(), DENSE_GRID_SMALL):
+        # summed in float64 on the CPU: a fixed order for repeated (row, index) terms
+        matrix = torch.zeros(gathered_size, rows, dtype=torch.float64)
+        matrix.index_put_((index.cpu(), key.cpu()), scale.cpu().double(), accumulate=True)
+        matrix, matrix32 = matrix.to(scale.device), matrix.float().to(scale.device)
+    return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len, dense_entries,
+                      matrix, matrix32)
 
 
 def _dense_rows(info):
@@ -186,12 +201,16 @@ def _dense_rows(info):
     i1, i2, out, scale = product_terms(info)
     positions = out.numel()
     budget = max(DENSE_GRID_PER_TERM * positions, DENSE_GRID_SMALL)
-    # (name, row key, gathered index, rows, entries of the dense matrix: M's rows for the pairs, G's for gram)
-    layouts = [("pairs1", out * info.size1 + i1, i2, info.out_size * info.size1, info.out_size * info.size1),
-               ("pairs2", out * info.size2 + i2, i1, info.out_size * info.size2, info.out_size * info.size2),
-               ("gram", out, i1 * info.size2 + i2, info.out_size, info.size1 * info.size2)]
-    return {name: _gather_rows(key, index, scale, rows, entries)
-            for name, key, index, rows, entries in layouts if entries <= budget}
+    # (name, row key, gathered index, rows, entries of the dense matrix (M's rows for the pairs, G's for gram),
+    # gathered size)
+    size12 = info.size1 * info.size2
+    layouts = [("pairs1", out * info.size1 + i1, i2, info.out_size * info.size1, info.out_size * info.size1,
+                info.size2),
+               ("pairs2", out * info.size2 + i2, i1, info.out_size * info.size2, info.out_size * info.size2,
+                info.size1),
+               ("gram", out, i1 * info.size2 + i2, info.out_size, size12, size12)]
+    return {name: _gather_rows(key, index, scale, rows, entries, gathered)
+            for name, key, index, rows, entries, gathered in layouts if entries <= budget}
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,7 +23,7 @@ from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
 from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
                                       sparse_scale_launch)
 
-__all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route"]
+__all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul"]
 
 # vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
@@ -35,15 +35,30 @@ DENSE_ROUTE = {"enabled": True}
 MIN_DENSITY = {False: 1.0, True: 2.0}
 
 
+# The dense route's per-sample sums (M, and inner's gather from the Gram matrix) as one GEMM on the table's matrix
+# form where it has one, else the CSR gather kernel; tests turn the GEMM off to check the kernel on the same cases.
+GATHER_BY_MATMUL = {"enabled": True}
+
+
 @contextlib.contextmanager
-def dense_route(enabled: bool):
-    """Within the block, the dense route of vecsca, scavec and inner is on (the default) or off."""
-    before = DENSE_ROUTE["enabled"]
-    DENSE_ROUTE["enabled"] = bool(enabled)
+def _switched(switch, enabled):
+    before = switch["enabled"]
+    switch["enabled"] = bool(enabled)
     try:
         yield
     finally:
-        DENSE_ROUTE["enabled"] = before
+        switch["enabled"] = before
+
+
+def dense_route(enabled: bool):
+    """Within the block, the dense route of vecsca, scavec and inner is on (the default) or off."""
+    return _switched(DENSE_ROUTE, enabled)
+
+
+def gather_by_matmul(enabled: bool):
+    """Within the block, the dense route's per-sample sums run as a GEMM on the table's matrix form where it has
+    one (the default) or on the CSR gather kernel."""
+    return _switched(GATHER_BY_MATMUL, enabled)
 
 
 def unavailable_reason(device) -> Optional[str]:
@@ -68,10 +83,11 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       row_bounds: Tensor, gather_index: Optional[Tensor], out_size: int, op: str,
                       out_accumulated: bool, dense_bounds: Optional[Tensor] = None,
                       dense_index: Optional[Tensor] = None, dense_scale: Optional[Tensor] = None,
-                      dense_rows: int = 0, dense_max_len: int = 0) -> Tensor:
+                      dense_rows: int = 0, dense_max_len: int = 0,
+                      dense_matrix: Optional[Tensor] = None) -> Tensor:
     if dense_bounds is not None:  # the dense route (sparse_product_triton decided)
         table = SimpleNamespace(bounds=dense_bounds, index=dense_index, scale=dense_scale, rows=dense_rows,
-                                max_len=dense_max_len)
+                                max_len=dense_max_len, matrix=dense_matrix)
         rank_x, rank_y, _ = CHANNEL_RANKS[op]
         return _launch(lambda a, b: dense_product_launch(op, a, b, table, out_size, a.dim() == rank_x + 1,
                                                          b.dim() == rank_y + 1), x, y)
@@ -82,7 +98,7 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
 
 @sparse_product_op.register_fake
 def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
-      dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0):
+      dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -130,7 +146,11 @@ def sparse_product_triton(op, x, y, info, out_accumulated=False):
     """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the dense route
     (kernels/sparse_dense.py) for vecsca, scavec and inner where it applies, else the segment kernel."""
     table = _dense_table(op, x, y, info, out_accumulated)
-    dense = () if table is None else (table.bounds, table.index, table.scale, table.rows, table.max_len)
+    if table is None:
+        dense = ()
+    else:
+        matrix = (table.matrix if x.dtype == torch.float64 else table.matrix32) if GATHER_BY_MATMUL["enabled"] else None
+        dense = (table.bounds, table.index, table.scale, table.rows, table.max_len, matrix)
     return sparse_product_op(x, y, info.scale, info.index1, info.index2, info.row_bounds, info.gather_index,
                              info.out_size, op, bool(out_accumulated), *dense)
 
