@@ -27,8 +27,8 @@ SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (Fa
 @pytest.fixture(scope="module")
 def infos():
     """Rows without terms in every grouping, repeated terms, backward infos through gather_index; 48 terms, so
-    that every table is dense enough for the route in every precision (triton_ops.MIN_DENSITY: >= 2 terms a
-    dense entry; the grids are 20, 15 and 12 entries)."""
+    that every table is dense enough for the route (triton_ops.MIN_DENSITY: >= 1 term a dense entry; the grids
+    are 20, 15 and 12 entries)."""
     return random_product_infos(*SIZES, 48, torch.Generator().manual_seed(11))
 
 

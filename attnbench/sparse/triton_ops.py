@@ -28,11 +28,12 @@ __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason",
 # vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
 DENSE_ROUTE = {"enabled": True}
-# Terms per entry of the dense matrix below which the segment kernel stays (keyed by "16-bit input"). Measured on
-# the H200 (sparse-dense-route-*): Clebsch-Gordan L 2 (1.7 terms an entry) ran 0.99x-2.55x of the segment kernel
-# in fp32 but 0.38x-0.85x in bf16, whose route makes two products (M's hi and lo parts); L 3 (2.4) and up gained
-# in both (bf16 0.92x-17x, fp32 2.6x-36x).
-MIN_DENSITY = {False: 1.0, True: 2.0}
+# Terms per entry of the dense matrix below which the segment kernel stays. Measured on the H200 (sparse-dense-
+# route-*): Clebsch-Gordan L 2 (1.7 terms an entry) ran 0.99x-2.55x of the segment kernel in fp32, L 3 (2.4) and
+# up 2.6x-36x. bf16 L 2 lost (0.38x-0.85x) while the route made two cuBLAS products for M's hi and lo parts, and
+# needed 2 terms an entry; on small_matmul (both parts in one program) it gains 1.4x-8.6x on the H100
+# (results/gpu/nvidia-h100/sparse-l2-bf16-route-*), so one threshold serves every dtype.
+MIN_DENSITY = 1.0
 
 
 # The dense route's per-sample sums (M, and inner's gather from the Gram matrix) as one GEMM on the table's matrix
@@ -139,7 +140,7 @@ def _dense_table(op, x, y, info, out_accumulated):
     if (out_accumulated and batched) or table is None:
         return None
     density = table.index.numel() / max(table.dense_entries, 1)  # sparse multiply-adds per dense one, per channel
-    return table if density >= MIN_DENSITY[x.dtype.itemsize <= 2] else None
+    return table if density >= MIN_DENSITY else None
 
 
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
