@@ -95,14 +95,19 @@ def gather_rows_launch(values, table, out_dtype):
 
 
 def full_precision_matmul(a, b):
-    """torch.matmul with TF32 off whatever the process set (fp32 stays fp32; fp64 and 16-bit are unaffected)."""
+    """torch.matmul in the operands' own precision whatever the process set: TF32 off for fp32 (through
+    ``fp32_precision`` where torch has it: setting the legacy ``allow_tf32`` would pin the new API's "none" to
+    "ieee" and, read back, raises once a user set the new one) and autocast off (it would run fp32 GEMMs in 16
+    bits, and round the fp32 coefficient matrix of the per-sample sums)."""
     matmul = torch.backends.cuda.matmul
-    before = matmul.allow_tf32
+    name, value = ("fp32_precision", "ieee") if hasattr(matmul, "fp32_precision") else ("allow_tf32", False)
+    before = getattr(matmul, name)
     try:
-        matmul.allow_tf32 = False
-        return torch.matmul(a, b)
+        setattr(matmul, name, value)
+        with torch.autocast(a.device.type, enabled=False):
+            return torch.matmul(a, b)
     finally:
-        matmul.allow_tf32 = before
+        setattr(matmul, name, before)
 
 
 def _gram(x, y_t, acc):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnbench.kernels.outputs import poisoned_outputs
-from attnbench.kernels.small_matmul import small_matmul
+from attnbench.kernels.small_matmul import _in_sample_offsets_fit, small_matmul
 
 pytestmark = pytest.mark.interpreter
 
@@ -45,10 +45,34 @@ def test_fp32_operands_accumulate_in_fp32_without_tf32():
     """fp32 in, fp32 out, within the fp32 bound of a length-K sum (TF32 would miss it by ~1000x)."""
     generator = torch.Generator().manual_seed(3)
     a, b = _operand((4, 20, 49), generator), _operand((4, 49, 33), generator)
-    out = small_matmul(a.float(), b.float(), torch.float32)
+    with poisoned_outputs():
+        out = small_matmul(a.float(), b.float(), torch.float32)
     exact = a.float().double() @ b.float().double()
     assert out.dtype == torch.float32
     assert bool(((out.double() - exact).abs() <= _bound(a, b, torch.float32)).all())
+
+
+def test_fp32_a_against_fp16_b_splits_a_into_hi_and_lo():
+    """An fp32 ``a`` (the route's M) against fp16 ``b``: a enters as hi + lo, both fp16, missing at most
+    2**-22 |a| (normal range) + 2**-25 (fp16's subnormal half-spacing, for |a| < 2**-14), then fp32 sums of K
+    products and one fp16 output rounding. Rounding a to fp16 instead (one dot) misses by ~2**-12 |a|: the bound
+    fails. Values span 2**-20..2**4 so that the subnormal case occurs."""
+    generator = torch.Generator().manual_seed(5)
+    scales = 2.0 ** torch.randint(-20, 5, (3, 21, 40), generator=generator)
+    a = (_operand((3, 21, 40), generator) * scales).float()
+    b = _operand((3, 40, 19), generator).half()
+    with poisoned_outputs():
+        out = small_matmul(a, b, torch.float16)
+    a64, b64 = a.double(), b.double()
+    exact = a64 @ b64
+    k = a.shape[-1]
+    sums = (k + 1) * 2.0 ** -24 * (a64.abs() @ b64.abs())
+    split = (2.0 ** -22 * a64.abs() + 2.0 ** -25) @ b64.abs()
+    bound = sums + split + 2.0 ** -11 * exact.abs() + 2.0 ** -25  # the last: fp16's own subnormal output
+    assert out.dtype == torch.float16
+    assert bool(((out.double() - exact).abs() <= bound).all())
+    one_dot = (a.half().double() @ b64).half().double()
+    assert not bool(((one_dot - exact).abs() <= sums + 2.0 ** -11 * exact.abs() + 2.0 ** -25).all())
 
 
 def test_empty_and_degenerate_shapes():
@@ -67,3 +91,16 @@ def test_refuses_operands_that_do_not_pair():
         small_matmul(torch.randn(3, 4, 5), torch.randn(2, 5, 2), torch.float32)
     with pytest.raises(ValueError, match="do not pair"):
         small_matmul(torch.randn(3, 4, 5, dtype=torch.float64), torch.randn(3, 5, 2), torch.float32)
+    with pytest.raises(ValueError, match=r"\[N, R, C\] or shared"):
+        small_matmul(torch.randn(2, 3, 4, 5), torch.randn(5, 2), torch.float32)
+
+
+def test_wide_slices_are_compacted_or_refused_before_any_kernel():
+    """The kernel's in-sample offsets are 32-bit: a slice spread wider (a batch-innermost layout at large N) is
+    copied compact; matrices too large even then are refused. Meta tensors: no memory, no kernel."""
+    wide = torch.empty_strided((2, 49, 128), (1, 128 * 400_000, 400_000), device="meta")
+    assert not _in_sample_offsets_fit(wide) and _in_sample_offsets_fit(wide.contiguous())
+    assert _in_sample_offsets_fit(torch.empty(3, 64, 64, device="meta"))
+    with pytest.raises(ValueError, match="too large for 32-bit offsets"):
+        small_matmul(torch.empty(60_000, 1, device="meta"), torch.empty(1, 60_000, device="meta"), torch.float32)
+

@@ -34,10 +34,12 @@ def infos():
 
 @pytest.fixture
 def gathers(monkeypatch):
-    """How many times the dense route's gather kernel was launched."""
+    """The dense route's per-sample sums, one entry a launch: True where they ran as a GEMM on the table's
+    matrix form, False where on the CSR gather kernel."""
     calls = []
     launch = sparse_dense.gather_rows_launch
-    monkeypatch.setattr(sparse_dense, "gather_rows_launch", lambda *a: calls.append(1) or launch(*a))
+    monkeypatch.setattr(sparse_dense, "gather_rows_launch",
+                        lambda *a: calls.append(getattr(a[1], "matrix", None) is not None) or launch(*a))
     return calls
 
 
@@ -95,7 +97,7 @@ def test_tables_regroup_every_term(infos):
 def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers, gather_route):
     x, y = inputs(op, *SHARING[sharing], infos[0])
     z = _triton(op, x, y, infos)
-    assert gathers, "the dense route did not run"
+    assert gathers and all(g == gather_route for g in gathers), gathers
     with dense_route(False):
         segment = _triton(op, x, y, infos)
     expected = sparse_product_reference(op, x, y, infos[0])
@@ -136,7 +138,7 @@ def test_gradcheck_and_gradgradcheck(op, gathers, gather_route):
 
     assert torch.autograd.gradcheck(fn, (x, y), fast_mode=True)
     assert torch.autograd.gradgradcheck(fn, (x, y), fast_mode=True)
-    assert gathers
+    assert gathers and all(g == gather_route for g in gathers)
 
 
 def test_segment_kernel_gradgradcheck_with_the_route_off():
@@ -191,11 +193,32 @@ def test_thin_table_has_no_matrix_form(gathers):
     small-grid allowance) keeps only its CSR form: the gather kernel serves it."""
     size = 20
     i = torch.arange(20)
-    infos = product_infos(i % 4, i % 19, i % 5, None, 4, size, 5)  # pairs1: 19 gathered x 20 rows on 20 terms
+    infos = product_infos(i % 4, i % 19, i % 5, None, 4, size, 5)  # pairs1: a 20 x 20 matrix for 20 terms
     table = infos[0].dense_rows["pairs1"]
     assert size * table.rows > GATHER_MATRIX_PER_TERM * 20 and table.matrix is None and table.matrix32 is None
     x, y = inputs("vecsca", False, False, infos[0], batch=2, channels=2)
     torch.testing.assert_close(_triton("vecsca", x, y, infos), sparse_product_reference("vecsca", x, y, infos[0]),
                                rtol=1e-12, atol=1e-12)
-    assert gathers, "the dense route did not run"
+    assert gathers and not any(gathers), "the dense route's gather kernel did not run"
 
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route):
+    """The route's cuBLAS products (the GEMM sums, fp32 Gram matrices) keep fp32 inside autocast (which would run
+    them in bf16: ~4e-3 off) and whatever TF32 setting the process made, through torch's new API, which a legacy
+    ``allow_tf32`` toggle would break (reading it raises once the new one is set) and leave pinned."""
+    x, y = inputs(op, False, False, infos[0], dtype=torch.float32, seed=4)
+    expected = sparse_product_reference(op, x.double(), y.double(), infos[0])
+    settings = (torch.backends, "fp32_precision")
+    before = getattr(*settings)
+    try:
+        setattr(*settings, "tf32")  # reaches cuda.matmul's own setting, which the call must leave as it was
+        cuda_matmul = torch.backends.cuda.matmul.fp32_precision
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = _triton(op, x, y, infos)
+        assert getattr(*settings) == "tf32" and torch.backends.cuda.matmul.fp32_precision == cuda_matmul
+    finally:
+        setattr(*settings, before)
+    assert z.dtype == torch.float32
+    torch.testing.assert_close(z.double(), expected, rtol=1e-5, atol=1e-5)

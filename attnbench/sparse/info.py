@@ -142,7 +142,7 @@ class SparseProductInfo:
         return self.index1.numel()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GatherRows:
     """out[n, r] = sum_{k in bounds[0, r]:bounds[1, r]} scale[k] in[n, index[k]]: a sparse matrix in CSR form
     with every row present (bounds [2, rows], (k, k) for an empty row), applied to one value per (n, index)
