@@ -3,7 +3,8 @@
 The correctness gate runs with ATTNBENCH_AUTOTUNE=0 (one config per key), but the autotuner may pick any config
 on a user's shapes, so each config is forced in turn here: the dense route's shapes (49 x 49 at L 6 times 128
 channels; the Gram matrix's 128-deep inner dim), a ragged one (70 x 33 x 18: two row tiles, partial inner and
-column tiles) and shared operands, with a batch that leaves the last program a sample past the end.
+column tiles), shared, broadcast and transposed operands (LAYOUTS), with a batch that leaves the last program a
+sample past the end.
 
 Bounds are a priori (Higham, ch. 3), elementwise against A = |a| @ |b| in float64: an fp32 accumulation of K
 products adds at most gamma_{K+1}(2**-24) A; an fp32 ``a`` split into bf16 hi + lo misses at most 2**-16 |a|;
@@ -24,6 +25,8 @@ PAIRINGS = [(torch.float32, torch.float32, torch.float32), (torch.float32, torch
             (torch.float64, torch.float64, torch.float64)]
 SHAPES = [(49, 49, 128), (49, 128, 49), (70, 33, 18), (16, 16, 32)]  # (P, K, Q)
 BATCH = 37
+# a or b shared (2-D), both shared (one output matrix), a batch of one broadcast (torch.matmul's rule), b transposed
+LAYOUTS = ("none", "a", "b", "both", "a1", "b_t")
 
 
 def _gamma(m, u):
@@ -63,11 +66,14 @@ def test_every_config_matches_float64(pairing, one_config):
     for index, config in enumerate(module._CONFIGS):
         one_config(config)
         for p, k, q in SHAPES:
-            for shared in ("none", "a", "b"):
-                a_shape = (p, k) if shared == "a" else (BATCH, p, k)
-                b_shape = (k, q) if shared == "b" else (BATCH, k, q)
+            for shared in LAYOUTS:
+                a_shape = {"a": (p, k), "both": (p, k), "a1": (1, p, k)}.get(shared, (BATCH, p, k))
+                b_shape = (k, q) if shared in ("b", "both") else (BATCH, k, q)
                 a = torch.randn(a_shape, device="cuda", generator=generator).to(a_dtype)
-                b = torch.randn(b_shape, device="cuda", generator=generator).to(b_dtype)
+                if shared == "b_t":  # column-major b: the Gram matrix's y^T, unit stride along the inner dim
+                    b = torch.randn(BATCH, q, k, device="cuda", generator=generator).to(b_dtype).transpose(-1, -2)
+                else:
+                    b = torch.randn(b_shape, device="cuda", generator=generator).to(b_dtype)
                 out = module.small_matmul(a, b, out_dtype)
                 a64, b64 = a.double(), b.double()
                 exact = a64 @ b64
