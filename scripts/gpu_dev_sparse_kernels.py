@@ -2,7 +2,7 @@
 """The sparse Triton kernels side by side with an earlier version of themselves, in one run on one GPU.
 
     python3 scripts/gpu_dev_sparse_kernels.py --baseline FILE [--json OUT.json] [--quick]
-    python3 scripts/gpu_dev_sparse_kernels.py --dense-route [--json OUT.json] [--quick]
+    python3 scripts/gpu_dev_sparse_kernels.py --dense-route [--json OUT.json] [--quick] [--old-every-size]
     python3 scripts/gpu_dev_sparse_kernels.py --dense-baseline FILE [--json OUT.json] [--quick] [--no-peers]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
@@ -14,7 +14,9 @@ over the vecsca anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5), forward, backward
 family is closed, so the derivatives take the route as well); old and the peers on N 1e4 only (the segment
 kernel's double backward at L 6 N 1e5 runs for seconds). ``--dense-baseline FILE`` compares the dense route on
 this tree (``new``) with the same route on an earlier ``kernels/sparse_dense.py`` (``old``), at every size of
-those anchors (``--no-peers``: split and e3nn left out). Each row gives the medians (CUDA events, L2
+those anchors (``--no-peers``: split and e3nn left out). ``--match REGEX`` keeps the cases whose label matches
+(the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route --match 'L2 .* bf16'
+--old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
 measured copy bandwidth, and the new result's error against the old one (the same sums in the same order, so
 they should agree to rounding).
@@ -23,6 +25,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import re
 import sys
 
 import torch
@@ -96,6 +99,9 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--modes", default="fwd,bwd,double_bwd")
+    parser.add_argument("--match", help="only the cases whose label matches (re.search), e.g. 'L2 .* bf16'")
+    parser.add_argument("--old-every-size", action="store_true",
+                        help="--dense-route: time the segment kernel at N 1e5 too (slow at L 6)")
     args = parser.parse_args()
     if args.dense_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
         parser.error("give one of --baseline FILE, --dense-route and --dense-baseline FILE")
@@ -107,6 +113,8 @@ def main():
     else:
         old = load_baseline(args.baseline)
         old_launchers, case_list = (old.sparse_product_launch, old.sparse_scale_launch), cases(args.quick)
+    if args.match:
+        case_list = [c for c in case_list if re.search(args.match, c.label)]
     ceil = ceilings("cuda")
     info = machine_info("cuda")
     print(f"# {info['device_name']} | torch {info['torch']} | triton {info['triton']} | copy {ceil.copy_gbps:.0f} GB/s")
@@ -129,7 +137,7 @@ def main():
                 row["new_ms"], new_out = timed(case, x, mode, "triton")
                 if oracle:
                     row["error"] = max(verify.relative_error(new_out[k], oracle[k]) for k in new_out)
-                others = not args.dense_route or case.batch <= 10_000
+                others = not args.dense_route or case.batch <= 10_000 or args.old_every_size
                 if others or args.dense_baseline:
                     row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
                     row["error_vs_old"] = max(verify.relative_error(new_out[k], old_out[k]) for k in new_out)
