@@ -16,10 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .offsets import INT32_MAX
 from .outputs import new_output
 from .tuning import cdiv, multiprocessors, next_pow2
-
-INT32_MAX = 2**31 - 1
 
 
 @triton.jit

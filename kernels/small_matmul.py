@@ -17,6 +17,7 @@ import triton.language as tl
 
 from . import interpreting
 from .launch import on_device
+from .offsets import INT32_MAX, slice_needs_copy
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, next_pow2
@@ -93,15 +94,6 @@ def _batch_strides(t):
     return t.shape[0], t.stride(0), t.stride(1), t.stride(2)
 
 
-# The kernel's in-sample offsets (row x row stride + column x column stride) are 32-bit; only the sample's is 64.
-_MAX_OFFSET = 2 ** 31 - 1
-
-
-def _in_sample_offsets_fit(t):
-    """Whether every element of one [R, C] slice of ``t`` lies within 32-bit offsets of the slice's start."""
-    return sum((size - 1) * abs(stride) for size, stride in zip(t.shape[-2:], t.stride()[-2:])) <= _MAX_OFFSET
-
-
 def small_matmul(a, b, out_dtype):
     """a @ b over a batch of small matrices, as torch.matmul broadcasts a 2-D operand, in ``out_dtype``.
 
@@ -112,11 +104,13 @@ def small_matmul(a, b, out_dtype):
                          f"{tuple(b.shape)}")
     if a.dtype != b.dtype and not (a.dtype == torch.float32 and b.dtype in (torch.float16, torch.bfloat16)):
         raise ValueError(f"small_matmul: operand dtypes {a.dtype} and {b.dtype} do not pair")
-    # a slice spread wider than 32-bit offsets (e.g. a batch-innermost layout at large N): a compact copy
-    a, b = (t if _in_sample_offsets_fit(t) else t.contiguous() for t in (a, b))
-    if not (_in_sample_offsets_fit(a) and _in_sample_offsets_fit(b)) or a.shape[-2] * b.shape[-1] > _MAX_OFFSET:
-        raise ValueError(f"small_matmul: matrices of {tuple(a.shape[-2:])} and {tuple(b.shape[-2:])} are too large "
-                         f"for 32-bit offsets within a sample (use torch.matmul)")
+    # in-sample offsets are 32-bit (kernels/offsets.py): a wider slice (a batch-innermost layout at large N) is
+    # copied compact
+    a, b = (t.contiguous() if slice_needs_copy(t, f"small_matmul {name}", "sample") else t
+            for name, t in (("a", a), ("b", b)))
+    if a.shape[-2] * b.shape[-1] > INT32_MAX:
+        raise ValueError(f"small_matmul: the output, {a.shape[-2]} x {b.shape[-1]}, exceeds 2**31 - 1 elements per "
+                         f"sample")
     (n_a, s_an, s_ap, s_ak), (n_b, s_bn, s_bk, s_bq) = _batch_strides(a), _batch_strides(b)
     if (n_a != n_b and 1 not in (n_a, n_b)) or a.shape[-1] != b.shape[-2]:
         raise ValueError(f"small_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply")

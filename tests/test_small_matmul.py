@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from attnbench.kernels.outputs import poisoned_outputs
-from attnbench.kernels.small_matmul import _in_sample_offsets_fit, small_matmul
+from attnbench.kernels.offsets import slice_needs_copy
+from attnbench.kernels.small_matmul import small_matmul
 
 pytestmark = pytest.mark.interpreter
 
@@ -99,8 +100,10 @@ def test_wide_slices_are_compacted_or_refused_before_any_kernel():
     """The kernel's in-sample offsets are 32-bit: a slice spread wider (a batch-innermost layout at large N) is
     copied compact; matrices too large even then are refused. Meta tensors: no memory, no kernel."""
     wide = torch.empty_strided((2, 49, 128), (1, 128 * 400_000, 400_000), device="meta")
-    assert not _in_sample_offsets_fit(wide) and _in_sample_offsets_fit(wide.contiguous())
-    assert _in_sample_offsets_fit(torch.empty(3, 64, 64, device="meta"))
-    with pytest.raises(ValueError, match="too large for 32-bit offsets"):
+    assert slice_needs_copy(wide, "b", "sample") and not slice_needs_copy(wide.contiguous(), "b", "sample")
+    assert not slice_needs_copy(torch.empty(3, 64, 64, device="meta"), "a", "sample")
+    with pytest.raises(ValueError, match="a: 70000 x 40000 = .* exceeds 2\\*\\*31 - 1 elements per sample"):
+        column_major = torch.empty_strided((1, 70_000, 40_000), (1, 1, 70_000), device="meta")
+        small_matmul(column_major, torch.empty(40_000, 1, device="meta"), torch.float32)
+    with pytest.raises(ValueError, match="the output, 60000 x 60000, exceeds 2\\*\\*31 - 1 elements per sample"):
         small_matmul(torch.empty(60_000, 1, device="meta"), torch.empty(1, 60_000, device="meta"), torch.float32)
-

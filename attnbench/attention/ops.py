@@ -22,10 +22,9 @@ from ..kernels.attention_bwd_jvp import attention_bwd_jvp_launch
 from ..kernels.attention_jvp import attention_jvp_launch
 from ..kernels.flash_bwd import flash_bwd_launch
 from ..kernels.flash_fwd import flash_fwd_launch
+from ..kernels.offsets import slice_needs_copy
 from ..kernels.precision import lse_dtype
 from ..kernels.row_dot import row_dot_launch
-
-INT32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------- device rules
@@ -48,13 +47,8 @@ def _unit_stride(t):
     """The kernels take any batch/head/sequence strides but need a contiguous head dimension, and
     offsets inside one head (row * row stride) small enough for int32 address arithmetic: a
     [B, N, H, D] view of a long sequence is copied to [B, H, N, D] rather than overflowing."""
-    if t is None:
-        return None
-    seqlen, head_dim = t.shape[-2], t.shape[-1]
-    if t.stride(-1) == 1 and (seqlen - 1) * t.stride(-2) + head_dim <= INT32_MAX:
+    if t is None or not slice_needs_copy(t, "seqlen x head_dim", "head", unit_last=True):
         return t
-    if seqlen * head_dim > INT32_MAX:
-        raise ValueError(f"seqlen x head_dim = {seqlen} x {head_dim} exceeds 2**31 - 1 elements per head")
     return t.contiguous()
 
 

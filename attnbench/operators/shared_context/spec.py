@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from ...attention.spec import check_scale
+from ...kernels.offsets import INT32_MAX
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LENGTH_DTYPES = (torch.int32, torch.int64)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
-INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ import torch
 from ...attention.ops import interpreter_upcasts
 from ...kernels import unavailable_reason as kernels_unavailable_reason
 from ...kernels.launch import tensor_signature
+from ...kernels.offsets import slice_needs_copy
 from ...kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
-from .spec import INT32_MAX, check_inputs
+from .spec import check_inputs
 
 
 def unavailable_reason(device) -> str | None:
@@ -36,14 +37,7 @@ def unsupported_on_cuda(dtype, head_dim):
 def _needs_copy(name, t) -> bool:
     """Whether ``t`` must be copied: the kernels take a contiguous head dimension and int32-safe
     offsets inside one head (row x row stride); the batch and head offsets are int64 in them."""
-    if t is None:
-        return False
-    rows, head_dim = t.shape[-2], t.shape[-1]
-    if t.stride(-1) == 1 and (rows - 1) * t.stride(-2) + head_dim <= INT32_MAX:
-        return False
-    if rows * head_dim > INT32_MAX:
-        raise ValueError(f"{name}: {rows} x {head_dim} elements per head exceeds 2**31 - 1")
-    return True
+    return t is not None and slice_needs_copy(t, name, "head", unit_last=True)
 
 
 def _unit_stride(name, t):

@@ -1,0 +1,20 @@
+"""32-bit address arithmetic inside one slice: the kernels compute a tensor's batch and head offsets in int64
+but the offsets inside one [rows, cols] slice (row x row stride + column x column stride) in int32, which is
+faster; a slice spread wider than that (a long sequence in a [B, N, H, D] view, a batch-innermost layout) is
+copied compact before launch, and a slice too large even then is refused."""
+
+INT32_MAX = 2**31 - 1
+
+
+def slice_needs_copy(t, what: str, per: str, unit_last: bool = False) -> bool:
+    """Whether ``t`` must be copied compact (``t.contiguous()``) for such a kernel: its last two dims' offsets
+    pass INT32_MAX, or (``unit_last``, kernels that take a contiguous last dim) its last dim is strided.
+    Raises ValueError, naming ``what`` and the slice (``per``: "head", "sample"), when a compact slice would
+    pass 2**31 - 1 elements too."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    span = (rows - 1) * abs(t.stride(-2)) + (cols - 1) * abs(t.stride(-1))
+    if span <= INT32_MAX and (t.stride(-1) == 1 or not unit_last):
+        return False
+    if rows * cols > INT32_MAX:
+        raise ValueError(f"{what}: {rows} x {cols} = {rows * cols} exceeds 2**31 - 1 elements per {per}")
+    return True
