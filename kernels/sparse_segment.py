@@ -6,7 +6,8 @@
 
 Both are memory-bound gathers (1-20 FLOP per byte), so the layout is chosen for bandwidth. (vecsca, scavec and
 inner take the dense route of ``sparse_dense.py`` instead where their structure is dense enough; this kernel keeps
-them for batch sums and thin structures.)
+them for batch sums and thin structures; outer summed over the batch with both inputs batched, the FC layer's
+weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
 
 * Grid (batch block, output row, channel tile). A program owns one output row (every row of the output, not only
   the rows of index_out), BLOCK_N batch items and BLOCK_C output channels; it walks the row's terms in CSR
@@ -15,7 +16,7 @@ them for batch sums and thin structures.)
   result is bitwise deterministic (the sum order is the CSR order, fixed by the info).
 * ``out_accumulated`` (z summed over the batch): grid axis 0 splits the batch into NUM_SPLITS contiguous ranges
   of batch blocks; each program reduces its [BLOCK_N, BLOCK_C] accumulator over its range and stores a partial
-  row, and the partials are summed in split order afterwards (``_batch_splits`` picks the count: with one
+  row, and the partials are summed in split order afterwards (``batch_splits`` picks the count: with one
   program per row and channel tile, the FC layer's weight gradient had ~150 programs walking 1e5 batch items
   each). Deterministic as well; the issue allowed atomics here, none are used.
 * Channel loads are along the contiguous channel dim, so a warp reads consecutive addresses of one gathered
@@ -46,7 +47,7 @@ from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
-           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel"]
+           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "batch_splits"]
 
 # op codes of the product kernel's constexpr switch
 MUL: tl.constexpr = tl.constexpr(0)
@@ -298,7 +299,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     x, s_xn, s_xm, s_xa, s_xb = _operand(x, rank_x)
     y, s_yn, s_ym, s_ya, s_yb = _operand(y, rank_y)
     zv = z.reshape(1 if shared or accumulate else batch, info.out_size, cz)
-    splits = _batch_splits(batch, info.out_size, cz, multiprocessors(z.device), z.device.type) if accumulate else 1
+    splits = batch_splits(batch, info.out_size, cz, multiprocessors(z.device), z.device.type) if accumulate else 1
     if splits > 1:  # partial sums per batch range, in the accumulator's precision, summed in split order below
         zv = torch.empty((splits, info.out_size, cz), dtype=accumulator_torch_dtype(x.dtype), device=z.device)
     # the shared matrix of the FC layer (and of its backward) through tl.dot; fp64 keeps the FMA route
@@ -335,11 +336,12 @@ MAX_BATCH_SPLITS = 64
 MAX_PARTIAL_BYTES = 1 << 28
 
 
-def _batch_splits(batch, rows, cz, sms, device_type="cuda"):
-    """Batch ranges of an out_accumulated product: enough (rows x 64-wide channel tiles x splits) programs for
+def batch_splits(batch, rows, cz, sms, device_type="cuda", channels_per_program=64):
+    """Batch ranges of an out_accumulated product: enough (rows x channel tiles x splits) programs for
     PROGRAMS_PER_SM per SM, each range at least 256 batch items (2 under the interpreter, so that tiny CPU-gate
-    shapes split too), within MAX_BATCH_SPLITS and MAX_PARTIAL_BYTES (fp64 partials counted)."""
-    programs = rows * cdiv(cz, 64)
+    shapes split too), within MAX_BATCH_SPLITS and MAX_PARTIAL_BYTES (fp64 partials counted). A program covers
+    ``channels_per_program`` output channels (64 here; a 64 x 64 tile in sparse_outer_sum.py)."""
+    programs = rows * cdiv(cz, channels_per_program)
     wanted = cdiv(PROGRAMS_PER_SM * sms, programs)
     room = MAX_PARTIAL_BYTES // max(1, rows * cz * 8)
     least = 256 if device_type == "cuda" else 2

@@ -4,6 +4,7 @@
     python3 scripts/gpu_dev_sparse_kernels.py --baseline FILE [--json OUT.json] [--quick]
     python3 scripts/gpu_dev_sparse_kernels.py --dense-route [--json OUT.json] [--quick] [--old-every-size]
     python3 scripts/gpu_dev_sparse_kernels.py --dense-baseline FILE [--json OUT.json] [--quick] [--no-peers]
+    python3 scripts/gpu_dev_sparse_kernels.py --outer-sum-route [--json OUT.json] [--quick] [--old-every-size]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
@@ -14,9 +15,13 @@ over the vecsca anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5), forward, backward
 family is closed, so the derivatives take the route as well); old and the peers on N 1e4 only (the segment
 kernel's double backward at L 6 N 1e5 runs for seconds). ``--dense-baseline FILE`` compares the dense route on
 this tree (``new``) with the same route on an earlier ``kernels/sparse_dense.py`` (``old``), at every size of
-those anchors (``--no-peers``: split and e3nn left out). ``--match REGEX`` keeps the cases whose label matches
-(the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route --match 'L2 .* bf16'
---old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
+those anchors (``--no-peers``: split and e3nn left out). ``--outer-sum-route`` compares the FC layer's
+shared-weight vecmat anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) with the batch sum of outer products (its weight
+gradient, in backward and double backward) on matrix units (``new``: kernels/sparse_outer_sum.py) against the
+segment kernel on the same tree (``old``: the route off), old and split at N 1e4 only unless
+``--old-every-size`` (the segment kernel's weight gradient runs for seconds at N 1e5). ``--match REGEX`` keeps the
+cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
+--match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
 measured copy bandwidth, and the new result's error against the old one (the same sums in the same order, so
 they should agree to rounding).
@@ -70,14 +75,22 @@ def dense_route_cases(quick):
     return [c for c in out if c.dtype == "float32" and c.batch == 10_000][:4] if quick else out
 
 
+def outer_sum_cases(quick):
+    out = [SparseCase("vecmat", l_max, batch, channels, dtype, "y")
+           for dtype in ("float32", "bfloat16") for l_max in (2, 3, 4, 6) for channels in (32, 128)
+           for batch in (10_000, 100_000)]
+    return [c for c in out if c.dtype == "float32" and c.batch == 10_000][:4] if quick else out
+
+
 def timed(case, x, mode, variant, launchers=None):
     """Median ms and outputs of a variant; ``launchers``: FILE's segment launchers swapped in, an earlier dense
     route's launcher (a function), or "segment" for the dense route turned off."""
     saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch)
-    route = triton_ops.dense_route(False) if launchers == "segment" else contextlib.nullcontext()
+    route = {"segment": triton_ops.dense_route(False),
+             "outer-segment": triton_ops.outer_sum_by_dot(False)}.get(launchers, contextlib.nullcontext())
     if callable(launchers):
         triton_ops.dense_product_launch = launchers
-    elif launchers and launchers != "segment":
+    elif launchers and launchers not in ("segment", "outer-segment"):
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
         with route:
@@ -95,17 +108,20 @@ def main():
     parser.add_argument("--baseline")
     parser.add_argument("--dense-route", action="store_true")
     parser.add_argument("--dense-baseline")
+    parser.add_argument("--outer-sum-route", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--modes", default="fwd,bwd,double_bwd")
     parser.add_argument("--match", help="only the cases whose label matches (re.search), e.g. 'L2 .* bf16'")
     parser.add_argument("--old-every-size", action="store_true",
-                        help="--dense-route: time the segment kernel at N 1e5 too (slow at L 6)")
+                        help="--dense-route, --outer-sum-route: time the segment kernel at N 1e5 too (slow)")
     args = parser.parse_args()
-    if args.dense_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
-        parser.error("give one of --baseline FILE, --dense-route and --dense-baseline FILE")
-    if args.dense_route:
+    if args.dense_route + args.outer_sum_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
+        parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE and --outer-sum-route")
+    if args.outer_sum_route:
+        old_launchers, case_list = "outer-segment", outer_sum_cases(args.quick)
+    elif args.dense_route:
         old_launchers, case_list = "segment", dense_route_cases(args.quick)
     elif args.dense_baseline:
         old_launchers = load_baseline(args.dense_baseline, "sparse_dense").dense_product_launch
@@ -126,7 +142,7 @@ def main():
         x = OP.make_inputs(case, "cuda", 0)
         oracle = None
         # the float64 einsum reference, every mode's outputs
-        if (args.dense_route or args.dense_baseline) and case.batch <= 10_000:
+        if (args.dense_route or args.dense_baseline or args.outer_sum_route) and case.batch <= 10_000:
             try:
                 oracle = OP.oracle(case, x)
             except torch.OutOfMemoryError:
@@ -137,7 +153,7 @@ def main():
                 row["new_ms"], new_out = timed(case, x, mode, "triton")
                 if oracle:
                     row["error"] = max(verify.relative_error(new_out[k], oracle[k]) for k in new_out)
-                others = not args.dense_route or case.batch <= 10_000 or args.old_every_size
+                others = not (args.dense_route or args.outer_sum_route) or case.batch <= 10_000 or args.old_every_size
                 if others or args.dense_baseline:
                     row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
                     row["error_vs_old"] = max(verify.relative_error(new_out[k], old_out[k]) for k in new_out)

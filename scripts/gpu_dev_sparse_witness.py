@@ -14,7 +14,7 @@ import sys
 import torch
 
 import attnbench  # noqa: F401  sets up the kernels
-from attnbench.kernels.sparse_segment import CHANNEL_RANKS, _batch_splits
+from attnbench.kernels.sparse_segment import CHANNEL_RANKS, batch_splits
 from attnbench.sparse import random_product_infos
 from attnbench.sparse.functional import sparse_product_split
 from attnbench.sparse.triton_ops import sparse_product_triton
@@ -51,7 +51,7 @@ def main():
                     if not error <= bound:
                         failed.append(f"{op} {dtype} shared x/y {shared_x}/{shared_y} sum {accumulated} C{channels}: "
                                       f"{error:.2e}")
-    print(f"batch ranges at B{args.batch}: {_batch_splits(args.batch, SIZES[2], 17, 132)}; worst fp32 error "
+    print(f"batch ranges at B{args.batch}: {batch_splits(args.batch, SIZES[2], 17, 132)}; worst fp32 error "
           f"{worst:.2e}")
     print("\n".join(failed) or "all witnesses match the float64 split implementation")
     sys.exit(1 if failed else 0)

@@ -41,6 +41,7 @@ import torch
 import attnbench
 from attnbench import verify
 from attnbench.kernels import outputs as kernel_outputs
+from attnbench.kernels.sparse_outer_sum import outer_sum_kernel
 from attnbench.kernels.sparse_segment import product_out_shape
 from attnbench.operators.sparse import SparseCase, peers
 from attnbench.sparse import (CHANNEL_RANKS, functional, product_infos, product_terms, random_product_infos,
@@ -429,6 +430,8 @@ SHARED_CASES = sized([
     ProductCase("mul", SMALL_RANDOM, 2048, (32,), (32,), "shared_y", integer=True),
     ProductCase("mul", SMALL_RANDOM, 2048, (32,), (32,), out_accumulated=True, integer=True),
     ProductCase("outer", SMALL_RANDOM, 512, (16,), (8,), "shared_x", True, integer=True),
+    # both batched: the FC layer's weight gradient, on matrix units (kernels/sparse_outer_sum.py)
+    ProductCase("outer", SMALL_RANDOM, 2048, (128,), (64,), out_accumulated=True, integer=True),
     ProductCase("inner", SMALL_RANDOM, 1, (32,), (32,), "shared_both", integer=True),
     ProductCase("vecmat", SMALL_RANDOM, 2048, (32,), (32, 16), "shared_y", integer=True),
     ProductCase("vecsca", SMALL_RANDOM, 2048, (32,), (), out_accumulated=True, integer=True),
@@ -438,7 +441,8 @@ SHARED_CASES = sized([
 
 
 @pytest.mark.parametrize("case,dtype", [(c, torch.float32) for c in SHARED_CASES]
-                         + [(c, torch.bfloat16) for c in SHARED_CASES if c.op == "vecmat"],
+                         + [(c, torch.bfloat16) for c in SHARED_CASES if c.op == "vecmat"
+                            or (c.op == "outer" and c.sharing == "batched")],
                          ids=lambda v: v.label if hasattr(v, "label") else str(v)[6:])
 def test_shared_inputs_and_batch_sums(case, dtype, triton_only):
     """fp32: equal to float64 bitwise (every partial sum is an integer below 2**24, checked); bf16: the one
@@ -453,6 +457,7 @@ def test_shared_inputs_and_batch_sums(case, dtype, triton_only):
 ODD_CASES = sized([
     ProductCase("mul", SMALL_RANDOM, 1009, (48,), (48,), integer=True),  # N prime: a masked batch block
     ProductCase("outer", SMALL_RANDOM, 37, (1,), (80,), integer=True),  # C1 = 1: z's c = a C2 + b with one a
+    ProductCase("outer", SMALL_RANDOM, 1009, (37,), (5,), out_accumulated=True, integer=True),  # masked tiles
     ProductCase("inner", SMALL_RANDOM, 1009, (37,), (37,), integer=True),  # R = 37: a masked contraction chunk
     ProductCase("vecmat", SMALL_RANDOM, 1, (37,), (37, 1), integer=True),  # N = 1, Cout = 1
     ProductCase("vecsca", cg(1, 1, 3), 1009, (80,), ()),  # CG: the l = 3 rows 9..15 have no terms
@@ -474,7 +479,7 @@ def test_odd_sizes_and_rows_without_terms(case, triton_only):
     empty = sorted(set(range(info.out_size)) - set(info.index_out.tolist()))
     assert empty, "the structure should leave an output row without terms"
     z = check_against_oracle(case, torch.float32, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)[0]
-    rows = z.index_select(1, torch.tensor(empty, device=z.device))
+    rows = z.index_select(0 if case.out_accumulated else 1, torch.tensor(empty, device=z.device))  # [(N,) M, C...]
     assert not rows.any(), "an output row without terms must be zero"
 
 
@@ -482,6 +487,40 @@ def test_odd_sizes_and_rows_without_terms(case, triton_only):
 def test_scale_odd_sizes_and_rows_without_terms(case, triton_only):
     assert (case.infos()[0].seg_out.diff() == 0).any(), "some output row should have no terms"
     check_against_oracle(case, torch.float32, SCALE_OUTPUTS, (1, 1, 1, 1))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# every launch config of the batch sum on matrix units
+
+OUTER_SUM_CASES = sized([
+    ProductCase("outer", SMALL_RANDOM, 1009, (37,), (80,), out_accumulated=True, integer=True),
+    ProductCase("outer", SMALL_RANDOM, 2048, (128,), (128,), out_accumulated=True, integer=True),
+    ProductCase("outer", SMALL_RANDOM, 700, (32,), (32,), out_accumulated=True, integer=True),
+])
+
+
+@pytest.mark.parametrize("config", range(len(outer_sum_kernel.configs)))
+def test_outer_sum_every_launch_config(config, monkeypatch, triton_only):
+    """The correctness gate runs one config per key, but the autotuner may pick any of them on a user's shapes: each
+    is forced in turn (the route asserted) on masked and full tiles, the batch sum on integers, so fp32 equals
+    float64 bitwise and bf16 is its one rounding."""
+    calls = []
+    launcher = triton_ops.outer_sum_launch
+    monkeypatch.setattr(triton_ops, "outer_sum_launch", lambda *a: calls.append(1) or launcher(*a))
+    monkeypatch.setattr(outer_sum_kernel, "configs", [outer_sum_kernel.configs[config]])
+    monkeypatch.setattr(outer_sum_kernel, "cache", {})
+    for case in OUTER_SUM_CASES:
+        inputs, infos = case.make_inputs(), case.infos()
+        x, y = inputs["x"].double(), inputs["y"].double()
+        exact = sum(sparse_product_reference("outer", x[i:i + 8], y[i:i + 8], infos[0], True)
+                    for i in range(0, case.batch, 8))
+        assert float(exact.abs().max()) < EXACT_LIMIT
+        for dtype in DTYPES:
+            calls.clear()
+            z = sparse_product("outer", x.to(dtype), y.to(dtype), infos, True)
+            assert calls, "the matrix-unit route did not run"
+            assert_within(f"{case.label} {str(dtype)[6:]} config {config}", z, exact,
+                          unit_roundoff(dtype) * exact.abs() if dtype != torch.float32 else 0.0 * exact)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

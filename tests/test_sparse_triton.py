@@ -145,13 +145,13 @@ def test_scale_matches_reference(scale_info_pair, shape, dtype):
 
 def test_batch_splits_of_a_batch_sum():
     """out_accumulated: enough batch ranges to fill the GPU, each of 256 items at least, within the caps."""
-    from attnbench.kernels.sparse_segment import MAX_BATCH_SPLITS, PROGRAMS_PER_SM, _batch_splits
+    from attnbench.kernels.sparse_segment import MAX_BATCH_SPLITS, PROGRAMS_PER_SM, batch_splits
 
-    assert _batch_splits(100_000, rows=9, cz=1024, sms=132) == -(-PROGRAMS_PER_SM * 132 // (9 * 16))
-    assert _batch_splits(1_000, rows=9, cz=1024, sms=132) == 4  # 256 items a range at least
-    assert _batch_splits(10**6, rows=1, cz=1, sms=132) == MAX_BATCH_SPLITS
-    assert _batch_splits(10**6, rows=10_000, cz=64, sms=132) == 1  # the rows alone fill the GPU
-    assert _batch_splits(3, rows=5, cz=1, sms=4, device_type="cpu") == 2
+    assert batch_splits(100_000, rows=9, cz=1024, sms=132) == -(-PROGRAMS_PER_SM * 132 // (9 * 16))
+    assert batch_splits(1_000, rows=9, cz=1024, sms=132) == 4  # 256 items a range at least
+    assert batch_splits(10**6, rows=1, cz=1, sms=132) == MAX_BATCH_SPLITS
+    assert batch_splits(10**6, rows=10_000, cz=64, sms=132) == 1  # the rows alone fill the GPU
+    assert batch_splits(3, rows=5, cz=1, sms=4, device_type="cpu") == 2
 
 
 def test_empty_structure_gives_zeros(triton_only):

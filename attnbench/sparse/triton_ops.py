@@ -20,10 +20,12 @@ from torch import Tensor
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
+from ..kernels.sparse_outer_sum import outer_sum_launch
 from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
                                       sparse_scale_launch)
 
-__all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul"]
+__all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul",
+           "outer_sum_by_dot"]
 
 # vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
@@ -39,6 +41,11 @@ MIN_DENSITY = 1.0
 # The dense route's per-sample sums (M, and inner's gather from the Gram matrix) as one GEMM on the table's matrix
 # form where it has one, else the CSR gather kernel; tests turn the GEMM off to check the kernel on the same cases.
 GATHER_BY_MATMUL = {"enabled": True}
+
+# outer summed over the batch with both inputs batched (the FC layer's weight gradient) as tl.dot with the batch
+# as the contraction dim (kernels/sparse_outer_sum.py), except in fp64; tests turn it off to check the segment
+# kernel on the same cases.
+OUTER_SUM_BY_DOT = {"enabled": True}
 
 
 @contextlib.contextmanager
@@ -60,6 +67,12 @@ def gather_by_matmul(enabled: bool):
     """Within the block, the dense route's per-sample sums run as a GEMM on the table's matrix form where it has
     one (the default) or on the CSR gather kernel."""
     return _switched(GATHER_BY_MATMUL, enabled)
+
+
+def outer_sum_by_dot(enabled: bool):
+    """Within the block, outer summed over the batch (both inputs batched, not fp64) runs on the matrix-unit kernel
+    (the default) or on the segment kernel."""
+    return _switched(OUTER_SUM_BY_DOT, enabled)
 
 
 def unavailable_reason(device) -> Optional[str]:
@@ -85,21 +98,23 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       out_accumulated: bool, dense_bounds: Optional[Tensor] = None,
                       dense_index: Optional[Tensor] = None, dense_scale: Optional[Tensor] = None,
                       dense_rows: int = 0, dense_max_len: int = 0,
-                      dense_matrix: Optional[Tensor] = None) -> Tensor:
+                      dense_matrix: Optional[Tensor] = None, outer_by_dot: bool = False) -> Tensor:
+    info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
+                           gather_index=gather_index, out_size=out_size)
+    if outer_by_dot:  # sparse_product_triton decided
+        return _launch(lambda a, b: outer_sum_launch(a, b, info), x, y)
     if dense_bounds is not None:  # the dense route (sparse_product_triton decided)
         table = SimpleNamespace(bounds=dense_bounds, index=dense_index, scale=dense_scale, rows=dense_rows,
                                 max_len=dense_max_len, matrix=dense_matrix)
         rank_x, rank_y, _ = CHANNEL_RANKS[op]
         return _launch(lambda a, b: dense_product_launch(op, a, b, table, out_size, a.dim() == rank_x + 1,
                                                          b.dim() == rank_y + 1), x, y)
-    info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
-                           gather_index=gather_index, out_size=out_size)
     return _launch(lambda a, b: sparse_product_launch(op, a, b, info, out_accumulated), x, y)
 
 
 @sparse_product_op.register_fake
 def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
-      dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None):
+      dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None, outer_by_dot=False):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -143,11 +158,20 @@ def _dense_table(op, x, y, info, out_accumulated):
     return table if density >= MIN_DENSITY else None
 
 
+def _outer_sum(op, x, y, out_accumulated):
+    """Whether ``op`` is outer summed over the batch with both inputs batched, for the matrix-unit kernel."""
+    return (OUTER_SUM_BY_DOT["enabled"] and op == "outer" and bool(out_accumulated) and x.dim() == 3
+            and y.dim() == 3 and x.dtype != torch.float64)
+
+
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
     """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the dense route
-    (kernels/sparse_dense.py) for vecsca, scavec and inner where it applies, else the segment kernel."""
+    (kernels/sparse_dense.py) for vecsca, scavec and inner where it applies, outer summed over the batch on
+    kernels/sparse_outer_sum.py, else the segment kernel."""
     table = _dense_table(op, x, y, info, out_accumulated)
-    if table is None:
+    if _outer_sum(op, x, y, out_accumulated):
+        dense = (None, None, None, 0, 0, None, True)
+    elif table is None:
         dense = ()
     else:
         matrix = (table.matrix if x.dtype == torch.float64 else table.matrix32) if GATHER_BY_MATMUL["enabled"] else None

@@ -312,8 +312,10 @@ class SparseOperator(Operator):
         self.add_variant(_functions_variant(
             "triton", lambda: functional.use_implementation("triton"),
             unavailable_reason=triton_ops.unavailable_reason,
-            description="the autograd Functions on the CSR segment kernels (kernels/sparse_segment.py): every output "
-                        "row written once, no atomics; backward by rotated infos, so every order runs on them"))
+            description="the autograd Functions on the Triton kernels: CSR segments (kernels/sparse_segment.py), the "
+                        "dense route of vecsca/scavec/inner (sparse_dense.py), batch sums of outer products on "
+                        "matrix units (sparse_outer_sum.py); no atomics; backward by rotated infos, so every order "
+                        "runs on them"))
         self.add_variant(Variant("torch_csr", "peer", peers.torch_csr_prepare, self.modes,
                                  "scale only: torch.sparse_csr_tensor @ x, torch autograd"))
         self.add_variant(Variant("e3nn", "peer", peers.e3nn_prepare, self.modes,
