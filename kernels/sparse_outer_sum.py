@@ -51,10 +51,6 @@ _CONFIGS = config_list(
 )
 
 
-# dtypes whose operand takes the term's scale before the dot (one accumulator a program instead of two)
-SCALE_OPERAND_DTYPES = (torch.float32,)
-
-
 def _prune(configs, named_args, **constexprs):
     """Tiles wider than a (power-of-two, at least 16: tl.dot's) channel count only idle lanes: drop them, keeping at
     least the smallest tile; ATTNBENCH_AUTOTUNE=0 keeps the first survivor only."""
@@ -75,8 +71,7 @@ def channel_tiles(ca, cb, meta):
 def outer_sum_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS, N, OUT_SIZE, ROW0, CA, CB,
                      s_xn, s_xm, s_xa, s_yn, s_ym, s_yb, s_zs, s_zm,
                      HAS_SCALE: tl.constexpr, HAS_GATHER: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     SCALE_OPERAND: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+                     ACC_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
     b_tiles = tl.cdiv(CB, BLOCK_B)
     offs_a = (tl.program_id(0) // b_tiles) * BLOCK_A + tl.arange(0, BLOCK_A)
     offs_b = (tl.program_id(0) % b_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -105,15 +100,10 @@ def outer_sum_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS, N, OUT_SIZE
                 t = k
             xt = tl.load(x_n + tl.load(INDEX1 + t) * s_xm, mask=x_mask, other=0.0)
             yt = tl.load(y_n + tl.load(INDEX2 + t) * s_ym, mask=y_mask, other=0.0)
-            if SCALE_OPERAND:  # fp32: s x rounds like s (x y) would, and the dot accumulates into acc itself
-                if HAS_SCALE:
-                    xt = xt * tl.load(SCALE + t).to(ACC_DTYPE)
-                acc = tl.dot(tl.trans(xt), yt, acc, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-            else:  # 16-bit operands: the scale on the term's fp32 product, never rounded into an operand
-                term = tl.dot(tl.trans(xt), yt, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-                if HAS_SCALE:
-                    term = term * tl.load(SCALE + t).to(ACC_DTYPE)
-                acc += term
+            term = tl.dot(tl.trans(xt), yt, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+            if HAS_SCALE:
+                term = term * tl.load(SCALE + t).to(ACC_DTYPE)
+            acc += term
     z_ptrs = Z + tl.program_id(2).to(tl.int64) * s_zs + row * s_zm + offs_a[:, None] * CB + offs_b[None, :]
     tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=a_mask[:, None] & b_mask[None, :])
 
@@ -149,8 +139,7 @@ def outer_sum_launch(x, y, info):
                 x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
                 zv.stride(0), zv.stride(1),
                 HAS_SCALE=info.scale is not None, HAS_GATHER=info.gather_index is not None,
-                DOT_PRECISION=dot_precision(x.dtype), SCALE_OPERAND=x.dtype in SCALE_OPERAND_DTYPES,
-                ACC_DTYPE=accumulator_dtype(x.dtype))
+                DOT_PRECISION=dot_precision(x.dtype), ACC_DTYPE=accumulator_dtype(x.dtype))
     if splits > 1:
         z.copy_(zv.sum(0).view(z.shape))  # torch's reduction over a dim: a fixed order, no atomics
     return z
