@@ -296,15 +296,22 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
         return z.zero_()
     c2 = cy[0] if op == "outer" else 1
     r = cx[0] if op in ("inner", "vecmat", "mat_t_vec") else 1  # the contracted channel dim
+    # the shared matrix of the FC layer (and of its backward) through tl.dot; fp64 keeps the FMA route
+    dot = ((op == "vecmat" and _is_shared(y, rank_y)) or (op == "mat_t_vec" and _is_shared(x, rank_x))) \
+        and not shared and not accumulate and x.dtype != torch.float64
+    if dot:  # the backward's transposed view of the weight: a compact copy (tiny: no batch dim), unit stride along
+        # the output channels as in the forward; on the strided view fp32's FMA dot ran the FC layer's backward 1.6x-2x
+        # slower on the H100 (results/gpu/nvidia-h100/sparse-fc-weight-copy.*; bf16 unchanged)
+        if op == "vecmat" and y.stride(-1) != 1:
+            y = y.contiguous()
+        elif op == "mat_t_vec" and x.stride(-1) != 1:
+            x = x.contiguous()
     x, s_xn, s_xm, s_xa, s_xb = _operand(x, rank_x)
     y, s_yn, s_ym, s_ya, s_yb = _operand(y, rank_y)
     zv = z.reshape(1 if shared or accumulate else batch, info.out_size, cz)
     splits = batch_splits(batch, info.out_size, cz, multiprocessors(z.device), z.device.type) if accumulate else 1
     if splits > 1:  # partial sums per batch range, in the accumulator's precision, summed in split order below
         zv = torch.empty((splits, info.out_size, cz), dtype=accumulator_torch_dtype(x.dtype), device=z.device)
-    # the shared matrix of the FC layer (and of its backward) through tl.dot; fp64 keeps the FMA route
-    dot = ((op == "vecmat" and _is_shared(y, rank_y)) or (op == "mat_t_vec" and _is_shared(x, rank_x))) \
-        and not shared and not accumulate and x.dtype != torch.float64
     bounds = info.row_bounds  # [2, out_size]: each output row's segment (start, end); (0, 0) if none
     scale = info.scale if info.scale is not None else bounds  # a dummy pointer when HAS_SCALE is False
     gather = info.gather_index if info.gather_index is not None else bounds
