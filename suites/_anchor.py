@@ -1,7 +1,9 @@
 """What every operator's asv suite shares: one measuring pass and the benchmark bodies.
 
-asv's spawn launcher starts a fresh interpreter for every parameter combination, so suite modules
-never import torch at module level: each spells out its operator's case labels, variants and
+asv runs every parameter combination in a process of its own (forked from a server that imported the
+suites, with ``--launch-method forkserver``; a fresh interpreter each with ``spawn``), so suite modules
+never import torch at module level (the server must not hold CUDA, and a combination must not pay
+torch's import): each spells out its operator's case labels, variants and
 modes (tests/test_suites.py fails if they drift from the operator's own) and subclasses the two
 classes below. Their names start with "_", so asv does not collect them here, only through the
 suites' subclasses (it finds inherited methods).

@@ -1,4 +1,4 @@
-"""The asv suites spell out their parameters (so asv's ~500 spawned interpreters skip importing
+"""The asv suites spell out their parameters (so asv's process per combination skips importing
 torch): they must stay equal to the operators' own, or the dashboard would silently lose variants."""
 import importlib
 import pkgutil
