@@ -16,7 +16,7 @@ backward 6.7x-9.4x faster in fp32 and 31x-95x in bf16 (L 2 N 1e5 C 128 bf16: 4.4
   scale is never rounded into a 16-bit operand).
 * Channel tiles and rows vary fastest in launch order, so the programs resident together work on the same batch
   range, and a batch block's x and y rows, read once per term that uses them, come from L2.
-* The batch splits' partial tiles are summed afterwards in split order (``sparse_segment.batch_splits`` picks
+* The batch splits' partial tiles are summed afterwards in a fixed order (``sparse_segment.batch_splits`` picks
   the count; no atomics), so the result is bitwise deterministic.
 * fp32 inputs use full-precision dots (never TF32), 16-bit inputs the tensor cores with fp32 accumulation; fp64
   keeps the segment kernel (no fp64 dot here).
@@ -28,7 +28,7 @@ import triton.language as tl
 from .launch import on_device
 from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
-from .sparse_segment import MAX_GRID_YZ, batch_splits
+from .sparse_segment import MAX_GRID_YZ, batch_splits, compact_channels
 from .tuning import autotune, autotune_enabled, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["outer_sum_launch", "outer_sum_kernel", "channel_tiles"]
@@ -104,7 +104,7 @@ def outer_sum_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS, N, OUT_SIZE
             if HAS_SCALE:
                 term = term * tl.load(SCALE + t).to(ACC_DTYPE)
             acc += term
-    z_ptrs = Z + tl.program_id(2).to(tl.int64) * s_zs + row * s_zm + offs_a[:, None] * CB + offs_b[None, :]
+    z_ptrs = Z + tl.program_id(2).to(tl.int64) * s_zs + row.to(tl.int64) * s_zm + offs_a[:, None] * CB + offs_b[None, :]
     tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=a_mask[:, None] & b_mask[None, :])
 
 
@@ -113,6 +113,7 @@ def outer_sum_launch(x, y, info):
     y [N, M2, C2] (any strides, one dtype, not fp64): [out_size, C1, C2] in x's dtype. ``info`` as for
     ``sparse_segment.sparse_product_launch``."""
     batch, ca, cb = x.shape[0], x.shape[-1], y.shape[-1]
+    x, y = compact_channels(x, 1), compact_channels(y, 1)  # channel offsets are int32 in the kernel
     z = new_output((info.out_size, ca, cb), x.dtype, x.device)
     if z.numel() == 0:
         return z
@@ -122,7 +123,7 @@ def outer_sum_launch(x, y, info):
     splits = batch_splits(batch, info.out_size, cz, multiprocessors(z.device), z.device.type,
                            channels_per_program=64 * 64)
     zv = z.view(1, info.out_size, cz)
-    if splits > 1:  # partial tiles per batch range, in the accumulator's precision, summed in split order below
+    if splits > 1:  # partial tiles per batch range, in the accumulator's precision, summed in a fixed order below
         zv = torch.empty((splits, info.out_size, cz), dtype=accumulator_torch_dtype(x.dtype), device=z.device)
     bounds = info.row_bounds
     scale = info.scale if info.scale is not None else bounds  # dummy pointers when absent
@@ -141,5 +142,5 @@ def outer_sum_launch(x, y, info):
                 HAS_SCALE=info.scale is not None, HAS_GATHER=info.gather_index is not None,
                 DOT_PRECISION=dot_precision(x.dtype), ACC_DTYPE=accumulator_dtype(x.dtype))
     if splits > 1:
-        z.copy_(zv.sum(0).view(z.shape))  # torch's reduction over a dim: a fixed order, no atomics
+        z.copy_(zv.sum(0).view(z.shape))  # torch's reduction over a dim: a fixed order for a shape, no atomics
     return z

@@ -41,13 +41,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .outputs import new_output
 from .launch import on_device
+from .offsets import INT32_MAX
+from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
-           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "batch_splits"]
+           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "batch_splits", "compact_channels"]
 
 # op codes of the product kernel's constexpr switch
 MUL: tl.constexpr = tl.constexpr(0)
@@ -215,9 +216,9 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
                 term = term * tl.load(SCALE + t).to(ACC_DTYPE)
             acc += term
     if ACCUMULATE:
-        tl.store(Z + row * s_zm + offs_c, tl.sum(acc, 0).to(Z.dtype.element_ty), mask=c_mask)
+        tl.store(Z + row.to(tl.int64) * s_zm + offs_c, tl.sum(acc, 0).to(Z.dtype.element_ty), mask=c_mask)
     else:
-        z_ptrs = Z + offs_n0.to(tl.int64)[:, None] * s_zn + row * s_zm + offs_c[None, :]
+        z_ptrs = Z + offs_n0.to(tl.int64)[:, None] * s_zn + row.to(tl.int64) * s_zm + offs_c[None, :]
         tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=(offs_n0[:, None] < N) & c_mask[None, :])
 
 
@@ -239,7 +240,8 @@ def sparse_scale_kernel(X, Z, SCALE, INDEX, SEG_OUT, N, ROW0, C, CZ,
         if HAS_SCALE:
             xv = xv * tl.load(SCALE + t).to(ACC_DTYPE)
         acc += xv
-    tl.store(Z + offs_n[:, None] * s_zn + row * s_zm + offs_c[None, :], acc.to(Z.dtype.element_ty), mask=mask)
+    z_ptrs = Z + offs_n[:, None] * s_zn + row.to(tl.int64) * s_zm + offs_c[None, :]
+    tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -264,6 +266,15 @@ def product_out_shape(op, x_shape, y_shape, out_size, out_accumulated):
 
 def scale_out_shape(x_shape, out_size):
     return (*x_shape[:-2], out_size, x_shape[-1])
+
+
+def compact_channels(t, channel_rank):
+    """``t``, or a compact copy where its channel offsets would pass 2**31 - 1 (a batch-innermost layout at large
+    N): the kernels compute batch and row offsets in int64 (row indices are int64 loads) but channel offsets, and
+    the output's, in int32."""
+    dims = range(t.dim() - channel_rank, t.dim())
+    span = sum((t.shape[d] - 1) * abs(t.stride(d)) for d in dims)
+    return t.contiguous() if span > INT32_MAX else t
 
 
 def _operand(t, rank):
@@ -306,8 +317,8 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
             y = y.contiguous()
         elif op == "mat_t_vec" and x.stride(-1) != 1:
             x = x.contiguous()
-    x, s_xn, s_xm, s_xa, s_xb = _operand(x, rank_x)
-    y, s_yn, s_ym, s_ya, s_yb = _operand(y, rank_y)
+    x, s_xn, s_xm, s_xa, s_xb = _operand(compact_channels(x, rank_x), rank_x)
+    y, s_yn, s_ym, s_ya, s_yb = _operand(compact_channels(y, rank_y), rank_y)
     zv = z.reshape(1 if shared or accumulate else batch, info.out_size, cz)
     splits = batch_splits(batch, info.out_size, cz, multiprocessors(z.device), z.device.type) if accumulate else 1
     if splits > 1:  # partial sums per batch range, in the accumulator's precision, summed in split order below
@@ -360,7 +371,7 @@ def sparse_scale_launch(x, info):
     z = new_output(scale_out_shape(x.shape, info.out_size), x.dtype, x.device)
     if z.numel() == 0:
         return z
-    xv = x.reshape(-1, x.shape[-2], x.shape[-1])  # leading dims as one batch (a view when strides allow)
+    xv = compact_channels(x, 1).reshape(-1, x.shape[-2], x.shape[-1])  # leading dims as one batch (a view if it can)
     zv = z.view(-1, info.out_size, x.shape[-1])
     batch, channels = xv.shape[0], xv.shape[-1]
     scale = info.scale if info.scale is not None else info.index  # dummy pointer when HAS_SCALE is False

@@ -1,7 +1,8 @@
 """outer summed over the batch on matrix units (kernels/sparse_outer_sum.py), on the interpreter: the fully
 connected layer's weight gradient. Against float64 with a priori bounds; the route asserted (a spy on its
 launcher) and refused where it does not apply (fp64, a shared input, the switch off); odd channel counts over
-several tiles, a batch over several splits, the backward infos' gather_index, strided views, empty structures,
+several tiles, a batch over several splits, the backward infos' gather_index, strided views (and the compact copy
+of channel strides past 32 bits), an empty batch, scale None, a structure without terms, rows launched in chunks,
 determinism, the FC layer's first and second derivatives and torch.compile.
 
 The interpreter config uses blocks of 2 (batch, both channel dims), so C1 = 5, C2 = 3 span three and two tiles
@@ -14,8 +15,10 @@ import pytest
 import torch
 
 from attnbench.kernels import poisoned_outputs
-from attnbench.sparse import (random_product_infos, sparse_outer, sparse_product, sparse_product_reference,
-                              sparse_vecmat, triton_ops, use_implementation)
+from attnbench.kernels import sparse_outer_sum
+from attnbench.kernels.sparse_segment import compact_channels
+from attnbench.sparse import (product_infos, product_terms, random_product_infos, sparse_outer, sparse_product,
+                              sparse_product_reference, sparse_vecmat, triton_ops, use_implementation)
 
 pytestmark = pytest.mark.interpreter
 
@@ -115,6 +118,38 @@ def test_strided_inputs(infos, launches):
     torch.testing.assert_close(z, _batch_sum(x, y, infos), rtol=0, atol=0)
 
 
+def test_without_scales_and_without_terms(infos, launches):
+    """scale None (every term 1) and a structure without terms (zeros, every row written)."""
+    i1, i2, i3, _ = product_terms(infos[0])
+    unscaled = product_infos(i1, i2, i3, None, *SIZES)
+    x, y = _inputs(5, 3, 4, torch.float32, seed=6)
+    expected = sparse_product_reference("outer", x.double(), y.double(), unscaled[0], True)
+    torch.testing.assert_close(_batch_sum(x, y, unscaled).double(), expected, rtol=1e-5, atol=1e-5)
+    empty = torch.zeros(0, dtype=torch.int64)
+    z = _batch_sum(x, y, product_infos(empty, empty, empty, None, *SIZES))
+    assert len(launches) == 2 and z.shape == (SIZES[2], 3, 4) and not z.any()
+
+
+@pytest.mark.parametrize("rotation", [0, 1, 2])
+def test_rows_launch_in_chunks(infos, launches, monkeypatch, rotation):
+    """CUDA caps grid axis 1 (the rows) at 65535 programs: the launcher walks the rows in chunks (two rows here)."""
+    monkeypatch.setattr(sparse_outer_sum, "MAX_GRID_YZ", 2)
+    rotated = infos[rotation:] + infos[:rotation]
+    x, y = _inputs(4, 3, 2, torch.float32, seed=8, sizes=(rotated[0].size1, rotated[0].size2))
+    expected = sparse_product_reference("outer", x.double(), y.double(), rotated[0], True)
+    torch.testing.assert_close(_batch_sum(x, y, rotated).double(), expected, rtol=1e-5, atol=1e-5)
+    assert len(launches) == 1
+
+
+def test_wide_channel_strides_are_copied_compact():
+    """Channel offsets are int32 in the kernels: a batch-innermost x whose channel span passes 2**31 - 1 (N M C >
+    2**31) is copied compact before launch (meta tensors: the decision alone, no 10 GB buffer)."""
+    wide = torch.empty_strided((4, 1, 160), (1, 4, 2 ** 24), device="meta")
+    assert compact_channels(wide, 1).is_contiguous()
+    narrow = torch.empty_strided((4, 1, 120), (1, 4, 2 ** 24), device="meta")
+    assert compact_channels(narrow, 1) is narrow
+
+
 def test_deterministic_and_empty(infos, launches):
     x, y = _inputs(7, 3, 3, torch.bfloat16, seed=5)
     assert torch.equal(_batch_sum(x, y, infos), _batch_sum(x, y, infos))
@@ -168,5 +203,5 @@ def test_torch_compile_fullgraph(infos, launches):
         eager = fn(x, y)
         compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(x, y)
     torch._dynamo.reset()
-    assert launches
+    assert len(launches) == 2  # the eager call and the compiled one
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
