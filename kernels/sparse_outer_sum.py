@@ -14,10 +14,12 @@ backward 6.7x-9.4x faster in fp32 and 31x-95x in bf16 (L 2 N 1e5 C 128 bf16: 4.4
   a contiguous range of batch blocks. For each batch block it walks the row's terms in CSR order; a term's
   product x[n-block, i1]^T @ y[n-block, i2] is summed into the tile after its scale (in the accumulator dtype: the
   scale is never rounded into a 16-bit operand).
-* Channel tiles and rows vary fastest in launch order, so the programs resident together work on the same batch
-  range, and a batch block's x and y rows, read once per term that uses them, come from L2.
+* Channel tiles and rows vary fastest in launch order, so that the programs resident together work on the same
+  batch range and a batch block's x and y rows, read once per term that uses them, can come from L2 (the intent;
+  the order was not measured against another).
 * The batch splits' partial tiles are summed afterwards in a fixed order (``sparse_segment.batch_splits`` picks
-  the count; no atomics), so the result is bitwise deterministic.
+  the count; no atomics), so the result is bitwise deterministic for a launch config (the autotuner's pick, as in
+  the segment kernel, may differ between processes).
 * fp32 inputs use full-precision dots (never TF32), 16-bit inputs the tensor cores with fp32 accumulation; fp64
   keeps the segment kernel (no fp64 dot here).
 """
