@@ -100,8 +100,9 @@ if has asv; then
   # process per parameter combination: forked from a server that imported the suites (forkserver) that
   # is ~12x faster than a fresh interpreter each (spawn: ~0.5 s a combination on the H200 machine, so
   # every suite together took longer than one call; measured on a CPU: the sparse speedup suite's 1152
-  # combinations 107 s -> 8.9 s, all suites 66 s; with a faked measurement that gives every sparse point a
-  # number, all 7200 anchor values and 1152 speedups recorded in 62 s). ASV_LAUNCH=spawn goes back.
+  # combinations 107 s -> 8.9 s, all suites 66 s; with a faked measurement that gives sparse points a
+  # number: its 1440 x 5 anchor points and 1152 speedups in 62 s, the faked 576 x 5 and 288 recorded).
+  # ASV_LAUNCH=spawn goes back.
   ATTNBENCH_ASV_REPORTS=${ASV_REPORTS:-} asv run -E existing:python3 --set-commit-hash "$commit" --machine "$machine" \
       --launch-method "${ASV_LAUNCH:-forkserver}" --show-stderr ${ASV_BENCH:+--bench "$ASV_BENCH"} 2>&1 | tee "$ART/asv-run.log" | tail -n 30
   status=$((status | $?))
