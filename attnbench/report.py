@@ -99,8 +99,13 @@ def markdown(report, subject=None, peers=None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# max / min of a panel's bars beyond which its axis is logarithmic
+LOG_SPAN = 20
+
+
 def plot(report, path):
-    """Grouped bars of TF/s: one panel per mode, cases along x, one bar per variant."""
+    """Grouped bars of TF/s: one panel per mode, cases along x, one bar per variant; a logarithmic axis where a
+    panel's bars span more than LOG_SPAN (peers 10x-300x slower, as sparse's are, would be flat on a linear one)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,13 +129,21 @@ def plot(report, path):
             ys = [value.get((c, mode, variant), math.nan) for c in cases]
             ax.bar([x + i * width for x in range(len(cases))], ys, width, label=variant)
         ax.set_title(f"{mode}")
-        ax.set_ylabel("TF/s")
+        positive = [v for (_, m, _), v in value.items() if m == mode and v > 0]  # NaN compares False
+        log = bool(positive) and max(positive) > LOG_SPAN * min(positive)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel("TF/s (log scale)" if log else "TF/s")
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))], cases, fontsize=6 if many else 8,
                       rotation=75 if many else 0, ha="right" if many else "center")
         ax.set_xlim(-0.5, len(cases))
         ax.grid(axis="y", alpha=0.3)
     axes[0, 0].legend(ncol=min(4, len(variants)), fontsize=8)
-    fig.suptitle(f"{report.get('machine', {}).get('device_name', '')}: throughput by variant (FA FLOP convention)")
+    ops = ", ".join(dict.fromkeys(r["op"] for r in rows if r.get("op")))
+    fig.suptitle(f"{report.get('machine', {}).get('device_name', '')}: {ops or 'throughput'} by variant "
+                 f"(each operator's FLOP model)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    scales = [ax.get_yscale() for ax in axes[:, 0]]
     plt.close(fig)
+    return scales

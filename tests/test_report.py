@@ -30,6 +30,21 @@ def test_markdown_ratios_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_goes_logarithmic_where_bars_span_decades(tmp_path):
+    """Peers 100x slower would be flat on a linear axis: that panel is logarithmic, a 2x panel stays linear."""
+    from attnbench import report
+
+    def row(mode, variant, tflops):
+        return {"op": "toy", "case": "c1", "mode": mode, "variant": variant, "tflops": tflops,
+                "timing": {"median_ms": 1.0, "method": "cuda-events"}}
+
+    data = {"machine": {"device_name": "Test GPU"},
+            "bench": [row("fwd", "fast", 100.0), row("fwd", "slow", 1.0), row("bwd", "fast", 2.0),
+                      row("bwd", "slow", 1.0), row("bwd", "none", None)]}
+    assert report.plot(data, tmp_path / "p.png") == ["log", "linear"]
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_partial_cpu_run_states_what_it_is(tmp_path, capsys):
     """An interrupted CPU run: the report says it is partial, and interpreter timings are never
     divided by another clock's; the peers are the ones the file recorded for the operator."""
