@@ -40,6 +40,13 @@ FLOORS = {torch.float64: 1e-13, torch.float32: 2e-6, torch.float16: 2e-4, torch.
 LOCAL_FACTOR = 8
 
 
+def gamma(m: int, u: float) -> float:
+    """gamma_m(u) = m u / (1 - m u): the relative error bound of m roundings of unit roundoff u (Higham, Accuracy
+    and Stability of Numerical Algorithms, ch. 3), behind the a priori bounds of the kernel tests."""
+    assert m * u < 0.5, f"{m} roundings of {u:.1e}: the bound says nothing"
+    return m * u / (1 - m * u)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]) if t.dim() >= 4 else t.reshape(-1, 1)
 

@@ -15,6 +15,7 @@ import torch
 
 from attnbench.kernels import outputs as kernel_outputs
 from attnbench.kernels import small_matmul as module
+from attnbench.verify import gamma
 
 pytestmark = pytest.mark.gpu
 
@@ -29,14 +30,10 @@ BATCH = 37
 LAYOUTS = ("none", "a", "b", "both", "a1", "b_t")
 
 
-def _gamma(m, u):
-    return m * u / (1 - m * u)
-
-
 def _bound(a64, b64, exact, a_dtype, b_dtype, out_dtype):
     k = a64.shape[-1]
     fp64 = b_dtype == torch.float64
-    factor = _gamma(k + 1, 2.0 ** -53 if fp64 else 2.0 ** -24)
+    factor = gamma(k + 1, 2.0 ** -53 if fp64 else 2.0 ** -24)
     if a_dtype != b_dtype:
         factor += 2.0 ** -16
     out = 0.0 if out_dtype in (torch.float32, torch.float64) else torch.finfo(out_dtype).eps / 2

@@ -40,6 +40,7 @@ import torch
 
 import attnbench
 from attnbench import verify
+from attnbench.verify import gamma
 from attnbench.kernels import outputs as kernel_outputs
 from attnbench.kernels.sparse_outer_sum import outer_sum_kernel
 from attnbench.kernels.sparse_segment import product_out_shape
@@ -97,11 +98,6 @@ def triton_only(monkeypatch):
 
 def unit_roundoff(dtype):
     return torch.finfo(dtype).eps / 2
-
-
-def gamma(m, u):
-    assert m * u < 0.5, f"{m} roundings of {u:.1e}: the bound says nothing"
-    return m * u / (1 - m * u)
 
 
 def error_factor(dtype, m, roundings, exact=False):

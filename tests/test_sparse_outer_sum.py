@@ -19,6 +19,7 @@ from attnbench.kernels import sparse_outer_sum
 from attnbench.kernels.sparse_segment import compact_channels
 from attnbench.sparse import (product_infos, product_terms, random_product_infos, sparse_outer, sparse_product,
                               sparse_product_reference, sparse_vecmat, triton_ops, use_implementation)
+from attnbench.verify import gamma
 
 pytestmark = pytest.mark.interpreter
 
@@ -59,10 +60,6 @@ def _batch_sum(x, y, infos):
         return sparse_outer(x, y, infos, out_accumulated=True)
 
 
-def _gamma(m, u):
-    return m * u / (1 - m * u)
-
-
 def _bound(x, y, info, dtype):
     """|z - z64| <= (u_out + gamma_m(u32)) A, A = sum of |s x y| over each output's terms and the batch: an fp32
     accumulation of at most m = N T + 2 roundings (the batch and the row's terms, the scale's multiply, the
@@ -71,7 +68,7 @@ def _bound(x, y, info, dtype):
     a = sparse_product_reference("outer", x.double().abs(), y.double().abs(), abs_info, True)
     longest = int(info.seg_out.diff().max())
     u_out = 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps / 2
-    return (u_out + _gamma(x.shape[0] * longest + 2, U32)) * a + 1e-300
+    return (u_out + gamma(x.shape[0] * longest + 2, U32)) * a + 1e-300
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -186,7 +183,7 @@ def test_fc_layer_derivatives(infos, launches):
     chain = x.shape[0] * int(max(i.seg_out.diff().max() for i in infos)) + x.shape[-1] + 8
     names = ("grad_x", "grad_w", "ggrad_x", "ggrad_w", "ggrad_g")
     for name, out, ref, a in zip(names, got, expected, absolute):
-        bound = 2 * _gamma(chain, U32) * a + 1e-300
+        bound = 2 * gamma(chain, U32) * a + 1e-300
         error = (out - ref).abs()
         assert (error <= bound).all(), f"{name}: max error / bound {(error / bound).max():.3g}"
 
