@@ -6,14 +6,18 @@ copied compact before launch, and a slice too large even then is refused."""
 INT32_MAX = 2**31 - 1
 
 
+def offset_span(t, dims: int) -> int:
+    """The largest offset inside one slice of ``t``'s last ``dims`` dims: sum of (size - 1) x |stride|."""
+    return sum((t.shape[d] - 1) * abs(t.stride(d)) for d in range(t.dim() - dims, t.dim()))
+
+
 def slice_needs_copy(t, what: str, per: str, unit_last: bool = False) -> bool:
     """Whether ``t`` must be copied compact (``t.contiguous()``) for such a kernel: its last two dims' offsets
     pass INT32_MAX, or (``unit_last``, kernels that take a contiguous last dim) its last dim is strided.
     Raises ValueError, naming ``what`` and the slice (``per``: "head", "sample"), when a compact slice would
     pass 2**31 - 1 elements too."""
     rows, cols = t.shape[-2], t.shape[-1]
-    span = (rows - 1) * abs(t.stride(-2)) + (cols - 1) * abs(t.stride(-1))
-    if span <= INT32_MAX and (t.stride(-1) == 1 or not unit_last):
+    if offset_span(t, 2) <= INT32_MAX and (t.stride(-1) == 1 or not unit_last):
         return False
     if rows * cols > INT32_MAX:
         raise ValueError(f"{what}: {rows} x {cols} = {rows * cols} exceeds 2**31 - 1 elements per {per}")

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .launch import on_device
-from .offsets import INT32_MAX
+from .offsets import INT32_MAX, offset_span
 from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
@@ -272,9 +272,7 @@ def compact_channels(t, channel_rank):
     """``t``, or a compact copy where its channel offsets would pass 2**31 - 1 (a batch-innermost layout at large
     N): the kernels compute batch and row offsets in int64 (row indices are int64 loads) but channel offsets, and
     the output's, in int32."""
-    dims = range(t.dim() - channel_rank, t.dim())
-    span = sum((t.shape[d] - 1) * abs(t.stride(d)) for d in dims)
-    return t.contiguous() if span > INT32_MAX else t
+    return t.contiguous() if offset_span(t, channel_rank) > INT32_MAX else t
 
 
 def _operand(t, rank):
