@@ -168,16 +168,15 @@ def sparse_product_triton(op, x, y, info, out_accumulated=False):
     """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the dense route
     (kernels/sparse_dense.py) for vecsca, scavec and inner where it applies, outer summed over the batch on
     kernels/sparse_outer_sum.py, else the segment kernel."""
-    table = _dense_table(op, x, y, info, out_accumulated)
+    route = {}
     if _outer_sum(op, x, y, out_accumulated):
-        dense = (None, None, None, 0, 0, None, True)
-    elif table is None:
-        dense = ()
-    else:
+        route = {"outer_by_dot": True}
+    elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None:
         matrix = (table.matrix if x.dtype == torch.float64 else table.matrix32) if GATHER_BY_MATMUL["enabled"] else None
-        dense = (table.bounds, table.index, table.scale, table.rows, table.max_len, matrix)
+        route = {"dense_bounds": table.bounds, "dense_index": table.index, "dense_scale": table.scale,
+                 "dense_rows": table.rows, "dense_max_len": table.max_len, "dense_matrix": matrix}
     return sparse_product_op(x, y, info.scale, info.index1, info.index2, info.row_bounds, info.gather_index,
-                             info.out_size, op, bool(out_accumulated), *dense)
+                             info.out_size, op, bool(out_accumulated), **route)
 
 
 def sparse_scale_triton(x, info):
