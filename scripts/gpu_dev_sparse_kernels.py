@@ -68,15 +68,9 @@ def cases(quick):
     return out
 
 
-def dense_route_cases(quick):
-    out = [SparseCase("vecsca", l_max, batch, channels, dtype)
-           for dtype in ("float32", "bfloat16") for l_max in (2, 3, 4, 6) for channels in (32, 128)
-           for batch in (10_000, 100_000)]
-    return [c for c in out if c.dtype == "float32" and c.batch == 10_000][:4] if quick else out
-
-
-def outer_sum_cases(quick):
-    out = [SparseCase("vecmat", l_max, batch, channels, dtype, "y")
+def anchor_cases(op, quick, shared=""):
+    """The anchors of ``op`` (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5; fp32, bf16); ``quick``: four fp32 N 1e4 ones."""
+    out = [SparseCase(op, l_max, batch, channels, dtype, shared)
            for dtype in ("float32", "bfloat16") for l_max in (2, 3, 4, 6) for channels in (32, 128)
            for batch in (10_000, 100_000)]
     return [c for c in out if c.dtype == "float32" and c.batch == 10_000][:4] if quick else out
@@ -84,7 +78,8 @@ def outer_sum_cases(quick):
 
 def timed(case, x, mode, variant, launchers=None):
     """Median ms and outputs of a variant; ``launchers``: FILE's segment launchers swapped in, an earlier dense
-    route's launcher (a function), or "segment" for the dense route turned off."""
+    route's launcher (a function), "segment" for the dense route turned off or "outer-segment" for the batch sum
+    of outer products on the segment kernel."""
     saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch)
     route = {"segment": triton_ops.dense_route(False),
              "outer-segment": triton_ops.outer_sum_by_dot(False)}.get(launchers, contextlib.nullcontext())
@@ -120,12 +115,12 @@ def main():
     if args.dense_route + args.outer_sum_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
         parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE and --outer-sum-route")
     if args.outer_sum_route:
-        old_launchers, case_list = "outer-segment", outer_sum_cases(args.quick)
+        old_launchers, case_list = "outer-segment", anchor_cases("vecmat", args.quick, "y")
     elif args.dense_route:
-        old_launchers, case_list = "segment", dense_route_cases(args.quick)
+        old_launchers, case_list = "segment", anchor_cases("vecsca", args.quick)
     elif args.dense_baseline:
         old_launchers = load_baseline(args.dense_baseline, "sparse_dense").dense_product_launch
-        case_list = dense_route_cases(args.quick)
+        case_list = anchor_cases("vecsca", args.quick)
     else:
         old = load_baseline(args.baseline)
         old_launchers, case_list = (old.sparse_product_launch, old.sparse_scale_launch), cases(args.quick)
