@@ -202,7 +202,6 @@ def test_thin_table_has_no_matrix_form(gathers):
     assert gathers and not any(gathers), "the dense route's gather kernel did not run"
 
 
-
 @pytest.mark.parametrize("op", OPS)
 def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route):
     """The route's cuBLAS products (the GEMM sums, fp32 Gram matrices) keep fp32 inside autocast (which would run
