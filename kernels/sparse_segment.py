@@ -48,7 +48,8 @@ from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
-           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "batch_splits", "compact_channels"]
+           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "batch_splits", "compact_channels",
+           "channel_line"]
 
 # op codes of the product kernel's constexpr switch
 MUL: tl.constexpr = tl.constexpr(0)
@@ -364,6 +365,20 @@ def batch_splits(batch, rows, cz, sms, device_type="cuda", channels_per_program=
     return max(1, min(wanted, cdiv(batch, least), MAX_BATCH_SPLITS, room))
 
 
+# Channel lines the scale kernel folds a thin batch's wide rows into (largest first).
+CHANNEL_LINES = (64, 32, 16)
+
+
+def channel_line(batch, channels, channel_stride):
+    """The line width that folds the channels of a batch of one into the kernel's batch axis, or 0: SparseScale on
+    [M, C] (the message-passing segment sum: C = (L+1)^2 channels, 2048 at L 3 C 128) leaves the [BLOCK_N, BLOCK_C]
+    tile's batch rows empty and gives each program one BLOCK_C slice of one row; as [C / line, M, line] a program
+    takes BLOCK_N consecutive lines of its row. Contiguous channels only, two lines at least."""
+    if batch != 1 or channel_stride != 1:
+        return 0
+    return next((line for line in CHANNEL_LINES if channels % line == 0 and channels >= 2 * line), 0)
+
+
 def sparse_scale_launch(x, info):
     """y of ``sparse_scale_split(x, info)``: x [..., in_size, C] -> [..., out_size, C] in x's dtype."""
     z = new_output(scale_out_shape(x.shape, info.out_size), x.dtype, x.device)
@@ -371,6 +386,10 @@ def sparse_scale_launch(x, info):
         return z
     xv = compact_channels(x, 1).reshape(-1, x.shape[-2], x.shape[-1])  # leading dims as one batch (a view if it can)
     zv = z.view(-1, info.out_size, x.shape[-1])
+    line = channel_line(xv.shape[0], xv.shape[-1], xv.stride(-1))
+    if line:  # [1, M, C] as [C / line, M, line]: the batch axis of the program's tile takes the lines of a row
+        xv = xv[0].unflatten(-1, (-1, line)).transpose(0, 1)
+        zv = zv[0].unflatten(-1, (-1, line)).transpose(0, 1)
     batch, channels = xv.shape[0], xv.shape[-1]
     scale = info.scale if info.scale is not None else info.index  # dummy pointer when HAS_SCALE is False
     for row0 in range(0, info.out_size, MAX_GRID_YZ):

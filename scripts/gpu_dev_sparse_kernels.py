@@ -63,6 +63,10 @@ def cases(quick):
         for l_max, channels, batch in ((2, 128, 100_000), (4, 32, 10_000)):
             out.append(SparseCase("vecsca", l_max, batch, channels, dtype))
         out.append(SparseCase("scale", 3, 1_000_000, 128, dtype, structure="segment"))
+        # the scale anchors' extremes and a random CSR (SparseScale on [M, C]: its channel lines, wip)
+        out.append(SparseCase("scale", 2, 100_000, 32, dtype, structure="segment"))
+        out.append(SparseCase("scale", 6, 100_000, 128, dtype, structure="segment"))
+        out.append(SparseCase("scale", 3, 100_000, 128, dtype, structure="random"))
     if quick:
         out = [c for c in out if c.dtype == "float32"][:4]
     return out

@@ -143,6 +143,24 @@ def test_scale_matches_reference(scale_info_pair, shape, dtype):
     torch.testing.assert_close(y.double(), expected, rtol=tolerance, atol=tolerance)
 
 
+def test_scale_folds_wide_channels_of_a_batch_of_one(scale_info_pair, triton_only):
+    """SparseScale on [M, C] (no batch) runs as [C / line, M, line] (kernels/sparse_segment.channel_line): values
+    against float64 and first and second derivatives through the kernels, for a few foldable widths."""
+    from attnbench.kernels.sparse_segment import channel_line
+
+    assert channel_line(1, 2048, 1) == 64 and channel_line(1, 96, 1) == 32 and channel_line(1, 48, 1) == 16
+    assert channel_line(1, 64, 1) == 32  # two lines at least
+    assert channel_line(2, 2048, 1) == 0 and channel_line(1, 2048, 3) == 0 and channel_line(1, 17, 1) == 0
+    for shape in [(5, 128), (1, 5, 96), (5, 48)]:
+        x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+        with poisoned_outputs():
+            y = sparse_scale(x, *scale_info_pair)
+        torch.testing.assert_close(y, sparse_scale_reference(x, scale_info_pair[0]), rtol=1e-12, atol=1e-12)
+    x = torch.randn(5, 32, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: sparse_scale(a, *scale_info_pair), (x,), fast_mode=True)
+    assert torch.autograd.gradgradcheck(lambda a: sparse_scale(a, *scale_info_pair), (x,), fast_mode=True)
+
+
 def test_batch_splits_of_a_batch_sum():
     """out_accumulated: enough batch ranges to fill the GPU, each of 256 items at least, within the caps."""
     from attnbench.kernels.sparse_segment import MAX_BATCH_SPLITS, PROGRAMS_PER_SM, batch_splits
