@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Odd-size witnesses for the sparse product kernel's GPU-only paths, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck python3 scripts/gpu_dev_sparse_witness.py [--device cpu --batch 7]
+    compute-sanitizer --tool memcheck python3 scripts/gpu_dev_sparse_witness.py [--device cpu --batch 7] [--scale-only]
 
 The CPU gate's tiny batches never split an out_accumulated product over batch ranges on a GPU (a range is 256
 items at least there), and the tl.dot route's tiles are 16 wide and more. Here every op runs with the batch sum
 on a batch of 3001 (several ranges, a ragged last one) and every op with a shared operand on odd channel counts
-(17, 33), in fp32 and bf16, each against the split implementation in float64. Exits 1 on a mismatch.
+(17, 33), and SparseScale on [M, C] (odd M, channels folded into lines and not), in fp32 and bf16, each against
+the split implementation in float64. Exits 1 on a mismatch.
 """
 import argparse
 import sys
@@ -15,9 +16,9 @@ import torch
 
 import attnbench  # noqa: F401  sets up the kernels
 from attnbench.kernels.sparse_segment import CHANNEL_RANKS, batch_splits
-from attnbench.sparse import random_product_infos
-from attnbench.sparse.functional import sparse_product_split
-from attnbench.sparse.triton_ops import sparse_product_triton
+from attnbench.sparse import random_product_infos, random_scale_infos
+from attnbench.sparse.functional import sparse_product_split, sparse_scale_split
+from attnbench.sparse.triton_ops import sparse_product_triton, sparse_scale_triton
 
 SIZES = (7, 5, 9)
 
@@ -26,6 +27,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=3001)
+    parser.add_argument("--scale-only", action="store_true", help="SparseScale's witnesses only")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     info = random_product_infos(*SIZES, 60, gen, device=args.device)[0]
@@ -37,7 +39,7 @@ def main():
     worst = 0.0
     failed = []
     for dtype in (torch.float32, torch.bfloat16):
-        for op, (rank_x, rank_y, _) in CHANNEL_RANKS.items():
+        for op, (rank_x, rank_y, _) in () if args.scale_only else CHANNEL_RANKS.items():
             for shared_x, shared_y, accumulated in ((False, False, True), (False, True, False), (True, False, False)):
                 for channels in (17, 33):
                     x = operand(shared_x, SIZES[0], channels, rank_x, dtype, gen)
@@ -51,6 +53,18 @@ def main():
                     if not error <= bound:
                         failed.append(f"{op} {dtype} shared x/y {shared_x}/{shared_y} sum {accumulated} C{channels}: "
                                       f"{error:.2e}")
+    # SparseScale on [M, C] (a batch of one): wide channels fold into lines (kernels/sparse_segment.channel_line),
+    # many terms a row (a segment sum) and one (its transpose, the backward's gather); odd M, foldable and not
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = args.batch  # M (odd) into M // 30 + 1 segments, and the transpose
+        for info in random_scale_infos(rows, rows // 30 + 1, rows, gen, device=args.device):
+            for channels in (48, 96, 2048, 17) if args.device == "cuda" else (48, 17):  # the interpreter: small
+                x = torch.randn(info.in_size, channels, generator=gen, dtype=torch.float64).to(args.device, dtype)
+                z = sparse_scale_triton(x, info)
+                expected = sparse_scale_split(x.double(), info)
+                error = ((z.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-30)).item()
+                if not error <= (1e-5 if dtype == torch.float32 else 2e-2):
+                    failed.append(f"scale {dtype} M{info.in_size}->{info.out_size} C{channels}: {error:.2e}")
     print(f"batch ranges at B{args.batch}: {batch_splits(args.batch, SIZES[2], 17, 132)}; worst fp32 error "
           f"{worst:.2e}")
     print("\n".join(failed) or "all witnesses match the float64 split implementation")
