@@ -48,8 +48,8 @@ from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
 __all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
-           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "batch_splits", "compact_channels",
-           "channel_line"]
+           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "sparse_scale_rows_kernel",
+           "batch_splits", "compact_channels", "channel_line"]
 
 # op codes of the product kernel's constexpr switch
 MUL: tl.constexpr = tl.constexpr(0)
@@ -111,6 +111,12 @@ _SCALE_CONFIGS = config_list(
         cfg(4, 1, BLOCK_N=8, BLOCK_C=32),
         cfg(8, 1, BLOCK_N=8, BLOCK_C=128),
         cfg(4, 1, BLOCK_N=16, BLOCK_C=16),
+        # larger tiles for rows of one term (the gather of a segment sum's backward): a program's index chain
+        # (row bounds, then the term's index, then x) is paid once per tile, so a tile must move kilobytes
+        cfg(4, 1, BLOCK_N=16, BLOCK_C=64),
+        cfg(8, 1, BLOCK_N=32, BLOCK_C=64),
+        cfg(8, 1, BLOCK_N=64, BLOCK_C=32),
+        cfg(8, 1, BLOCK_N=16, BLOCK_C=128),
     ],
     cfg(1, 1, BLOCK_N=2, BLOCK_C=2),
 )
@@ -223,9 +229,9 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
         tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=(offs_n0[:, None] < N) & c_mask[None, :])
 
 
-@autotune(_SCALE_CONFIGS, key=["C", "HAS_SCALE"], prune_configs_by={"early_config_prune": _prune})
+@autotune(_SCALE_CONFIGS, key=["C", "HAS_SCALE", "ROW_TERMS"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
-def sparse_scale_kernel(X, Z, SCALE, INDEX, SEG_OUT, N, ROW0, C, CZ,
+def sparse_scale_kernel(X, Z, SCALE, INDEX, SEG_OUT, N, ROW0, C, CZ, ROW_TERMS,
                         s_xn, s_xm, s_xc, s_zn, s_zm,
                         HAS_SCALE: tl.constexpr, ACC_DTYPE: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -243,6 +249,52 @@ def sparse_scale_kernel(X, Z, SCALE, INDEX, SEG_OUT, N, ROW0, C, CZ,
         acc += xv
     z_ptrs = Z + offs_n[:, None] * s_zn + row.to(tl.int64) * s_zm + offs_c[None, :]
     tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=mask)
+
+
+_SCALE_ROWS_CONFIGS = config_list(
+    [
+        cfg(4, 1, BLOCK_M=16, BLOCK_C=64),
+        cfg(8, 1, BLOCK_M=32, BLOCK_C=64),
+        cfg(4, 1, BLOCK_M=32, BLOCK_C=32),
+        cfg(8, 1, BLOCK_M=16, BLOCK_C=128),
+        cfg(4, 1, BLOCK_M=8, BLOCK_C=128),
+        cfg(8, 1, BLOCK_M=64, BLOCK_C=32),
+    ],
+    cfg(1, 1, BLOCK_M=2, BLOCK_C=2),
+)
+
+
+@autotune(_SCALE_ROWS_CONFIGS, key=["C", "HAS_SCALE"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def sparse_scale_rows_kernel(X, Z, SCALE, INDEX, SEG_OUT, M, C, CZ, s_xm, s_xc, s_zm,
+                             HAS_SCALE: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """sparse_scale_kernel for a batch of one with short rows (a segment sum's backward: one term a row): a tile
+    of BLOCK_M output rows x BLOCK_C channels, each row's terms in CSR order up to the tile's longest row, so a
+    program moves BLOCK_M rows where the batched kernel moves one row's slice."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_mask = offs_m < M
+    c_mask = offs_c < C
+    start = tl.load(SEG_OUT + offs_m, mask=m_mask, other=0)
+    end = tl.load(SEG_OUT + offs_m + 1, mask=m_mask, other=0)
+    # the 2-D mask from [BLOCK_M, BLOCK_C] bounds made before the loop (a mask built inside it from the 1-D ones:
+    # triton 3.6 fails to compile, as in sparse_dense.gather_rows_kernel)
+    zero = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.int64)
+    start_2d = start[:, None] + zero
+    end_2d = tl.where(c_mask[None, :], end[:, None] + zero, start_2d)
+    acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=ACC_DTYPE)
+    for j in range(0, tl.max(end - start, axis=0)):
+        k = start + j
+        live = k < end
+        index = tl.load(INDEX + k, mask=live, other=0)
+        xv = tl.load(X + index[:, None] * s_xm + offs_c[None, :] * s_xc, mask=start_2d + j < end_2d,
+                     other=0.0).to(ACC_DTYPE)
+        if HAS_SCALE:
+            xv = xv * tl.load(SCALE + k, mask=live, other=0.0).to(ACC_DTYPE)[:, None]
+        acc += xv
+    z_ptrs = Z + offs_m.to(tl.int64)[:, None] * s_zm + offs_c[None, :]
+    tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=m_mask[:, None] & c_mask[None, :])
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -379,6 +431,27 @@ def channel_line(batch, channels, channel_stride):
     return next((line for line in CHANNEL_LINES if channels % line == 0 and channels >= 2 * line), 0)
 
 
+# A batch of one whose rows hold at most this many terms on average may take the row-tile kernel.
+ROWS_TILE_TERMS = 2
+
+
+def rows_tile(batch, channels, line, row_terms):
+    """Whether SparseScale takes the row-tile kernel: a batch of one with short rows (the backward of a segment
+    sum), unless its channels fold into a power-of-two count of lines, which the batched kernel's tiles then fill
+    without a masked lane (measured on the H100 at 2048 channels: the row tiles 0.74x-0.87x the lines; at 288,
+    800 and 1568 channels, 9, 25 and 49 lines of 32, 1.8x-3.6x faster; at 6272, 98 lines of 64, 0.96x-1.00x:
+    results/gpu/nvidia-h100/sparse-scale-rows.md)."""
+    if batch != 1 or row_terms > ROWS_TILE_TERMS:
+        return False
+    return not (line and next_pow2(channels // line) == channels // line)
+
+
+def terms_per_row(terms, rows):
+    """Terms an output row has on average, as a power of two up to 64: a tuning key of the scale kernel, whose best
+    tile differs between a segment sum (many terms a row) and its backward's gather (one term a row)."""
+    return min(64, next_pow2(max(1, cdiv(terms, max(1, rows)))))
+
+
 def sparse_scale_launch(x, info):
     """y of ``sparse_scale_split(x, info)``: x [..., in_size, C] -> [..., out_size, C] in x's dtype."""
     z = new_output(scale_out_shape(x.shape, info.out_size), x.dtype, x.device)
@@ -386,12 +459,21 @@ def sparse_scale_launch(x, info):
         return z
     xv = compact_channels(x, 1).reshape(-1, x.shape[-2], x.shape[-1])  # leading dims as one batch (a view if it can)
     zv = z.view(-1, info.out_size, x.shape[-1])
+    scale = info.scale if info.scale is not None else info.index  # dummy pointer when HAS_SCALE is False
+    row_terms = terms_per_row(info.index.numel(), info.out_size)
     line = channel_line(xv.shape[0], xv.shape[-1], xv.stride(-1))
+    if rows_tile(xv.shape[0], xv.shape[-1], line, row_terms):
+        grid = (lambda meta: (cdiv(info.out_size, meta["BLOCK_M"]), cdiv(xv.shape[-1], meta["BLOCK_C"])))
+        with on_device(z):
+            sparse_scale_rows_kernel[grid](
+                xv, zv, scale, info.index, info.seg_out, info.out_size, xv.shape[-1], xv.shape[-1],
+                xv.stride(1), xv.stride(2), zv.stride(1),
+                HAS_SCALE=info.scale is not None, ACC_DTYPE=accumulator_dtype(x.dtype))
+        return z
     if line:  # [1, M, C] as [C / line, M, line]: the batch axis of the program's tile takes the lines of a row
         xv = xv[0].unflatten(-1, (-1, line)).transpose(0, 1)
         zv = zv[0].unflatten(-1, (-1, line)).transpose(0, 1)
     batch, channels = xv.shape[0], xv.shape[-1]
-    scale = info.scale if info.scale is not None else info.index  # dummy pointer when HAS_SCALE is False
     for row0 in range(0, info.out_size, MAX_GRID_YZ):
         rows = min(MAX_GRID_YZ, info.out_size - row0)
 
@@ -400,7 +482,7 @@ def sparse_scale_launch(x, info):
 
         with on_device(z):
             sparse_scale_kernel[grid](
-                xv, zv, scale, info.index, info.seg_out, batch, row0, channels, channels,
+                xv, zv, scale, info.index, info.seg_out, batch, row0, channels, channels, row_terms,
                 xv.stride(0), xv.stride(1), xv.stride(2), zv.stride(0), zv.stride(1),
                 HAS_SCALE=info.scale is not None, ACC_DTYPE=accumulator_dtype(x.dtype))
     return z

@@ -161,6 +161,42 @@ def test_scale_folds_wide_channels_of_a_batch_of_one(scale_info_pair, triton_onl
     assert torch.autograd.gradgradcheck(lambda a: sparse_scale(a, *scale_info_pair), (x,), fast_mode=True)
 
 
+class _LaunchSpy:
+    """Counts the launches of a kernel (``kernel[grid](...)``) and passes them on."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
+    """SparseScale on [M, C]: rows of one or two terms on average (a segment sum's backward) take the row-tile
+    kernel, unless the channels fold into a power-of-two count of lines (128: two of 64); longer rows the batched
+    one with channels folded into lines; both against float64, with empty rows and repeated terms, odd and
+    foldable channel counts, and the batched kernel for a real batch."""
+    from attnbench.kernels import sparse_segment
+
+    spies = {name: _LaunchSpy(getattr(sparse_segment, name)) for name in ("sparse_scale_rows_kernel",
+                                                                          "sparse_scale_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(sparse_segment, name, spy)
+    short = random_scale_infos(9, 13, 13, torch.Generator().manual_seed(6))[0]  # 1 term a row on average
+    long = random_scale_infos(13, 4, 13, torch.Generator().manual_seed(7))[0]  # 3.25
+    assert sparse_segment.terms_per_row(13, 13) == 1 and sparse_segment.terms_per_row(13, 4) == 4
+    for info, shape, rows_kernel in [(short, (9, 5), True), (short, (1, 9, 96), True), (long, (13, 96), False),
+                                     (long, (13, 5), False), (short, (2, 9, 5), False), (short, (9, 128), False)]:
+        x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+        before = {name: spy.launches for name, spy in spies.items()}
+        with poisoned_outputs():
+            y = sparse_segment.sparse_scale_launch(x, info)
+        torch.testing.assert_close(y, sparse_scale_reference(x, info), rtol=1e-12, atol=1e-12)
+        ran = {name: spy.launches - before[name] for name, spy in spies.items()}
+        assert (ran["sparse_scale_rows_kernel"] > 0) == rows_kernel and (ran["sparse_scale_kernel"] > 0) != rows_kernel
+
+
 def test_batch_splits_of_a_batch_sum():
     """out_accumulated: enough batch ranges to fill the GPU, each of 256 items at least, within the caps."""
     from attnbench.kernels.sparse_segment import MAX_BATCH_SPLITS, PROGRAMS_PER_SM, batch_splits
