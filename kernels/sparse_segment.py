@@ -37,6 +37,8 @@ flight) each left the elementwise products within 0.8-1.4x of this layout.
 Grid axes 1 and 2 are capped at 65535 programs by CUDA: rows launch in chunks (ROW0), channel tiles never come
 close for the channel sizes this operator sees (the launcher checks).
 """
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -271,9 +273,11 @@ def sparse_scale_rows_kernel(X, Z, SCALE, INDEX, SEG_OUT, M, C, CZ, s_xm, s_xc, 
                              BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """sparse_scale_kernel for a batch of one with short rows (a segment sum's backward: one term a row): a tile
     of BLOCK_M output rows x BLOCK_C channels, each row's terms in CSR order up to the tile's longest row, so a
-    program moves BLOCK_M rows where the batched kernel moves one row's slice."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    program moves BLOCK_M rows where the batched kernel moves one row's slice. A 1-D grid, row tiles fastest (as
+    measured): a 2-D one would cap the channel tiles at 65535."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    offs_m = (tl.program_id(0) % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_c = (tl.program_id(0) // tiles_m) * BLOCK_C + tl.arange(0, BLOCK_C)
     m_mask = offs_m < M
     c_mask = offs_c < C
     start = tl.load(SEG_OUT + offs_m, mask=m_mask, other=0)
@@ -457,13 +461,16 @@ def sparse_scale_launch(x, info):
     z = new_output(scale_out_shape(x.shape, info.out_size), x.dtype, x.device)
     if z.numel() == 0:
         return z
-    xv = compact_channels(x, 1).reshape(-1, x.shape[-2], x.shape[-1])  # leading dims as one batch (a view if it can)
+    if info.index.numel() == 0:  # no terms (in_size 0 among them): every row is empty
+        return z.zero_()
+    # leading dims as one batch (a view if it can)
+    xv = compact_channels(x, 1).reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
     zv = z.view(-1, info.out_size, x.shape[-1])
     scale = info.scale if info.scale is not None else info.index  # dummy pointer when HAS_SCALE is False
     row_terms = terms_per_row(info.index.numel(), info.out_size)
     line = channel_line(xv.shape[0], xv.shape[-1], xv.stride(-1))
     if rows_tile(xv.shape[0], xv.shape[-1], line, row_terms):
-        grid = (lambda meta: (cdiv(info.out_size, meta["BLOCK_M"]), cdiv(xv.shape[-1], meta["BLOCK_C"])))
+        grid = (lambda meta: (cdiv(info.out_size, meta["BLOCK_M"]) * cdiv(xv.shape[-1], meta["BLOCK_C"]),))
         with on_device(z):
             sparse_scale_rows_kernel[grid](
                 xv, zv, scale, info.index, info.seg_out, info.out_size, xv.shape[-1], xv.shape[-1],
@@ -478,7 +485,10 @@ def sparse_scale_launch(x, info):
         rows = min(MAX_GRID_YZ, info.out_size - row0)
 
         def grid(meta, rows=rows):
-            return (cdiv(batch, meta["BLOCK_N"]), rows, cdiv(channels, meta["BLOCK_C"]))
+            c_tiles = cdiv(channels, meta["BLOCK_C"])
+            if c_tiles > MAX_GRID_YZ:
+                raise ValueError(f"sparse scale: {channels} channels need {c_tiles} channel tiles, over {MAX_GRID_YZ}")
+            return (cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
 
         with on_device(z):
             sparse_scale_kernel[grid](

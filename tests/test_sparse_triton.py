@@ -15,8 +15,8 @@ import torch
 
 from attnbench.kernels import poisoned_outputs
 from attnbench.sparse import (CHANNEL_RANKS, functional, product_infos, random_product_infos, random_scale_infos,
-                              sparse_inner, sparse_mul, sparse_outer, sparse_product, sparse_product_reference,
-                              sparse_scale, sparse_scale_reference, use_implementation)
+                              scale_infos, sparse_inner, sparse_mul, sparse_outer, sparse_product,
+                              sparse_product_reference, sparse_scale, sparse_scale_reference, use_implementation)
 
 pytestmark = pytest.mark.interpreter
 
@@ -143,22 +143,30 @@ def test_scale_matches_reference(scale_info_pair, shape, dtype):
     torch.testing.assert_close(y.double(), expected, rtol=tolerance, atol=tolerance)
 
 
-def test_scale_folds_wide_channels_of_a_batch_of_one(scale_info_pair, triton_only):
+@pytest.fixture(scope="module")
+def long_rows_pair():
+    """13 terms into 4 rows (3.25 a row: the batched kernel, channels folded into lines) and the transpose, 13 rows
+    of one term on average (the row-tile kernel unless the lines come in a power-of-two count)."""
+    return random_scale_infos(13, 4, 13, torch.Generator().manual_seed(7))
+
+
+def test_scale_folds_wide_channels_of_a_batch_of_one(long_rows_pair, triton_only):
     """SparseScale on [M, C] (no batch) runs as [C / line, M, line] (kernels/sparse_segment.channel_line): values
-    against float64 and first and second derivatives through the kernels, for a few foldable widths."""
+    against float64 and first and second derivatives through the kernels (the backward's short rows: 3 lines of
+    16, so the row-tile kernel), for a few foldable widths."""
     from attnbench.kernels.sparse_segment import channel_line
 
     assert channel_line(1, 2048, 1) == 64 and channel_line(1, 96, 1) == 32 and channel_line(1, 48, 1) == 16
     assert channel_line(1, 64, 1) == 32  # two lines at least
     assert channel_line(2, 2048, 1) == 0 and channel_line(1, 2048, 3) == 0 and channel_line(1, 17, 1) == 0
-    for shape in [(5, 128), (1, 5, 96), (5, 48)]:
+    for shape in [(13, 128), (1, 13, 96), (13, 48)]:
         x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
         with poisoned_outputs():
-            y = sparse_scale(x, *scale_info_pair)
-        torch.testing.assert_close(y, sparse_scale_reference(x, scale_info_pair[0]), rtol=1e-12, atol=1e-12)
-    x = torch.randn(5, 32, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a: sparse_scale(a, *scale_info_pair), (x,), fast_mode=True)
-    assert torch.autograd.gradgradcheck(lambda a: sparse_scale(a, *scale_info_pair), (x,), fast_mode=True)
+            y = sparse_scale(x, *long_rows_pair)
+        torch.testing.assert_close(y, sparse_scale_reference(x, long_rows_pair[0]), rtol=1e-12, atol=1e-12)
+    x = torch.randn(13, 48, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: sparse_scale(a, *long_rows_pair), (x,), fast_mode=True)
+    assert torch.autograd.gradgradcheck(lambda a: sparse_scale(a, *long_rows_pair), (x,), fast_mode=True)
 
 
 class _LaunchSpy:
@@ -195,6 +203,37 @@ def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
         torch.testing.assert_close(y, sparse_scale_reference(x, info), rtol=1e-12, atol=1e-12)
         ran = {name: spy.launches - before[name] for name, spy in spies.items()}
         assert (ran["sparse_scale_rows_kernel"] > 0) == rows_kernel and (ran["sparse_scale_kernel"] > 0) != rows_kernel
+
+
+def test_scale_row_tiles_of_strided_channels_and_no_scale(monkeypatch, long_rows_pair, triton_only):
+    """The row-tile kernel on x whose channels are not contiguous (a transposed [M, C], every other channel) and
+    on an info without scales (scale None: 1, never the dummy pointer the launcher passes), against float64."""
+    from attnbench.kernels import sparse_segment
+
+    spy = _LaunchSpy(sparse_segment.sparse_scale_rows_kernel)
+    monkeypatch.setattr(sparse_segment, "sparse_scale_rows_kernel", spy)
+    short = long_rows_pair[1]
+    unscaled = dataclasses.replace(short, scale=None)
+    generator = torch.Generator().manual_seed(9)
+    transposed = torch.randn(5, 4, dtype=torch.float64, generator=generator).t()  # [4, 5], channel stride 4
+    every_other = torch.randn(4, 10, dtype=torch.float64, generator=generator)[:, ::2]
+    for info in (short, unscaled):
+        for x in (transposed, every_other):
+            launches = spy.launches
+            with poisoned_outputs():
+                y = sparse_segment.sparse_scale_launch(x, info)
+            assert spy.launches > launches
+            torch.testing.assert_close(y, sparse_scale_reference(x, info), rtol=1e-12, atol=1e-12)
+
+
+def test_scale_of_an_empty_input_size(triton_only):
+    """in_size 0 (no term can exist): the output rows are zeros, batched or not, as the split implementation's."""
+    empty = torch.zeros(0, dtype=torch.int64)
+    infos = scale_infos(empty, empty, None, 0, 3)
+    for shape in [(0, 5), (2, 0, 5)]:
+        with poisoned_outputs():
+            y = sparse_scale(torch.randn(shape, dtype=torch.float64), *infos)
+        assert y.shape == (*shape[:-2], 3, 5) and bool((y == 0).all())
 
 
 def test_batch_splits_of_a_batch_sum():
