@@ -42,6 +42,7 @@ import attnbench
 from attnbench import verify
 from attnbench.verify import gamma
 from attnbench.kernels import outputs as kernel_outputs
+from attnbench.kernels import sparse_segment
 from attnbench.kernels.sparse_outer_sum import outer_sum_kernel
 from attnbench.kernels.sparse_segment import product_out_shape
 from attnbench.operators.sparse import SparseCase, peers
@@ -483,6 +484,29 @@ def test_odd_sizes_and_rows_without_terms(case, triton_only):
 def test_scale_odd_sizes_and_rows_without_terms(case, triton_only):
     assert (case.infos()[0].seg_out.diff() == 0).any(), "some output row should have no terms"
     check_against_oracle(case, torch.float32, SCALE_OUTPUTS, (1, 1, 1, 1))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# SparseScale on [M, C] (a batch of one), every launch config of both scale kernels
+
+SCALE_CONFIG_CASES = sized([
+    ScaleCase("segment", 16_001, 1_001, 16_001, (), 96, integer=True),  # forward: 3 lines; backward: row tiles
+    ScaleCase("random", 3_001, 2_999, 3_001, (), 800, integer=True),  # ~1 term a row both ways: row tiles (25 lines)
+    ScaleCase("segment", 16_001, 1_001, 16_001, (), 128, integer=True),  # 2 lines of 64 both ways
+])
+
+
+@pytest.mark.parametrize("kernel,config", [(name, i) for name in ("sparse_scale_kernel", "sparse_scale_rows_kernel")
+                                           for i in range(len(getattr(sparse_segment, name).configs))],
+                         ids=lambda v: str(v))
+def test_scale_every_launch_config(kernel, config, monkeypatch, triton_only):
+    """Each config of the batched scale kernel (channels folded into lines) and of the row-tile kernel (short rows)
+    forced in turn on odd M and odd line counts: fp32 exact on integers, to second order, NaN-poisoned."""
+    tuned = getattr(sparse_segment, kernel)
+    monkeypatch.setattr(tuned, "configs", [tuned.configs[config]])
+    monkeypatch.setattr(tuned, "cache", {})
+    for case in SCALE_CONFIG_CASES:
+        check_against_oracle(case, torch.float32, SCALE_OUTPUTS, (1, 1, 1, 1))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
