@@ -330,6 +330,14 @@ def scale_out_shape(x_shape, out_size):
     return (*x_shape[:-2], out_size, x_shape[-1])
 
 
+def grid_channel_tiles(channels, block, what):
+    """Channel tiles of a launch whose grid axis 2 holds them, refused past CUDA's 65535 with a clear error."""
+    tiles = cdiv(channels, block)
+    if tiles > MAX_GRID_YZ:
+        raise ValueError(f"{what} need {tiles} channel tiles, over {MAX_GRID_YZ}")
+    return tiles
+
+
 def compact_channels(t, channel_rank):
     """``t``, or a compact copy where its channel offsets would pass 2**31 - 1 (a batch-innermost layout at large
     N): the kernels compute batch and row offsets in int64 (row indices are int64 loads) but channel offsets, and
@@ -390,9 +398,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
         rows = min(MAX_GRID_YZ, info.out_size - row0)
 
         def grid(meta, rows=rows):
-            c_tiles = cdiv(cz, meta["BLOCK_C"])
-            if c_tiles > MAX_GRID_YZ:
-                raise ValueError(f"sparse {op}: {cz} output channels need {c_tiles} channel tiles, over {MAX_GRID_YZ}")
+            c_tiles = grid_channel_tiles(cz, meta["BLOCK_C"], f"sparse {op}: {cz} output channels")
             return (splits if accumulate else cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
 
         with on_device(z):
@@ -490,9 +496,7 @@ def sparse_scale_launch(x, info):
         rows = min(MAX_GRID_YZ, info.out_size - row0)
 
         def grid(meta, rows=rows):
-            c_tiles = cdiv(channels, meta["BLOCK_C"])
-            if c_tiles > MAX_GRID_YZ:
-                raise ValueError(f"sparse scale: {channels} channels need {c_tiles} channel tiles, over {MAX_GRID_YZ}")
+            c_tiles = grid_channel_tiles(channels, meta["BLOCK_C"], f"sparse scale: {channels} channels")
             return (cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
 
         with on_device(z):

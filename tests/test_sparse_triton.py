@@ -170,14 +170,19 @@ def test_scale_folds_wide_channels_of_a_batch_of_one(long_rows_pair, triton_only
 
 
 class _LaunchSpy:
-    """Counts the launches of a kernel (``kernel[grid](...)``) and passes them on."""
+    """Counts the launches of a kernel (``kernel[grid](...)``), keeps their positional arguments, passes them on."""
 
     def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
+        self.kernel, self.launches, self.args = kernel, 0, []
 
     def __getitem__(self, grid):
         self.launches += 1
-        return self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            self.args.append(args)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
@@ -194,8 +199,10 @@ def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
     short = random_scale_infos(9, 13, 13, torch.Generator().manual_seed(6))[0]  # 1 term a row on average
     long = random_scale_infos(13, 4, 13, torch.Generator().manual_seed(7))[0]  # 3.25
     assert sparse_segment.terms_per_row(13, 13) == 1 and sparse_segment.terms_per_row(13, 4) == 4
-    for info, shape, rows_kernel in [(short, (9, 5), True), (short, (1, 9, 96), True), (long, (13, 96), False),
-                                     (long, (13, 5), False), (short, (2, 9, 5), False), (short, (9, 128), False)]:
+    # (info, x's shape, the row-tile kernel?, else the batched kernel's batch: lines of a folded row, or the batch)
+    for info, shape, rows_kernel, batch in [(short, (9, 5), True, None), (short, (1, 9, 96), True, None),
+                                            (long, (13, 96), False, 3), (long, (13, 5), False, 1),
+                                            (short, (2, 9, 5), False, 2), (short, (9, 128), False, 2)]:
         x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
         before = {name: spy.launches for name, spy in spies.items()}
         with poisoned_outputs():
@@ -203,6 +210,8 @@ def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
         torch.testing.assert_close(y, sparse_scale_reference(x, info), rtol=1e-12, atol=1e-12)
         ran = {name: spy.launches - before[name] for name, spy in spies.items()}
         assert (ran["sparse_scale_rows_kernel"] > 0) == rows_kernel and (ran["sparse_scale_kernel"] > 0) != rows_kernel
+        if not rows_kernel:  # N, the kernel's batch: 3 lines of 32 for 96 folded channels, 2 of 64 for 128
+            assert spies["sparse_scale_kernel"].args[-1][5] == batch
 
 
 def test_scale_row_tiles_of_strided_channels_and_no_scale(monkeypatch, long_rows_pair, triton_only):
