@@ -266,6 +266,10 @@ _SCALE_ROWS_CONFIGS = config_list(
         cfg(8, 1, BLOCK_M=16, BLOCK_C=128),
         cfg(4, 1, BLOCK_M=8, BLOCK_C=128),
         cfg(8, 1, BLOCK_M=64, BLOCK_C=32),
+        # wider row pieces: the autotuner takes 32 x 128 (8 warps) at 6272 bf16 channels, 1.10x (sparse-scale-rows-wide)
+        cfg(8, 1, BLOCK_M=32, BLOCK_C=128),
+        cfg(8, 1, BLOCK_M=64, BLOCK_C=64),
+        cfg(4, 1, BLOCK_M=16, BLOCK_C=256),
     ],
     cfg(1, 1, BLOCK_M=2, BLOCK_C=2),
 )
