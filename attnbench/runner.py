@@ -89,12 +89,20 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, o
     bar = Progress(len(cases) * len(modes) * len(names), progress)
     results = []
     for case in cases:
-        x = op.make_inputs(case, device, seed)
-        oracle, lowp = op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype)
+        try:
+            x = op.make_inputs(case, device, seed)
+            oracle, lowp = op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype)
+            unchecked = ""
+        except torch.OutOfMemoryError:  # the case's rows are kept, as skipped, and the run goes on
+            x = oracle = lowp = None
+            unchecked = "inputs or oracle out of memory"
+            _release(device)
         for mode in modes:
             for name in names:
                 try:
-                    if mode not in op.variants[name].modes:
+                    if unchecked:
+                        result = verify.CheckResult(op.name, name, case.label, mode, skipped=unchecked)
+                    elif mode not in op.variants[name].modes:
                         result = verify.CheckResult(op.name, name, case.label, mode, skipped=_no_mode(name, mode))
                     else:
                         result = verify.check_variant(op, name, case, mode, x, oracle, lowp)
@@ -162,13 +170,23 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
     bar = Progress(len(cases) * len(modes) * len(names), progress)
     rows = []
     for case in cases:
-        x = op.make_inputs(case, device, seed)
-        oracle = op.oracle(case, x) if verify_outputs else None
+        try:
+            x, untimed = op.make_inputs(case, device, seed), ""
+        except torch.OutOfMemoryError:
+            x, untimed = None, "inputs out of memory"
+            _release(device)
+        try:
+            oracle = op.oracle(case, x) if verify_outputs and x is not None else None
+        except torch.OutOfMemoryError:  # timed all the same; the rows' max_error stays NaN (not verified)
+            oracle = None
+            _release(device)
         for mode in modes:
             mode_rows, base_row = [], None
             for name in names:
                 row = BenchRow(op.name, case.label, mode, name)
                 try:
+                    if untimed:
+                        raise Unsupported(untimed)
                     if mode not in op.variants[name].modes:
                         raise Unsupported(_no_mode(name, mode))
                     fn = op.variants[name].prepare(case, x, mode)

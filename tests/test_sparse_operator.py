@@ -173,3 +173,25 @@ def test_cli_lists_sparse(capsys):
     out = capsys.readouterr().out
     assert "sparse" in out and "torch_csr" in out
     assert math.isfinite(OP.flops(OP.cases("tiny")[0], "fwd"))
+
+
+def test_a_case_whose_oracle_runs_out_of_memory_is_kept_as_skipped(monkeypatch):
+    """The sweep's N 1e6 scale case once built a 465 GiB dense oracle: the OutOfMemoryError ended the whole
+    `attnbench run`. Now its check rows say why they were not checked, its bench rows are timed with no error
+    figure, and the cases after it run."""
+    cases = [c for c in OP.cases("tiny") if c.is_scale][:2]
+    oracle = OP.oracle
+
+    def short_of_memory(case, inputs, dtype=torch.float64):
+        if case == cases[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return oracle(case, inputs, dtype)
+
+    monkeypatch.setattr(OP, "oracle", short_of_memory)
+    checked = runner.check(OP, cases, "cpu", variants=["split"], progress=False)
+    assert [(r.case, r.skipped) for r in checked if r.skipped] == [
+        (cases[0].label, "inputs or oracle out of memory")] * len(OP.modes)
+    assert all(r.passed for r in checked if r.case == cases[1].label) and len(checked) == 2 * len(OP.modes)
+    rows = runner.bench(OP, cases, "cpu", variants=["split"], modes=["fwd"], progress=False)
+    assert [r.case for r in rows if r.timing] == [cases[0].label, cases[1].label]
+    assert math.isnan(rows[0].max_error) and rows[1].max_error < 1e-6  # fp32 against float64

@@ -364,3 +364,40 @@ def test_non_accumulating_path_is_deterministic(infos, op):
 
     for first, second in zip(run(), run()):
         assert torch.equal(first, second)
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_scale_reference_past_the_dense_cap_is_the_same_function(monkeypatch, dtype):
+    """A scale matrix past DENSE_SCALE_ENTRIES (the sweep's N 1e6 segment sum: 465 GiB dense) runs as torch's sparse
+    matmul of the same coefficients: equal to the dense einsum, forward and both derivatives, with repeated terms,
+    empty rows and leading batch dims (float64 to rounding; bf16 x: fp32 sums rounded once, so within one bf16
+    rounding of the float64 result, where the dense bf16 einsum on the CPU may round more often)."""
+    from attnbench.sparse import reference
+
+    info = random_scale_infos(23, 11, 60, torch.Generator().manual_seed(3))[0]
+    assert (info.seg_out.diff() == 0).any(), "an output row without terms"
+    gen = torch.Generator().manual_seed(4)
+    x, g, h = (torch.randn(shape, generator=gen, dtype=torch.float64).bfloat16().double()  # exact in bf16 too
+               for shape in ((2, 23, 5), (2, 11, 5), (2, 23, 5)))
+
+    def derivatives(t):
+        xs, gs = x.to(t).requires_grad_(), g.to(t).requires_grad_()
+        z = sparse_scale_reference(xs, info)
+        grad_x, = torch.autograd.grad(z, xs, gs, create_graph=True)
+        ggrad_g, = torch.autograd.grad(grad_x, gs, h.to(t))
+        return z.detach(), grad_x.detach(), ggrad_g
+
+    exact = derivatives(torch.float64)
+    built = []
+    monkeypatch.setattr(reference, "DENSE_SCALE_ENTRIES", 0)
+    monkeypatch.setattr(reference, "sparse_scale_matrix",
+                        lambda *a, build=reference.sparse_scale_matrix: built.append(1) or build(*a))
+    monkeypatch.setattr(reference, "dense_scale_matrix", None)  # the dense route must not run
+    for out, want in zip(derivatives(dtype), exact):
+        assert out.dtype == dtype and want.abs().max() > 0
+        if dtype == torch.float64:
+            torch.testing.assert_close(out, want, rtol=1e-13, atol=1e-13)
+        else:  # one rounding of the exact value: |out - exact| <= 2**-8 |exact| elementwise
+            assert ((out.double() - want).abs() <= 2.0 ** -8 * want.abs()).all()
+    assert built == [1], "the sparse route ran (its derivatives are torch's, through the same matrix)"

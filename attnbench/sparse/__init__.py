@@ -17,7 +17,8 @@ from .functional import (CHANNEL_RANKS, DENSE_OPS, IMPLEMENTATIONS, PRODUCT_FUNC
                          use_implementation)
 from .info import (SparseProductInfo, SparseScaleInfo, product_infos, product_terms, random_product_infos,
                    random_scale_infos, scale_infos, scale_terms)
-from .reference import dense_coefficients, dense_scale_matrix, sparse_product_reference, sparse_scale_reference
+from .reference import (dense_coefficients, dense_scale_matrix, sparse_product_reference, sparse_scale_matrix,
+                        sparse_scale_reference)
 
 __all__ = [
     "SparseProductInfo", "SparseScaleInfo", "product_infos", "scale_infos", "product_terms", "scale_terms",
@@ -26,7 +27,7 @@ __all__ = [
     "SparseMatTVec", "PRODUCT_FUNCTIONS", "DENSE_OPS", "CHANNEL_RANKS",
     "sparse_scale", "sparse_mul", "sparse_outer", "sparse_inner", "sparse_vecmat", "sparse_vecsca",
     "sparse_scavec", "sparse_mat_t_vec", "sparse_product", "sparse_product_split", "sparse_scale_split",
-    "dense_coefficients", "dense_scale_matrix", "sparse_product_reference", "sparse_scale_reference",
+    "dense_coefficients", "dense_scale_matrix", "sparse_scale_matrix", "sparse_product_reference", "sparse_scale_reference",
     "IMPLEMENTATIONS", "use_implementation",
 ]
 

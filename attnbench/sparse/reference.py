@@ -1,5 +1,7 @@
 """Dense reference of the sparse ops, the oracle of the tests: the structure as a dense coefficient tensor and
 one einsum, in any dtype (float64 included). It shares nothing with the split implementation but the infos.
+A scale matrix too large to hold dense (``DENSE_SCALE_ENTRIES``) is the same coefficients as a sparse COO tensor
+and torch's sparse matmul instead.
 
     product:  W[i3, i1, i2] = sum of s over the terms (i1, i2, i3),  z[n, k] = sum_ij W[k, i, j] x[n, i] ∘ y[n, j]
     scale:    S[m, i]       = sum of s over the terms (i, m),        y[n, m] = sum_i S[m, i] x[n, i]
@@ -8,7 +10,8 @@ import torch
 
 from .info import SparseProductInfo, SparseScaleInfo, product_terms, scale_terms
 
-__all__ = ["dense_coefficients", "dense_scale_matrix", "sparse_product_reference", "sparse_scale_reference"]
+__all__ = ["DENSE_SCALE_ENTRIES", "dense_coefficients", "dense_scale_matrix", "sparse_scale_matrix",
+           "sparse_product_reference", "sparse_scale_reference"]
 
 # channel subscripts of (x, y, z) per op, for the einsum
 _CHANNELS = {
@@ -31,6 +34,20 @@ def dense_scale_matrix(info: SparseScaleInfo, dtype=torch.float64):
     return matrix.index_put_((rows, index), scale.to(dtype), accumulate=True)
 
 
+def sparse_scale_matrix(info: SparseScaleInfo, dtype=torch.float64):
+    """S [out_size, in_size] as a coalesced sparse COO tensor: the dense matrix's entries (repeated terms summed)
+    without its zeros."""
+    index, rows, scale = scale_terms(info)
+    return torch.sparse_coo_tensor(torch.stack((rows, index)), scale.to(dtype), (info.out_size, info.in_size),
+                                   check_invariants=True).coalesce()
+
+
+# Past 2**28 entries (2 GiB in float64) the dense scale matrix goes sparse: the sweep's N 1e6 segment sum is
+# 62500 x 1e6 (465 GiB dense, out of memory on an 80 GB GPU; that ended a whole `attnbench run`), and at N 1e5
+# (6250 x 1e5) the dense einsum spends 2 * out * in * width FLOPs on a matrix that is 99.98% zeros.
+DENSE_SCALE_ENTRIES = 2 ** 28
+
+
 def sparse_product_reference(op, x, y, info: SparseProductInfo, out_accumulated=False):
     """z = W ·(x ∘ y) by einsum in x's dtype; x, y batched [N, M, C...] or shared [M, C...]."""
     cx, cy, cz = _CHANNELS[op]
@@ -42,5 +59,12 @@ def sparse_product_reference(op, x, y, info: SparseProductInfo, out_accumulated=
 
 
 def sparse_scale_reference(x, info: SparseScaleInfo):
-    """y = S x over x's second-to-last dim, in x's dtype."""
-    return torch.einsum("mi,...ic->...mc", dense_scale_matrix(info, x.dtype), x)
+    """y = S x over x's second-to-last dim, in x's dtype: one einsum with the dense S, or torch's sparse matmul
+    where S would pass ``DENSE_SCALE_ENTRIES`` (16-bit x there: in float32, rounded once at the end, as cuBLAS does
+    the dense einsum's 16-bit GEMM)."""
+    if info.out_size * info.in_size <= DENSE_SCALE_ENTRIES:
+        return torch.einsum("mi,...ic->...mc", dense_scale_matrix(info, x.dtype), x)
+    work = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    columns = x.to(work).movedim(-2, 0)  # [in, ..., C]: the matmul's rows are S's columns
+    z = torch.sparse.mm(sparse_scale_matrix(info, work), columns.reshape(info.in_size, -1))
+    return z.reshape(info.out_size, *columns.shape[1:]).movedim(0, -2).to(x.dtype)

@@ -303,8 +303,8 @@ class SparseOperator(Operator):
         self.add_variant(Variant(
             "reference", "reference",
             lambda case, inputs, mode: _autograd_prepare(case, inputs, mode, _forward(case, inputs["infos"], None)),
-            self.modes, "dense einsum over the structure's coefficient tensor, torch autograd (the oracle, run in "
-                        "the case dtype)"))
+            self.modes, "dense einsum over the structure's coefficient tensor (a scale matrix past 2**28 entries: "
+                        "torch's sparse matmul), torch autograd (the oracle, run in the case dtype)"))
         self.add_variant(_functions_variant(  # forced: by default the Functions run Triton on CUDA tensors
             "split", lambda: functional.use_implementation("split"),
             description="the autograd Functions, split-PyTorch (index_select, dense op, index_add); backward by "
