@@ -27,7 +27,8 @@ __all__ = [
     "SparseMatTVec", "PRODUCT_FUNCTIONS", "DENSE_OPS", "CHANNEL_RANKS",
     "sparse_scale", "sparse_mul", "sparse_outer", "sparse_inner", "sparse_vecmat", "sparse_vecsca",
     "sparse_scavec", "sparse_mat_t_vec", "sparse_product", "sparse_product_split", "sparse_scale_split",
-    "dense_coefficients", "dense_scale_matrix", "sparse_scale_matrix", "sparse_product_reference", "sparse_scale_reference",
+    "dense_coefficients", "dense_scale_matrix", "sparse_scale_matrix", "sparse_product_reference",
+    "sparse_scale_reference",
     "IMPLEMENTATIONS", "use_implementation",
 ]
 
