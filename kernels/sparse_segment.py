@@ -22,8 +22,8 @@ weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
 * SparseScale with a batch of one ([M, C], the message-passing segment sum) would leave the tile's batch rows
   empty: its contiguous channels fold into the batch axis as lines ([C / line, M, line], ``channel_line``), and
   where rows are short (its backward, a gather of one term a row) a row-tile kernel takes BLOCK_M rows a program
-  (``sparse_scale_rows_kernel``, ``rows_tile``): that backward at 53-81% of copy bandwidth on the H100 in fp32
-  (bf16 41-65%), from 21%.
+  (``sparse_scale_rows_kernel``, ``rows_tile``, channel tiles fastest): that backward, 21% of copy bandwidth on the
+  H200 before, runs on the H100 at N 1e5 at 53-81% (fp32) and 41-68% (bf16), at N 1e6 C 32 up to 76% and 61%.
 * Channel loads are along the contiguous channel dim, so a warp reads consecutive addresses of one gathered
   row; a shared operand (no batch dim) has batch stride 0 and is read once per term per program, then
   broadcast over the batch block in registers.
