@@ -90,7 +90,8 @@ def markdown(report, subject=None, peers=None) -> str:
             tflops = ours.get("tflops") if ours["timing"].get("method", "cuda").startswith("cuda") else None
             lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {_num(tflops, '.0f')} | "
                          + "".join(f"{x} | " for x in ratios)
-                         + f"{_num(ours.get('roofline_pct'), '.0f')} | {_num(ours.get('max_error'), '.1e')} |")
+                         + f"{_num(ours.get('roofline_pct'), '.0f')} | "
+                         + ("unverified" if ours.get("unverified") else _num(ours.get("max_error"), ".1e")) + " |")
         if not shown:
             lines.append(f"\n(no timed {op_subject} row for {op})")
     named = " / ".join(dict.fromkeys(subject or _claim(report, op)[0] for op in ops)) or "the subject"

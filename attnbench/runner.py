@@ -96,6 +96,7 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, o
         except torch.OutOfMemoryError:  # the case's rows are kept, as skipped, and the run goes on
             x = oracle = lowp = None
             unchecked = "inputs or oracle out of memory"
+        if unchecked:  # outside the except: its traceback holds the failed call's tensors until the block ends
             _release(device)
         for mode in modes:
             for name in names:
@@ -143,6 +144,7 @@ class BenchRow:
     max_error: float = math.nan
     peak_mem_bytes: int | None = None
     skipped: str = ""
+    unverified: str = ""  # timed, but its outputs were not compared with the oracle: why
 
     def as_dict(self):
         d = {k: v for k, v in self.__dict__.items() if k != "timing"}
@@ -170,20 +172,22 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
     bar = Progress(len(cases) * len(modes) * len(names), progress)
     rows = []
     for case in cases:
+        x = oracle = None
+        untimed = unverified = ""
         try:
-            x, untimed = op.make_inputs(case, device, seed), ""
-        except torch.OutOfMemoryError:
-            x, untimed = None, "inputs out of memory"
-            _release(device)
-        try:
-            oracle = op.oracle(case, x) if verify_outputs and x is not None else None
-        except torch.OutOfMemoryError:  # timed all the same; the rows' max_error stays NaN (not verified)
-            oracle = None
+            x = op.make_inputs(case, device, seed)
+            oracle = op.oracle(case, x) if verify_outputs else None
+        except torch.OutOfMemoryError:  # the case's rows are kept and the run goes on
+            if x is None:
+                untimed = "inputs out of memory"
+            else:  # timed all the same, marked unverified (no error figure)
+                unverified = "not verified: the float64 oracle ran out of memory"
+        if untimed or unverified:  # outside the except: its traceback holds the failed call's tensors
             _release(device)
         for mode in modes:
             mode_rows, base_row = [], None
             for name in names:
-                row = BenchRow(op.name, case.label, mode, name)
+                row = BenchRow(op.name, case.label, mode, name, unverified=unverified)
                 try:
                     if untimed:
                         raise Unsupported(untimed)

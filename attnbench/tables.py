@@ -35,9 +35,9 @@ class Notes:
     def __init__(self):
         self.reasons: dict[str, int] = {}
 
-    def ref(self, reason: str) -> str:
+    def ref(self, reason: str, label: str = "skip") -> str:
         number = self.reasons.setdefault(reason, len(self.reasons) + 1)
-        return f"skip [{number}]"
+        return f"{label} [{number}]"
 
     def lines(self) -> list:
         return [wrap(f"[{n}] {reason}") for reason, n in self.reasons.items()]
@@ -88,7 +88,7 @@ def bench_table(rows, bound_of) -> str:
         iqr = _fmt(t.iqr_ms, ".3f")
         if t.noisy:
             iqr, noisy = iqr + " *", True
-        err = _fmt(r.max_error, ".1e")
+        err = notes.ref(r.unverified, "unverified") if r.unverified else _fmt(r.max_error, ".1e")
         bound = bound_of(r.case)
         if bound is not None and not math.isnan(r.max_error) and r.max_error > bound:
             err, over = err + " !", True
@@ -153,8 +153,9 @@ def summary_line(checks=None, bench_rows=None, unavailable: int = 0) -> str:
     if bench_rows is not None:
         timed = [r for r in bench_rows if r.timing]
         noisy = sum(1 for r in timed if r.timing.noisy)
+        unverified = sum(1 for r in timed if getattr(r, "unverified", ""))  # rows of other sources may lack it
         parts.append(f"bench {len(timed)} timed, {len(bench_rows) - len(timed)} skipped"
-                     + (f", {noisy} noisy" if noisy else ""))
+                     + (f", {noisy} noisy" if noisy else "") + (f", {unverified} unverified" if unverified else ""))
     if unavailable:
         parts.append(f"{unavailable} variant{'s' if unavailable > 1 else ''} unavailable")
     return "summary: " + "; ".join(parts)

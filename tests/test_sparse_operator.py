@@ -175,23 +175,36 @@ def test_cli_lists_sparse(capsys):
     assert math.isfinite(OP.flops(OP.cases("tiny")[0], "fwd"))
 
 
-def test_a_case_whose_oracle_runs_out_of_memory_is_kept_as_skipped(monkeypatch):
+@pytest.mark.parametrize("short_of", ["oracle", "make_inputs"])
+def test_a_case_out_of_memory_is_kept_and_the_run_goes_on(monkeypatch, short_of):
     """The sweep's N 1e6 scale case once built a 465 GiB dense oracle: the OutOfMemoryError ended the whole
-    `attnbench run`. Now its check rows say why they were not checked, its bench rows are timed with no error
-    figure, and the cases after it run."""
-    cases = [c for c in OP.cases("tiny") if c.is_scale][:2]
-    oracle = OP.oracle
+    `attnbench run`. Now a case whose inputs or oracle run out of memory keeps its check rows, skipped with the
+    reason; its bench rows are timed and marked unverified (the oracle) or skipped (the inputs); the cases after
+    it run."""
+    from attnbench.tables import bench_table, summary_line
 
-    def short_of_memory(case, inputs, dtype=torch.float64):
+    cases = [c for c in OP.cases("tiny") if c.is_scale][:2]
+    original = getattr(OP, short_of)
+
+    def short_of_memory(case, *args, **kwargs):
         if case == cases[0]:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return oracle(case, inputs, dtype)
+        return original(case, *args, **kwargs)
 
-    monkeypatch.setattr(OP, "oracle", short_of_memory)
+    monkeypatch.setattr(OP, short_of, short_of_memory)
     checked = runner.check(OP, cases, "cpu", variants=["split"], progress=False)
     assert [(r.case, r.skipped) for r in checked if r.skipped] == [
         (cases[0].label, "inputs or oracle out of memory")] * len(OP.modes)
     assert all(r.passed for r in checked if r.case == cases[1].label) and len(checked) == 2 * len(OP.modes)
+
     rows = runner.bench(OP, cases, "cpu", variants=["split"], modes=["fwd"], progress=False)
-    assert [r.case for r in rows if r.timing] == [cases[0].label, cases[1].label]
-    assert math.isnan(rows[0].max_error) and rows[1].max_error < 1e-6  # fp32 against float64
+    assert [r.case for r in rows] == [cases[0].label, cases[1].label]
+    assert not rows[1].unverified and not rows[1].skipped and rows[1].max_error < 1e-6  # fp32 against float64
+    assert rows[0].skipped == ("inputs out of memory" if short_of == "make_inputs" else "")
+    if short_of == "oracle":  # timed, no error figure, and said so in the table and the summary
+        assert rows[0].timing and math.isnan(rows[0].max_error) and "oracle ran out of memory" in rows[0].unverified
+        table = bench_table(rows, lambda case: 1e-3)
+        assert "unverified [1]" in table and "[1] not verified: the float64 oracle ran out of memory" in table
+        assert summary_line(bench_rows=rows) == "summary: bench 2 timed, 0 skipped, 1 unverified"
+    else:
+        assert rows[0].timing is None and not rows[0].unverified

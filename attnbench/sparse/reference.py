@@ -34,11 +34,12 @@ def dense_scale_matrix(info: SparseScaleInfo, dtype=torch.float64):
     return matrix.index_put_((rows, index), scale.to(dtype), accumulate=True)
 
 
-def sparse_scale_matrix(info: SparseScaleInfo, dtype=torch.float64):
+def sparse_scale_matrix(info: SparseScaleInfo, dtype=torch.float64, scale_dtype=None):
     """S [out_size, in_size] as a coalesced sparse COO tensor: the dense matrix's entries (repeated terms summed)
-    without its zeros."""
+    without its zeros; ``scale_dtype``: each term's scale rounded to it first."""
     index, rows, scale = scale_terms(info)
-    return torch.sparse_coo_tensor(torch.stack((rows, index)), scale.to(dtype), (info.out_size, info.in_size),
+    scale = scale.to(scale_dtype or dtype).to(dtype)
+    return torch.sparse_coo_tensor(torch.stack((rows, index)), scale, (info.out_size, info.in_size),
                                    check_invariants=True).coalesce()
 
 
@@ -60,11 +61,13 @@ def sparse_product_reference(op, x, y, info: SparseProductInfo, out_accumulated=
 
 def sparse_scale_reference(x, info: SparseScaleInfo):
     """y = S x over x's second-to-last dim, in x's dtype: one einsum with the dense S, or torch's sparse matmul
-    where S would pass ``DENSE_SCALE_ENTRIES`` (16-bit x there: in float32, rounded once at the end, as cuBLAS does
-    the dense einsum's 16-bit GEMM)."""
+    where S would pass ``DENSE_SCALE_ENTRIES``. 16-bit x there: the scales rounded to x's dtype as the dense S's
+    are, the sums in float32 and rounded once at the end, as cuBLAS does the dense einsum's 16-bit GEMM (repeated
+    terms are summed in float32, where the dense S sums them in x's dtype). torch.func transforms take the dense
+    route only: torch's sparse matmul has no functorch rule (an error, not a wrong result)."""
     if info.out_size * info.in_size <= DENSE_SCALE_ENTRIES:
         return torch.einsum("mi,...ic->...mc", dense_scale_matrix(info, x.dtype), x)
     work = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
     columns = x.to(work).movedim(-2, 0)  # [in, ..., C]: the matmul's rows are S's columns
-    z = torch.sparse.mm(sparse_scale_matrix(info, work), columns.reshape(info.in_size, -1))
+    z = torch.sparse.mm(sparse_scale_matrix(info, work, x.dtype), columns.reshape(info.in_size, -1))
     return z.reshape(info.out_size, *columns.shape[1:]).movedim(0, -2).to(x.dtype)
