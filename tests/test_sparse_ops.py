@@ -10,8 +10,8 @@ import torch
 
 from attnbench.sparse import (CHANNEL_RANKS, SparseProductInfo, SparseScaleInfo, dense_scale_matrix, functional,
                               product_infos, product_terms, random_product_infos, random_scale_infos, scale_infos,
-                              scale_terms, sparse_inner, sparse_outer, sparse_product, sparse_product_reference,
-                              sparse_scale, sparse_scale_reference, sparse_vecmat)
+                              scale_terms, sparse_inner, sparse_mul, sparse_outer, sparse_product,
+                              sparse_product_reference, sparse_scale, sparse_scale_reference, sparse_vecmat)
 
 OPS = list(CHANNEL_RANKS)
 SIZE1, SIZE2, SIZE3, TERMS, BATCH = 5, 4, 6, 20, 2
@@ -403,3 +403,51 @@ def test_scale_reference_past_the_dense_cap_is_the_same_function(monkeypatch, dt
         else:  # one rounding of the exact value: |out - exact| <= 2**-8 |exact| elementwise
             assert ((out.double() - want).abs() <= 2.0 ** -8 * want.abs()).all()
     assert built == [1], "the sparse route ran (its derivatives are torch's, through the same matrix)"
+
+
+def test_infos_of_another_structure_or_role_are_refused():
+    """Backward infos of another structure with the same sizes, or this structure's infos in another order, pass
+    every size check and gave wrong gradients (grad_x off by 3.6 on a random structure): refused now; the rotated
+    triples the backward passes its siblings still run (the gradient check below)."""
+    gen = torch.Generator().manual_seed(0)
+    a = random_product_infos(3, 3, 3, 8, gen, empty_segments=False)
+    b = random_product_infos(3, 3, 3, 8, gen, empty_segments=False)
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    for infos, match in [((a[0], a[2], a[1]), "another role"), ((a[0], b[1], a[2]), "not built with info_fwd"),
+                         ((a[0], a[1], b[2]), "not built with info_fwd")]:
+        with pytest.raises(ValueError, match=match):
+            sparse_mul(x, y, infos)
+    s, t = random_scale_infos(5, 4, 9, gen), random_scale_infos(5, 4, 9, gen)
+    with pytest.raises(ValueError, match="not built with info_fwd"):
+        sparse_scale(torch.randn(5, 3, dtype=torch.float64), s[0], t[1])
+    # hand-built infos carry no structure: their sizes are all that can be checked, and they still run
+    hand = tuple(dataclasses.replace(info, structure=None) for info in a)
+    assert torch.autograd.gradcheck(lambda u, v: sparse_mul(u, v, hand), (x, y))
+    assert torch.autograd.gradgradcheck(lambda u, v: sparse_mul(u, v, a), (x, y))
+
+
+def test_the_functions_check_their_arguments_when_applied_directly():
+    """SparseScale, SparseMul, ... are public: `.apply` gets the wrappers' errors before any kernel (it had read
+    out of bounds on the Triton path, and returned garbage)."""
+    gen = torch.Generator().manual_seed(1)
+    s = random_scale_infos(5, 4, 9, gen)
+    with pytest.raises(ValueError, match="in_size=5"):
+        functional.SparseScale.apply(torch.randn(2, 3, dtype=torch.float64), *s)
+    infos = random_product_infos(3, 4, 5, 10, gen)
+    x, y = torch.randn(2, 3, 3, dtype=torch.float64), torch.randn(2, 4, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="channel dims"):
+        functional.SparseMul.apply(x, y, *infos, False)
+    with pytest.raises(TypeError, match="one dtype"):
+        functional.SparseMul.apply(x, y[..., :1].expand(2, 4, 3).float(), *infos, False)
+
+
+def test_a_scale_that_requires_grad_is_refused():
+    """The ops hold an info's scales constant: a scale with requires_grad got no gradient, silently."""
+    scale = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    index = torch.tensor([0, 1, 2, 0])
+    with pytest.raises(ValueError, match="scale requires grad"):
+        product_infos(index, index, index.flip(0), scale, 3, 3, 3)
+    with pytest.raises(ValueError, match="scale requires grad"):
+        scale_infos(index, index, scale, 3, 3)
+    product_infos(index, index, index.flip(0), scale.detach(), 3, 3, 3)  # detached: fine

@@ -309,3 +309,22 @@ def test_force_training_step_runs_on_the_triton_kernels():
         results[implementation] = (loss, *grads)
     for got, want in zip(results["triton"], results["split"]):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_layer_and_potential_edge_cases_get_clear_answers():
+    """One atom or no edge is a valid graph (no messages: energy 0, forces 0), no atom and a layer of no channels
+    are clear errors, and a dtype mismatch names the layer's weight (each had been a ZeroDivisionError, a reshape
+    error or an error about an internal tensor)."""
+    potential = ToyPotential()
+    positions, species = torch.randn(1, 3, dtype=torch.float64), torch.zeros(1, dtype=torch.long)
+    energy, forces = potential.energy_and_forces(positions, species, *all_pairs(1))
+    assert energy.item() == 0 and forces.shape == (1, 3) and not forces.any()
+    with pytest.raises(ValueError, match="no atom"):
+        potential(positions[:0], species[:0], *all_pairs(0))
+    for args, name in [((1, 1, 1, 0, 2), "channels_in"), ((1, 1, 1, 2, 0), "channels_out"),
+                       ((1, -1, 1, 2, 2), "l2_max")]:
+        with pytest.raises(ValueError, match=name):
+            FullyConnectedTensorProduct(*args)
+    layer = FullyConnectedTensorProduct(1, 1, 1, 2, 2)
+    with pytest.raises(TypeError, match="layer's weight"):
+        layer(torch.randn(3, 4, 2), torch.randn(3, 4))

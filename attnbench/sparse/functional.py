@@ -170,6 +170,7 @@ class SparseScale(Function):
 
     @staticmethod
     def forward(x, info_fwd, info_bwd):
+        _check_scale_call(x, info_fwd, info_bwd)  # here, so that `.apply` called directly is checked too
         return _scale_forward(x, info_fwd)
 
     @staticmethod
@@ -215,6 +216,8 @@ def _make_product_function(op):
 
         @staticmethod
         def forward(x, y, info_fwd, info_bwd1, info_bwd2, out_accumulated=False):
+            # checked here, so that `.apply` called directly gets the wrappers' clear errors before any kernel
+            _check_product_call(op, x, y, (info_fwd, info_bwd1, info_bwd2))
             return _product_forward(op, x, y, info_fwd, out_accumulated)
 
         @staticmethod
@@ -278,6 +281,20 @@ def _check_tensor(name, tensor, device):
         raise ValueError(f"{name} is on device {tensor.device}, the info on device {device}")
 
 
+def _check_one_structure(fwd, others, roles):
+    """``others``: name -> info, each the next role after fwd's in a cycle of ``roles`` (the backward passes its
+    siblings the infos rotated, so a call may start at any role)."""
+    for step, (name, info) in enumerate(others.items(), start=1):
+        if fwd.structure is None or info.structure is None:
+            continue  # built by hand: only the sizes can be checked
+        if info.structure[0] != fwd.structure[0]:
+            raise ValueError(f"{name} was not built with info_fwd (the builders make them together: product_infos, "
+                             "scale_infos): the backward infos of another structure give wrong gradients")
+        if info.structure[1] != (fwd.structure[1] + step) % roles:
+            raise ValueError(f"{name} is another role's info of this structure (the builders return them in "
+                             "order: (info_fwd, info_bwd1, info_bwd2), (info_fwd, info_bwd)): wrong gradients")
+
+
 def _check_product_infos(infos):
     if not (isinstance(infos, (tuple, list)) and len(infos) == 3
             and all(isinstance(info, SparseProductInfo) for info in infos)):
@@ -297,6 +314,7 @@ def _check_product_infos(infos):
             raise ValueError(f"{name} has {info.num_terms} terms, info_fwd {fwd.num_terms}: not the same terms")
         if info.device != fwd.device:
             raise ValueError(f"{name} is on {info.device}, info_fwd on {fwd.device}")
+    _check_one_structure(fwd, {"info_bwd1": bwd1, "info_bwd2": bwd2}, 3)
 
 
 def _check_operand(op, name, tensor, channel_rank, size, field):
@@ -318,11 +336,7 @@ def _check_channels(op, x, y):
         raise ValueError(f"sparse {op}: channel dims of x {tuple(cx)} and y {tuple(cy)} do not match")
 
 
-def sparse_product(op: str, x: Tensor, y: Tensor, infos, out_accumulated: bool = False) -> Tensor:
-    """z[n, i3] += s x[n, i1] ∘ y[n, i2] for the op named ``op`` (a key of DENSE_OPS), differentiable to any
-    order; ``infos`` = product_infos(...)."""
-    if op not in PRODUCT_FUNCTIONS:
-        raise ValueError(f"unknown sparse product {op!r}; known: {', '.join(PRODUCT_FUNCTIONS)}")
+def _check_product_call(op, x, y, infos):
     _check_product_infos(infos)
     fwd = infos[0]
     _check_tensor("x", x, fwd.device)
@@ -335,6 +349,14 @@ def sparse_product(op: str, x: Tensor, y: Tensor, infos, out_accumulated: bool =
     if n_x is not None and n_y is not None and n_x != n_y:
         raise ValueError(f"sparse {op}: x and y have batch sizes {n_x} and {n_y}")
     _check_channels(op, x, y)
+
+
+def sparse_product(op: str, x: Tensor, y: Tensor, infos, out_accumulated: bool = False) -> Tensor:
+    """z[n, i3] += s x[n, i1] ∘ y[n, i2] for the op named ``op`` (a key of DENSE_OPS), differentiable to any
+    order; ``infos`` = product_infos(...)."""
+    if op not in PRODUCT_FUNCTIONS:
+        raise ValueError(f"unknown sparse product {op!r}; known: {', '.join(PRODUCT_FUNCTIONS)}")
+    _check_product_infos(infos)  # before the unpacking below (its forward checks the rest)
     return PRODUCT_FUNCTIONS[op].apply(x, y, *infos, bool(out_accumulated))
 
 
@@ -373,9 +395,7 @@ def sparse_mat_t_vec(x, y, infos, out_accumulated=False):
     return sparse_product("mat_t_vec", x, y, infos, out_accumulated)
 
 
-def sparse_scale(x: Tensor, info_fwd: SparseScaleInfo, info_bwd: SparseScaleInfo) -> Tensor:
-    """y[..., m, :] = sum_{t in row m} scale[t] x[..., index[t], :]: x [..., in_size, C] -> [..., out_size, C],
-    differentiable to any order; (info_fwd, info_bwd) = scale_infos(...)."""
+def _check_scale_call(x, info_fwd, info_bwd):
     for name, info in (("info_fwd", info_fwd), ("info_bwd", info_bwd)):
         if not isinstance(info, SparseScaleInfo):
             raise TypeError(f"{name} must be a SparseScaleInfo, got {type(info).__name__}")
@@ -384,7 +404,15 @@ def sparse_scale(x: Tensor, info_fwd: SparseScaleInfo, info_bwd: SparseScaleInfo
                          f"transpose of info_fwd needs {(info_fwd.in_size, info_fwd.out_size)}")
     if info_bwd.index.numel() != info_fwd.index.numel():
         raise ValueError(f"info_bwd has {info_bwd.index.numel()} terms, info_fwd {info_fwd.index.numel()}")
+    if info_bwd.device != info_fwd.device:
+        raise ValueError(f"info_bwd is on {info_bwd.device}, info_fwd on {info_fwd.device}")
+    _check_one_structure(info_fwd, {"info_bwd": info_bwd}, 2)
     _check_tensor("x", x, info_fwd.device)
     if x.dim() < 2 or x.shape[-2] != info_fwd.in_size:
         raise ValueError(f"sparse scale: x must be [..., in_size={info_fwd.in_size}, C], got {tuple(x.shape)}")
-    return SparseScale.apply(x, info_fwd, info_bwd)
+
+
+def sparse_scale(x: Tensor, info_fwd: SparseScaleInfo, info_bwd: SparseScaleInfo) -> Tensor:
+    """y[..., m, :] = sum_{t in row m} scale[t] x[..., index[t], :]: x [..., in_size, C] -> [..., out_size, C],
+    differentiable to any order; (info_fwd, info_bwd) = scale_infos(...)."""
+    return SparseScale.apply(x, info_fwd, info_bwd)  # its forward checks the arguments

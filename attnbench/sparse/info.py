@@ -20,6 +20,7 @@ sparse matrix S in CSR form; its backward uses S^T (``scale_infos``).
 Infos are validated when they are built (one pass over the indices, with a device sync), so a bad info fails
 with a ValueError naming the field before any kernel runs; calls then check only shapes.
 """
+import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -66,6 +67,10 @@ def _check_scale(scale, length, device):
         raise ValueError(f"scale must have shape ({length},) (one per term), got {tuple(scale.shape)}")
     if scale.device != device:
         raise ValueError(f"scale is on device {scale.device}, the other fields on device {device}")
+    if scale.requires_grad:
+        raise ValueError("scale requires grad, but the sparse ops hold an info's scales constant (no gradient "
+                         "reaches them): pass scale.detach(), or make the learnable weights an operand (as the "
+                         "fully connected layer's y)")
 
 
 def _check_seg_out(seg_out, num_segments, num_positions, device):
@@ -105,6 +110,10 @@ class SparseProductInfo:
     out_size: int
     size1: int
     size2: int
+    # (id, role) that product_infos gives the three infos it builds together (roles 0, 1, 2: fwd, bwd1, bwd2; None:
+    # built by hand), so that the ops refuse a backward info of another structure, or of another role, with the
+    # same sizes: either would give wrong gradients
+    structure: Optional[tuple] = field(default=None, repr=False)
     term_out: Tensor = field(init=False, repr=False)
     row_bounds: Tensor = field(init=False, repr=False)
     dense_rows: dict = field(init=False, repr=False)
@@ -224,6 +233,7 @@ class SparseScaleInfo:
     seg_out: Tensor
     out_size: int
     in_size: int
+    structure: Optional[tuple] = field(default=None, repr=False)  # as SparseProductInfo's (scale_infos: roles 0, 1)
     term_out: Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -272,7 +282,16 @@ def product_infos(i1, i2, i3, scale, size1, size2, size3, *, gather_backward=Tru
     info_fwd = _grouped_product_info(i3, i1, i2, scale, size3, size1, size2, gather=False)
     info_bwd1 = _grouped_product_info(i1, i2, i3, scale, size1, size2, size3, gather=gather_backward)
     info_bwd2 = _grouped_product_info(i2, i3, i1, scale, size2, size3, size1, gather=gather_backward)
-    return info_fwd, info_bwd1, info_bwd2
+    return _one_structure(info_fwd, info_bwd1, info_bwd2)
+
+
+def _one_structure(*infos):
+    """The infos, marked as built together, each with its role (a random id: it survives copies and pickling, as an
+    object's identity would not)."""
+    structure = uuid.uuid4().int
+    for role, info in enumerate(infos):
+        object.__setattr__(info, "structure", (structure, role))
+    return infos
 
 
 def scale_infos(index, rows, scale, in_size, out_size):
@@ -291,7 +310,7 @@ def scale_infos(index, rows, scale, in_size, out_size):
         seg_out = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         return SparseScaleInfo(scale[order], other[order], seg_out, size_key, size_other)
 
-    return grouped(rows, index, out_size, in_size), grouped(index, rows, in_size, out_size)
+    return _one_structure(grouped(rows, index, out_size, in_size), grouped(index, rows, in_size, out_size))
 
 
 def product_terms(info: SparseProductInfo):

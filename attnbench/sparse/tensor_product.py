@@ -83,6 +83,10 @@ class FullyConnectedTensorProduct(nn.Module):
     def __init__(self, l1_max, l2_max, l3_max, channels_in, channels_out, *, parity=False, seed=0,
                  dtype=torch.float64, device="cpu"):
         super().__init__()
+        for name, value, low in (("l1_max", l1_max, 0), ("l2_max", l2_max, 0), ("l3_max", l3_max, 0),
+                                 ("channels_in", channels_in, 1), ("channels_out", channels_out, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"FullyConnectedTensorProduct: {name} must be an int >= {low}, got {value!r}")
         self.l1_max, self.l2_max, self.l3_max = l1_max, l2_max, l3_max
         self.channels_in, self.channels_out, self.parity, self.seed = channels_in, channels_out, parity, seed
         self.paths, self.coupled_size, self._coupling_terms, self._mixing_terms = _layer_structure(
@@ -124,6 +128,9 @@ class FullyConnectedTensorProduct(nn.Module):
             raise ValueError(f"x must be [N, {size1}, {self.channels_in}], got {tuple(x.shape)}")
         if y.shape[-1] != size2 or y.dim() not in (1, 2):
             raise ValueError(f"y must be [N, {size2}] or shared [{size2}], got {tuple(y.shape)}")
+        if not (x.dtype == y.dtype == self.weight.dtype):
+            raise TypeError(f"x ({x.dtype}), y ({y.dtype}) and the layer's weight ({self.weight.dtype}) must have one "
+                            "dtype (layer.to(dtype) converts the weight)")
         coupling, mixing = self.infos(x.device)
         coupled = sparse_vecsca(x, y, coupling)  # the checked wrappers of SparseVecSca / SparseVecMat
         return sparse_vecmat(coupled, self.weight, mixing)
@@ -163,7 +170,7 @@ def irreps_spherical_harmonics(l_max, vectors):
 
 def _sparse_scale_rows(h, infos):
     """SparseScale over the first dim of h [M, ...]: reshaped to [M, prod(...)] so the sparse dim is dim -2."""
-    flat = sparse_scale(h.reshape(h.shape[0], -1), *infos)
+    flat = sparse_scale(h.reshape(h.shape[0], math.prod(h.shape[1:])), *infos)  # not -1: M may be 0 (no edge)
     return flat.reshape(flat.shape[0], *h.shape[1:])
 
 
@@ -212,7 +219,11 @@ class ToyPotential(nn.Module):
     def forward(self, positions, species, src, dst):
         """Energy (a 0-dim tensor) of atoms at ``positions`` [A, 3] with ``species`` [A] and edges src -> dst."""
         num_atoms = positions.shape[0]
-        gather, scatter = edge_infos(src, dst, num_atoms, aggregate_scale=1 / math.sqrt(src.numel() / num_atoms))
+        if num_atoms == 0:
+            raise ValueError("ToyPotential: positions hold no atom")
+        neighbors = src.numel() / num_atoms  # messages are scaled by 1/sqrt(mean neighbors); no edge: no messages
+        scale = 1 / math.sqrt(neighbors) if neighbors else 1.0
+        gather, scatter = edge_infos(src, dst, num_atoms, aggregate_scale=scale)
         vectors = positions.index_select(0, src) - positions.index_select(0, dst)
         harmonics = irreps_spherical_harmonics(self.l_sh, vectors)
         radial = self.radial(torch.linalg.vector_norm(vectors, dim=-1))
