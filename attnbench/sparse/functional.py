@@ -20,6 +20,10 @@ since it is made of the same Functions. ``generate_vmap_rule`` gives vmap from t
 There is no ``jvp`` staticmethod on purpose: Dynamo refuses to trace a Function that defines one (torch 2.13,
 "Unsupported custom jvp"), and torch.compile(fullgraph=True) matters more here than forward-mode AD (jacfwd,
 hessian).
+
+Non-finite inputs: on Triton, vecsca, scavec and inner over dense enough structures (Clebsch-Gordan ones) take the
+dense route, whose contraction with the table's zeros makes a sample's outputs NaN when one of its entries is inf
+or NaN (0 x inf, as a dense matmul); split and the segment kernels keep it to the outputs whose terms read it.
 """
 import contextlib
 
