@@ -205,6 +205,7 @@ def test_a_case_out_of_memory_is_kept_and_the_run_goes_on(monkeypatch, short_of)
         assert rows[0].timing and math.isnan(rows[0].max_error) and "oracle ran out of memory" in rows[0].unverified
         table = bench_table(rows, lambda case: 1e-3)
         assert "unverified [1]" in table and "[1] not verified: the float64 oracle ran out of memory" in table
-        assert summary_line(bench_rows=rows) == "summary: bench 2 timed, 0 skipped, 1 unverified"
+        summary = summary_line(bench_rows=rows)  # "noisy" may come between on a loaded CPU
+        assert summary.startswith("summary: bench 2 timed, 0 skipped") and summary.endswith(", 1 unverified")
     else:
         assert rows[0].timing is None and not rows[0].unverified
