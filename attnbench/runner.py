@@ -56,6 +56,20 @@ def _release(device):
         torch.cuda.empty_cache()
 
 
+def _case_inputs(op, case, device, seed, oracles):
+    """(x, oracles(x), "") for a case, or where memory ran out: (None, None, "inputs") or (x, None, "oracle"). The
+    case's rows are then kept (skipped, or timed unverified) and the run goes on."""
+    x, stage = None, "inputs"
+    try:
+        x = op.make_inputs(case, device, seed)
+        stage = "oracle"
+        return x, oracles(x), ""
+    except torch.OutOfMemoryError:
+        pass
+    _release(device)  # outside the except: its traceback holds the failed call's tensors until the block ends
+    return x, None, stage
+
+
 def select_variants(op, device, names=None):
     available = op.available_variants(device)
     if names is None:
@@ -89,15 +103,10 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, o
     bar = Progress(len(cases) * len(modes) * len(names), progress)
     results = []
     for case in cases:
-        try:
-            x = op.make_inputs(case, device, seed)
-            oracle, lowp = op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype)
-            unchecked = ""
-        except torch.OutOfMemoryError:  # the case's rows are kept, as skipped, and the run goes on
-            x = oracle = lowp = None
-            unchecked = "inputs or oracle out of memory"
-        if unchecked:  # outside the except: its traceback holds the failed call's tensors until the block ends
-            _release(device)
+        x, oracles, short = _case_inputs(op, case, device, seed,
+                                         lambda x: (op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype)))
+        oracle, lowp = oracles or (None, None)
+        unchecked = "inputs or oracle out of memory" if short else ""
         for mode in modes:
             for name in names:
                 try:
@@ -172,18 +181,11 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
     bar = Progress(len(cases) * len(modes) * len(names), progress)
     rows = []
     for case in cases:
-        x = oracle = None
-        untimed = unverified = ""
-        try:
-            x = op.make_inputs(case, device, seed)
-            oracle = op.oracle(case, x) if verify_outputs else None
-        except torch.OutOfMemoryError:  # the case's rows are kept and the run goes on
-            if x is None:
-                untimed = "inputs out of memory"
-            else:  # timed all the same, marked unverified (no error figure)
-                unverified = "not verified: the float64 oracle ran out of memory"
-        if untimed or unverified:  # outside the except: its traceback holds the failed call's tensors
-            _release(device)
+        x, oracle, short = _case_inputs(op, case, device, seed,
+                                        lambda x: op.oracle(case, x) if verify_outputs else None)
+        untimed = "inputs out of memory" if short == "inputs" else ""
+        # an oracle short of memory: timed all the same, marked unverified (no error figure)
+        unverified = "not verified: the float64 oracle ran out of memory" if short == "oracle" else ""
         for mode in modes:
             mode_rows, base_row = [], None
             for name in names:

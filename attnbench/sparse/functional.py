@@ -288,9 +288,10 @@ def _check_tensor(name, tensor, device):
         raise ValueError(f"{name} is on device {tensor.device}, the info on device {device}")
 
 
-def _check_one_structure(fwd, others, roles):
-    """``others``: name -> info, each the next role after fwd's in a cycle of ``roles`` (the backward passes its
-    siblings the infos rotated, so a call may start at any role)."""
+def _check_one_structure(fwd, others):
+    """``others``: name -> info, each the next role after fwd's in the cycle of the builder's infos (the backward
+    passes its siblings the infos rotated, so a call may start at any role)."""
+    roles = len(others) + 1
     for step, (name, info) in enumerate(others.items(), start=1):
         if fwd.structure is None or info.structure is None:
             continue  # built by hand: only the sizes can be checked
@@ -321,7 +322,7 @@ def _check_product_infos(infos):
             raise ValueError(f"{name} has {info.num_terms} terms, info_fwd {fwd.num_terms}: not the same terms")
         if info.device != fwd.device:
             raise ValueError(f"{name} is on {info.device}, info_fwd on {fwd.device}")
-    _check_one_structure(fwd, {"info_bwd1": bwd1, "info_bwd2": bwd2}, 3)
+    _check_one_structure(fwd, {"info_bwd1": bwd1, "info_bwd2": bwd2})
 
 
 def _check_operand(op, name, tensor, channel_rank, size, field):
@@ -363,8 +364,8 @@ def sparse_product(op: str, x: Tensor, y: Tensor, infos, out_accumulated: bool =
     order; ``infos`` = product_infos(...)."""
     if op not in PRODUCT_FUNCTIONS:
         raise ValueError(f"unknown sparse product {op!r}; known: {', '.join(PRODUCT_FUNCTIONS)}")
-    _check_product_infos(infos)  # before the unpacking below (its forward checks the rest)
-    return PRODUCT_FUNCTIONS[op].apply(x, y, *infos, bool(out_accumulated), False)  # untrusted: see sparse_scale
+    _check_product_call(op, x, y, infos)
+    return PRODUCT_FUNCTIONS[op].apply(x, y, *infos, bool(out_accumulated), True)  # checked: see sparse_scale
 
 
 def sparse_mul(x, y, infos, out_accumulated=False):
@@ -413,7 +414,7 @@ def _check_scale_call(x, info_fwd, info_bwd):
         raise ValueError(f"info_bwd has {info_bwd.index.numel()} terms, info_fwd {info_fwd.index.numel()}")
     if info_bwd.device != info_fwd.device:
         raise ValueError(f"info_bwd is on {info_bwd.device}, info_fwd on {info_fwd.device}")
-    _check_one_structure(info_fwd, {"info_bwd": info_bwd}, 2)
+    _check_one_structure(info_fwd, {"info_bwd": info_bwd})
     _check_tensor("x", x, info_fwd.device)
     if x.dim() < 2 or x.shape[-2] != info_fwd.in_size:
         raise ValueError(f"sparse scale: x must be [..., in_size={info_fwd.in_size}, C], got {tuple(x.shape)}")
@@ -422,5 +423,7 @@ def _check_scale_call(x, info_fwd, info_bwd):
 def sparse_scale(x: Tensor, info_fwd: SparseScaleInfo, info_bwd: SparseScaleInfo) -> Tensor:
     """y[..., m, :] = sum_{t in row m} scale[t] x[..., index[t], :]: x [..., in_size, C] -> [..., out_size, C],
     differentiable to any order; (info_fwd, info_bwd) = scale_infos(...)."""
-    return SparseScale.apply(x, info_fwd, info_bwd, False)  # its forward checks the arguments (False: untrusted;
-    # spelled out, since Dynamo binds a Function's defaults wrongly: the compile tests failed without it)
+    _check_scale_call(x, info_fwd, info_bwd)
+    # checked here once, so trusted (the flag spelled out: Dynamo binds a Function's defaults wrongly, and the
+    # compile tests failed without it)
+    return SparseScale.apply(x, info_fwd, info_bwd, True)
