@@ -275,6 +275,9 @@ _SCALE_ROWS_CONFIGS = config_list(
         cfg(4, 1, BLOCK_M=128, BLOCK_C=32),
         cfg(8, 1, BLOCK_M=256, BLOCK_C=32),
         cfg(4, 1, BLOCK_M=64, BLOCK_C=64),
+        # whole rows of 512 channels (L 3 C 32, 8 lines of 64: this kernel since sparse-scale-rows-everywhere) in a
+        # program: the autotuner's pick there in bf16
+        cfg(8, 1, BLOCK_M=8, BLOCK_C=512),
     ],
     cfg(1, 1, BLOCK_M=2, BLOCK_C=2),
 )
@@ -459,17 +462,23 @@ def channel_line(batch, channels, channel_stride):
 
 # A batch of one whose rows hold at most this many terms on average may take the row-tile kernel.
 ROWS_TILE_TERMS = 2
+# ... unless its channels fold into a power-of-two count of at least this many lines, which the batched kernel's
+# line tiles fill without a masked lane. Measured on the H200 (sparse-scale-rows-everywhere): at 2048 channels (32
+# lines of 64) the lines 1.01x-1.07x the row tiles, at 512 (8 lines of 64) the row tiles 1.46x-1.54x the lines;
+# 16 lines (1024 channels), between the two, is not measured.
+LINES_OVER_ROWS = 16
 
 
 def rows_tile(batch, channels, line, row_terms):
     """Whether SparseScale takes the row-tile kernel: a batch of one with short rows (the backward of a segment
-    sum), unless its channels fold into a power-of-two count of lines, which the batched kernel's tiles then fill
-    without a masked lane (measured on the H100 at 2048 channels: the row tiles 0.74x-0.87x the lines; at 288,
-    800 and 1568 channels, 9, 25 and 49 lines of 32, 1.8x-3.6x faster; at 6272, 98 lines of 64, 0.96x-1.00x:
-    results/gpu/nvidia-h100/sparse-scale-rows.md)."""
+    sum), unless its channels fold into a power-of-two count of LINES_OVER_ROWS lines or more (measured on the
+    H100 with row tiles fastest in launch order: 1.8x-3.6x over the lines at 288, 800 and 1568 channels, 9, 25
+    and 49 lines of 32; 0.96x-1.00x at 6272, 98 lines of 64: results/gpu/nvidia-h100/sparse-scale-rows.md; with
+    channel tiles fastest, on the H200: results/gpu/nvidia-h200/sparse-scale-rows-everywhere.md)."""
     if batch != 1 or row_terms > ROWS_TILE_TERMS:
         return False
-    return not (line and next_pow2(channels // line) == channels // line)
+    lines = channels // line if line else 0
+    return not (lines >= LINES_OVER_ROWS and next_pow2(lines) == lines)
 
 
 def terms_per_row(terms, rows):

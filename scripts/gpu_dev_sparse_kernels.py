@@ -67,6 +67,7 @@ def cases(quick):
         out.append(SparseCase("scale", 2, 100_000, 32, dtype, structure="segment"))
         out.append(SparseCase("scale", 6, 100_000, 128, dtype, structure="segment"))
         out.append(SparseCase("scale", 3, 100_000, 128, dtype, structure="random"))
+        out.append(SparseCase("scale", 3, 100_000, 128, dtype, structure="segment"))  # 2048 channels: 32 lines of 64
         for l_max in (3, 4, 6):  # channel counts of 16, 25 and 49 lines of 32
             out.append(SparseCase("scale", l_max, 100_000, 32, dtype, structure="segment"))
         for l_max in (2, 3, 4):  # the sweep's large N, where the backward's gather held at 42-62% of copy

@@ -187,9 +187,10 @@ class _LaunchSpy:
 
 def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
     """SparseScale on [M, C]: rows of one or two terms on average (a segment sum's backward) take the row-tile
-    kernel, unless the channels fold into a power-of-two count of lines (128: two of 64); longer rows the batched
-    one with channels folded into lines; both against float64, with empty rows and repeated terms, odd and
-    foldable channel counts, and the batched kernel for a real batch."""
+    kernel, also where the channels fold into a power-of-two count of a few lines (128: two of 64), but not of
+    LINES_OVER_ROWS or more (1024: 16 of 64); longer rows the batched one with channels folded into lines; both
+    against float64, with empty rows and repeated terms, odd and foldable channel counts, and the batched kernel
+    for a real batch."""
     from attnbench.kernels import sparse_segment
 
     spies = {name: _LaunchSpy(getattr(sparse_segment, name)) for name in ("sparse_scale_rows_kernel",
@@ -202,7 +203,8 @@ def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
     # (info, x's shape, the row-tile kernel?, else the batched kernel's batch: lines of a folded row, or the batch)
     for info, shape, rows_kernel, batch in [(short, (9, 5), True, None), (short, (1, 9, 96), True, None),
                                             (long, (13, 96), False, 3), (long, (13, 5), False, 1),
-                                            (short, (2, 9, 5), False, 2), (short, (9, 128), False, 2)]:
+                                            (short, (2, 9, 5), False, 2), (short, (9, 128), True, None),
+                                            (short, (9, 1024), False, 16), (long, (13, 128), False, 2)]:
         x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
         before = {name: spy.launches for name, spy in spies.items()}
         with poisoned_outputs():
@@ -210,7 +212,7 @@ def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
         torch.testing.assert_close(y, sparse_scale_reference(x, info), rtol=1e-12, atol=1e-12)
         ran = {name: spy.launches - before[name] for name, spy in spies.items()}
         assert (ran["sparse_scale_rows_kernel"] > 0) == rows_kernel and (ran["sparse_scale_kernel"] > 0) != rows_kernel
-        if not rows_kernel:  # N, the kernel's batch: 3 lines of 32 for 96 folded channels, 2 of 64 for 128
+        if not rows_kernel:  # N, the kernel's batch: 3 lines of 32 for 96 folded channels, 2 (16) of 64 for 128 (1024)
             assert spies["sparse_scale_kernel"].args[-1][5] == batch
 
 
