@@ -8,40 +8,47 @@ modes (tests/test_suites.py fails if they drift from the operator's own) and sub
 classes below. Their names start with "_", so asv does not collect them here, only through the
 suites' subclasses (it finds inherited methods).
 
-``measurement(op)`` is asv's ``setup_cache``: it verifies and times every (case, variant, mode)
+``@measurement(op)`` makes a suite's stub asv's ``setup_cache``: it verifies and times every (case, variant, mode)
 once through attnbench's timing core (CUDA events, L2 flushed, median of many) and the ``track_``
 benchmarks read their number from it. asv treats every number as lower-is-better, so latency is
 the regression signal; TF/s, GB/s, % of roofline and peak GPU memory are tracked for display.
 Without CUDA, or where a variant cannot run a case, setup raises NotImplementedError and asv
 records the benchmark as skipped.
 """
+import functools
 import math
 
 
 def measurement(op_name, case_set="anchor", variants=None, modes=None):
-    """asv's setup_cache for ``op_name`` on ``case_set`` (``variants`` and ``modes``: those only;
-    default all)."""
+    """Decorator: the stub it is put on becomes asv's setup_cache for ``op_name`` on ``case_set``
+    (``variants`` and ``modes``: those only; default all). Each suite module writes its own stub
+    because asv keys a cache by the module and first line of its function: closures made here all
+    had the key ``_anchor:<line>``, so one asv run over several suites measured the first and
+    handed its results to every other (measured on the H200: all but one suite skipped)."""
 
-    def measure(*_bound_instance):
-        import os
+    def bind(stub):
+        @functools.wraps(stub)  # __wrapped__: inspect.getsourcelines, and so asv's key, see the stub
+        def measure(*_bound_instance):
+            import os
 
-        import torch
+            import torch
 
-        if not torch.cuda.is_available():
-            return {}
-        reports = os.environ.get("ATTNBENCH_ASV_REPORTS")
-        if reports:
-            return from_report(op_name, reports)
-        import attnbench
-        from attnbench.runner import bench
+            if not torch.cuda.is_available():
+                return {}
+            reports = os.environ.get("ATTNBENCH_ASV_REPORTS")
+            if reports:
+                return from_report(op_name, reports)
+            import attnbench
+            from attnbench.runner import bench
 
-        op = attnbench.get(op_name)
-        rows = bench(op, op.cases(case_set), "cuda", variants=variants, modes=modes, progress=True)
-        return {(r.case, r.variant, r.mode): _entry(r.as_dict()) for r in rows if r.timing}
+            op = attnbench.get(op_name)
+            rows = bench(op, op.cases(case_set), "cuda", variants=variants, modes=modes, progress=True)
+            return {(r.case, r.variant, r.mode): _entry(r.as_dict()) for r in rows if r.timing}
 
-    measure.__name__ = f"measure_{op_name}" + ("" if case_set == "anchor" else f"_{case_set}")
-    measure.timeout = 3000
-    return measure
+        measure.timeout = 3000
+        return measure
+
+    return bind
 
 
 def _entry(row):

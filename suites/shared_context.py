@@ -19,7 +19,9 @@ VARIANTS = ["reference", "split", "triton", "triton_composed", "per_batch_math",
 MODES = ["fwd"]
 RATIO_PEERS = ["per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn"]
 
-measure_shared_context = measurement(OP)
+@measurement(OP)
+def measure_shared_context():
+    """asv's setup_cache of the shared_context suites (see suites/_anchor.measurement)."""
 
 
 class SharedContextAnchor(_Anchor):

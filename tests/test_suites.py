@@ -1,6 +1,7 @@
 """The asv suites spell out their parameters (so asv's process per combination skips importing
 torch): they must stay equal to the operators' own, or the dashboard would silently lose variants."""
 import importlib
+import inspect
 import pkgutil
 
 import pytest
@@ -33,7 +34,27 @@ def test_flash_sweep_suite_matches_the_sweep_set():
     assert suite.SWEEP_LABELS == [c.label for c in op.cases("sweep")]
     assert set(suite.SWEEP_VARIANTS) <= set(op.variants) and set(suite.SWEEP_MODES) <= set(op.modes)
     assert set(suite.SWEEP_PEERS) <= set(op.ratio_peers) and "triton" in suite.SWEEP_VARIANTS
-    assert suite.measure_flash_sweep.__name__ != suite.measure_flash.__name__  # asv caches each on its own
+
+
+def _asv_cache_key(func):
+    """asv_runner's get_setup_cache_key (asv_runner 0.3): the function's module less its package, and the first
+    line of its source (asv is not a test dependency)."""
+    try:
+        from asv_runner.benchmarks._base import get_setup_cache_key
+    except ImportError:
+        return f"{inspect.getmodule(func).__name__.split('.', 1)[1]}:{inspect.getsourcelines(func)[1]}"
+    return get_setup_cache_key(func)
+
+
+def test_each_measuring_pass_has_its_own_asv_cache():
+    """asv runs a setup_cache once per key and hands its result to every benchmark of that key: two operators (or
+    flash's anchor and sweep sets) under one key would time the first and skip the rest. The classes that share
+    a measuring pass share its key."""
+    caches = {c.setup_cache for s in SHARED for c in vars(s).values() if isinstance(c, type)
+              and getattr(c, "setup_cache", None) is not None}
+    assert len(caches) == len(SHARED) + 1  # flash has two sets
+    assert len({_asv_cache_key(f) for f in caches}) == len(caches)
+    assert all(_asv_cache_key(f).split(":")[0] != "_anchor" for f in caches)
 
 
 def test_asv_collects_the_suites_not_their_shared_bases():
