@@ -21,8 +21,8 @@ longest one's length, a gathered load a term, fixed order: deterministic). At L 
 nvidia-h100/sparse-gather-gemm-*). The matrix products (``small_matmul``: one launch, each
 sample's product in registers) run in fp32 for fp32 inputs (never TF32), fp64 for fp64, and for 16-bit inputs on
 the tensor cores with fp32 accumulation, M kept in fp32 and split into two half-precision parts (hi + lo) so that
-it is not rounded to 16 bits. The fp32 and fp64 Gram matrices (a deep channel inner dim) go to cuBLAS instead
-(``_gram``: measured faster there).
+it is not rounded to 16 bits. The fp32 and fp64 Gram matrices (a deep channel inner dim) go to cuBLAS instead, but
+for small and shallow ones (``_gram``: measured faster there).
 """
 import torch
 import triton
@@ -110,12 +110,26 @@ def full_precision_matmul(a, b):
         setattr(matmul, name, before)
 
 
+# fp32 and fp64 Gram matrices with fewer rows and columns than GRAM_ON_CUBLAS_ROWS and an inner (channel) dim of at
+# most SMALL_MATMUL_GRAM_DEPTH go to small_matmul, the rest to cuBLAS. On the H200 (results/gpu/nvidia-h200/
+# small-matmul-gram-fp32-l23.md, batch 1e5): 9 x 9 outputs over 32 channels, cuBLAS (its small-N batched kernel,
+# gemmSN_TN) 0.709 ms, small_matmul 0.521 ms (vecsca L 2 C 32 fp32: backward 1.26x, double backward 1.17x); over 128
+# channels cuBLAS 0.836 ms, small_matmul 1.91 ms; 16 x 16 (L 3): cuBLAS 1.5x-1.9x faster. Both stay at 9-41% of
+# copy: a Gram kernel for these shapes is still to be written.
+GRAM_ON_CUBLAS_ROWS = 16
+SMALL_MATMUL_GRAM_DEPTH = 32
+
+
 def _gram(x, y_t, acc):
     """x @ y_t, the inner product's Gram matrices: a few rows, a deep (channel) inner dim. 16-bit inputs on
     small_matmul (tensor cores: 76-99% of the copy bandwidth on the H100, cuBLAS 50-86%); fp32 and fp64 on cuBLAS
-    (TF32 off): small_matmul's FMA dot holds each thread's rows over the whole inner step and ran these at 24-54%
-    against cuBLAS's 49-84% (results/gpu/nvidia-h100/small-matmul-configs-*.md)."""
-    return small_matmul(x, y_t, acc) if acc != x.dtype else full_precision_matmul(x, y_t)
+    (TF32 off) but for small and shallow ones (see GRAM_ON_CUBLAS_ROWS): small_matmul's FMA dot holds each thread's
+    rows over the whole inner step and ran 16-49-row ones at 24-54% against cuBLAS's 49-84% (results/gpu/
+    nvidia-h100/small-matmul-configs-*.md)."""
+    small = max(x.shape[-2], y_t.shape[-1]) < GRAM_ON_CUBLAS_ROWS and x.shape[-1] <= SMALL_MATMUL_GRAM_DEPTH
+    if acc != x.dtype or small:
+        return small_matmul(x, y_t, acc)
+    return full_precision_matmul(x, y_t)
 
 
 def _rows(t, shared):

@@ -2,18 +2,19 @@
 """``small_matmul``'s launch configs, one by one, against cuBLAS on the dense route's products, on one GPU.
 
     python3 scripts/gpu_dev_small_matmul.py [--json OUT.json] [--batch N] [--extra] [--warm-shard I/K]
+        [--l-max 3,4,6] [--dtypes float32,bfloat16] [--products apply,gram]
 
 The dense route (kernels/sparse_dense.py) runs two kinds of product per sample, P = (L + 1)^2 rows:
 
     apply:  M [N, P, P] (fp32) @ x [N, P, C]     (vecsca and scavec: forward and every derivative)
     gram:   g [N, P, C] @ x[N]^T [N, C, P]       (inner: the backward's gy; x transposed, a strided view)
 
-For L 3, 4, 6, C 32 and 128, fp32 and bf16, each row gives cuBLAS's time (torch.matmul; for bf16 ``apply`` one
-bmm on M rounded to bf16: a lower bound of the old route's two), the autotuned small_matmul (and the config it
-picked) and every config forced alone, as ms and % of the measured copy bandwidth on the product's bytes (a, b
-and out, each once). ``--extra`` adds the other candidates tried when the module's list was chosen. ``--warm-shard I/K``
-only compiles the I-th of K slices of the work (run K of them in parallel first: Triton's disk cache then
-serves the timing run).
+For L 3, 4, 6 (``--l-max``), C 32 and 128, fp32 and bf16, each row gives cuBLAS's time (torch.matmul; for bf16
+``apply`` one bmm on M rounded to bf16: a lower bound of the old route's two), the autotuned small_matmul (and the
+config it picked) and every config forced alone, as ms and % of the measured copy bandwidth on the product's bytes
+(a, b and out, each once). ``--extra`` adds the other candidates tried when the module's list was chosen. ``--warm-
+shard I/K`` only compiles the I-th of K slices of the work (run K of them in parallel first: Triton's disk cache
+then serves the timing run).
 """
 import argparse
 import json
@@ -75,6 +76,9 @@ def main():
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--extra", action="store_true")
     parser.add_argument("--warm-shard")
+    parser.add_argument("--l-max", default="3,4,6", help="comma-separated L values (P = (L + 1)^2 rows)")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--products", default="apply,gram")
     args = parser.parse_args()
     kernel = module.small_matmul_kernel
     all_configs = list(module._CONFIGS) + (extra_configs() if args.extra else [])
@@ -87,10 +91,12 @@ def main():
         info = machine_info("cuda")
         print(f"# {info['device_name']} | torch {info['torch']} | triton {info['triton']} | "
               f"copy {copy_gbps:.0f} GB/s | batch {args.batch}")
-    for dtype in (torch.float32, torch.bfloat16):
-        for l_max in (3, 4, 6):
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+        for l_max in (int(v) for v in args.l_max.split(",")):
             for channels in (32, 128):
                 for name, a, b, out_dtype, cublas in products(l_max, channels, dtype, args.batch, generator):
+                    if name not in args.products.split(","):
+                        continue
                     job += 1
                     if shard and job % shard[1] != shard[0]:
                         continue

@@ -202,12 +202,14 @@ def test_thin_table_has_no_matrix_form(gathers):
     assert gathers and not any(gathers), "the dense route's gather kernel did not run"
 
 
+@pytest.mark.parametrize("channels", [3, sparse_dense.SMALL_MATMUL_GRAM_DEPTH + 1])
 @pytest.mark.parametrize("op", OPS)
-def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route):
-    """The route's cuBLAS products (the GEMM sums, fp32 Gram matrices) keep fp32 inside autocast (which would run
-    them in bf16: ~4e-3 off) and whatever TF32 setting the process made, through torch's new API, which a legacy
-    ``allow_tf32`` toggle would break (reading it raises once the new one is set) and leave pinned."""
-    x, y = inputs(op, False, False, infos[0], dtype=torch.float32, seed=4)
+def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route, channels):
+    """The route's cuBLAS products (the GEMM sums, fp32 Gram matrices: those deeper than SMALL_MATMUL_GRAM_DEPTH)
+    keep fp32 inside autocast (which would run them in bf16: ~4e-3 off) and whatever TF32 setting the process made,
+    through torch's new API, which a legacy ``allow_tf32`` toggle would break (reading it raises once the new one is
+    set) and leave pinned."""
+    x, y = inputs(op, False, False, infos[0], channels=channels, dtype=torch.float32, seed=4)
     expected = sparse_product_reference(op, x.double(), y.double(), infos[0])
     settings = (torch.backends, "fp32_precision")
     before = getattr(*settings)
@@ -221,3 +223,22 @@ def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route
         setattr(*settings, before)
     assert z.dtype == torch.float32
     torch.testing.assert_close(z.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gram_matrices_route_by_dtype_size_and_depth(monkeypatch):
+    """inner's Gram matrices: 16-bit inputs on small_matmul (tensor cores, fp32 out); fp32 and fp64 on small_matmul
+    only while small (fewer than GRAM_ON_CUBLAS_ROWS rows and columns) and shallow (at most SMALL_MATMUL_GRAM_DEPTH
+    channels), else on cuBLAS (measured on the H200: results/gpu/nvidia-h200/small-matmul-gram-fp32-l23.md)."""
+    ran = []
+    monkeypatch.setattr(sparse_dense, "small_matmul", lambda a, b, out: ran.append("small") or (a.to(out) @ b.to(out)))
+    monkeypatch.setattr(sparse_dense, "full_precision_matmul", lambda a, b: ran.append("cublas") or a @ b)
+    rows, depth = sparse_dense.GRAM_ON_CUBLAS_ROWS, sparse_dense.SMALL_MATMUL_GRAM_DEPTH
+    for dtype, p, q, channels, route in [(torch.float32, 9, 9, depth, "small"),
+                                         (torch.float64, rows - 1, 4, 8, "small"),
+                                         (torch.float32, 9, 9, depth + 1, "cublas"),
+                                         (torch.float32, rows, 9, 8, "cublas"), (torch.float64, 9, rows, 8, "cublas"),
+                                         (torch.bfloat16, 49, 49, 128, "small")]:
+        x = torch.randn(2, p, channels, dtype=torch.float64).to(dtype)
+        y = torch.randn(2, q, channels, dtype=torch.float64).to(dtype)
+        gram = sparse_dense._gram(x, y.transpose(-1, -2), sparse_dense.accumulator_torch_dtype(dtype))
+        assert ran.pop() == route and gram.shape == (2, p, q), (dtype, p, q, channels)
