@@ -5,6 +5,7 @@
     python3 scripts/gpu_dev_sparse_kernels.py --dense-route [--json OUT.json] [--quick] [--old-every-size]
     python3 scripts/gpu_dev_sparse_kernels.py --dense-baseline FILE [--json OUT.json] [--quick] [--no-peers]
     python3 scripts/gpu_dev_sparse_kernels.py --outer-sum-route [--json OUT.json] [--quick] [--old-every-size]
+    python3 scripts/gpu_dev_sparse_kernels.py --fold-route [--json OUT.json] [--quick] [--no-peers]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
@@ -19,7 +20,9 @@ those anchors (``--no-peers``: split and e3nn left out). ``--outer-sum-route`` c
 shared-weight vecmat anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) with the batch sum of outer products (its weight
 gradient, in backward and double backward) on matrix units (``new``: kernels/sparse_outer_sum.py) against the
 segment kernel on the same tree (``old``: the route off), old and split at N 1e4 only unless
-``--old-every-size`` (the segment kernel's weight gradient runs for seconds at N 1e5). ``--match REGEX`` keeps the
+``--old-every-size`` (the segment kernel's weight gradient runs for seconds at N 1e5). ``--fold-route`` compares
+the same vecmat anchors with the fold route of the shared-weight products (``new``: kernels/sparse_fold.py) against
+the route off (``old``), at every size. ``--match REGEX`` keeps the
 cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
 --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
@@ -87,14 +90,14 @@ def anchor_cases(op, quick, shared=""):
 
 def timed(case, x, mode, variant, launchers=None):
     """Median ms and outputs of a variant; ``launchers``: FILE's segment launchers swapped in, an earlier dense
-    route's launcher (a function), "segment" for the dense route turned off or "outer-segment" for the batch sum
-    of outer products on the segment kernel."""
+    route's launcher (a function), "segment" for the dense route turned off, "outer-segment" for the batch sum
+    of outer products on the segment kernel, or "fold-off" for the fold route of the shared-weight products off."""
     saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch)
-    route = {"segment": triton_ops.dense_route(False),
-             "outer-segment": triton_ops.outer_sum_by_dot(False)}.get(launchers, contextlib.nullcontext())
+    route = {"segment": triton_ops.dense_route(False), "outer-segment": triton_ops.outer_sum_by_dot(False),
+             "fold-off": triton_ops.fold_route(False)}.get(launchers, contextlib.nullcontext())
     if callable(launchers):
         triton_ops.dense_product_launch = launchers
-    elif launchers and launchers not in ("segment", "outer-segment"):
+    elif launchers and launchers not in ("segment", "outer-segment", "fold-off"):
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
         with route:
@@ -113,6 +116,7 @@ def main():
     parser.add_argument("--dense-route", action="store_true")
     parser.add_argument("--dense-baseline")
     parser.add_argument("--outer-sum-route", action="store_true")
+    parser.add_argument("--fold-route", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
@@ -121,9 +125,12 @@ def main():
     parser.add_argument("--old-every-size", action="store_true",
                         help="--dense-route, --outer-sum-route: time the segment kernel at N 1e5 too (slow)")
     args = parser.parse_args()
-    if args.dense_route + args.outer_sum_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
-        parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE and --outer-sum-route")
-    if args.outer_sum_route:
+    if args.dense_route + args.outer_sum_route + args.fold_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
+        parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route and "
+                     "--fold-route")
+    if args.fold_route:
+        old_launchers, case_list = "fold-off", anchor_cases("vecmat", args.quick, "y")
+    elif args.outer_sum_route:
         old_launchers, case_list = "outer-segment", anchor_cases("vecmat", args.quick, "y")
     elif args.dense_route:
         old_launchers, case_list = "segment", anchor_cases("vecsca", args.quick)
@@ -146,7 +153,8 @@ def main():
         x = OP.make_inputs(case, "cuda", 0)
         oracle = None
         # the float64 einsum reference, every mode's outputs
-        if (args.dense_route or args.dense_baseline or args.outer_sum_route) and case.batch <= 10_000:
+        if (args.dense_route or args.dense_baseline or args.outer_sum_route or args.fold_route) and \
+                case.batch <= 10_000:
             try:
                 oracle = OP.oracle(case, x)
             except torch.OutOfMemoryError:

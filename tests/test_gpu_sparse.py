@@ -417,6 +417,49 @@ def test_scale_matches_float64_to_second_order(case, dtype, triton_only):
     check_against_oracle(case, dtype, SCALE_OUTPUTS, (1, 1, 1, 1))
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op,l_max", [("vecmat", 4), ("mat_t_vec", 3)])
+def test_fold_route_matches_float64(op, l_max, dtype, triton_only):
+    """The fold route of the shared-weight products (kernels/sparse_fold.py: the weight folded into the
+    coefficients, one GEMM over the batch) at a real size: z and the batched vectors' gradient (the other op of the
+    pair against the weight transposed: folded too) against float64. The weight's gradient is a batch sum (integer
+    data below). Normwise a-priori bound, A = the same product of |x|, |y|, |scale|: each output sums m = P C + P
+    products (the GEMM over (i, a), the fold over i2), so (u_out + gamma_m) A with u_out the output's rounding (bf16:
+    2^-8; fp32: none beyond gamma) and 2^-16 for A's hi + lo split in 16 bits."""
+    import dataclasses
+
+    from attnbench.sparse import cg_product_infos, sparse_product, sparse_product_reference, use_implementation
+    from attnbench.sparse.triton_ops import FOLD_ROUTE
+
+    assert FOLD_ROUTE["enabled"]
+    infos = cg_product_infos(l_max, l_max, l_max, device=DEVICE)
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    batch, channels = 2000, 32
+    size = (l_max + 1) ** 2
+    vectors = torch.randn(batch, size, channels, device=DEVICE, generator=generator).to(dtype)
+    weight = (torch.randn(size, channels, channels, device=DEVICE, generator=generator) / channels ** 0.5).to(dtype)
+    x, y = (vectors, weight) if op == "vecmat" else (weight, vectors)
+    x64, y64 = x.double().requires_grad_(), y.double().requires_grad_()
+    batched = 0 if op == "vecmat" else 1
+    xr, yr = x.clone().requires_grad_(batched == 0), y.clone().requires_grad_(batched == 1)
+    with use_implementation("triton"):
+        z = sparse_product(op, xr, yr, infos)
+        gz = torch.randn(z.shape, device=DEVICE, generator=generator).to(dtype)
+        (grad,) = torch.autograd.grad(z, (xr, yr)[batched], gz)
+    z64 = sparse_product_reference(op, x64, y64, infos[0])
+    (grad64,) = torch.autograd.grad(z64, (x64, y64)[batched], gz.double())
+    absolute = dataclasses.replace(infos[0], scale=infos[0].scale.abs())
+    xa, ya = x64.detach().abs().requires_grad_(), y64.detach().abs().requires_grad_()
+    za = sparse_product_reference(op, xa, ya, absolute)
+    (ga,) = torch.autograd.grad(za, (xa, ya)[batched], gz.double().abs())
+    m = size * channels + size
+    u = 2.0 ** -24
+    rel = m * u / (1 - m * u) + (2.0 ** -8 + 2.0 ** -16 if dtype == torch.bfloat16 else 0.0)
+    for got, exact, scale in ((z, z64, za), (grad, grad64, ga)):
+        err = (got.double() - exact.detach()).abs().max().item()
+        assert err <= rel * scale.max().item(), (err, rel * scale.max().item())
+
 # ---------------------------------------------------------------------------------------------------------------------
 # shared inputs and batch-summed outputs (exact integer arithmetic)
 

@@ -20,12 +20,13 @@ from torch import Tensor
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
+from ..kernels.sparse_fold import FOLD_OPS, fold_product_launch, folded_entries
 from ..kernels.sparse_outer_sum import outer_sum_launch
 from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
                                       sparse_scale_launch)
 
 __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul",
-           "outer_sum_by_dot"]
+           "outer_sum_by_dot", "fold_route"]
 
 # vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
@@ -46,6 +47,13 @@ GATHER_BY_MATMUL = {"enabled": True}
 # as the contraction dim (kernels/sparse_outer_sum.py), except in fp64; tests turn it off to check the segment
 # kernel on the same cases.
 OUTER_SUM_BY_DOT = {"enabled": True}
+
+# vecmat with a shared y and mat_t_vec with a shared x (the FC layer and its input gradient) as one GEMM against the
+# weight folded into the coefficients (kernels/sparse_fold.py), where the info's table has its matrix form, holds at
+# least MIN_DENSITY terms a folded entry, the batch repays the fold (its FLOPs at most the segment kernel's) and the
+# folded matrix stays under FOLD_MAX_ENTRIES; tests turn it off to check the segment kernel on the same cases.
+FOLD_ROUTE = {"enabled": True}
+FOLD_MAX_ENTRIES = 2 ** 27  # 512 MiB in fp32 (L 6 C 128: 39.3M entries)
 
 
 @contextlib.contextmanager
@@ -75,6 +83,11 @@ def outer_sum_by_dot(enabled: bool):
     return _switched(OUTER_SUM_BY_DOT, enabled)
 
 
+def fold_route(enabled: bool):
+    """Within the block, the fold route of vecmat (shared y) and mat_t_vec (shared x) is on (the default) or off."""
+    return _switched(FOLD_ROUTE, enabled)
+
+
 def unavailable_reason(device) -> Optional[str]:
     """Why the Triton sparse kernels cannot run on ``device`` in this process, or None."""
     return kernels_unavailable_reason(device, "sparse")
@@ -98,9 +111,12 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       out_accumulated: bool, dense_bounds: Optional[Tensor] = None,
                       dense_index: Optional[Tensor] = None, dense_scale: Optional[Tensor] = None,
                       dense_rows: int = 0, dense_max_len: int = 0,
-                      dense_matrix: Optional[Tensor] = None, outer_by_dot: bool = False) -> Tensor:
+                      dense_matrix: Optional[Tensor] = None, outer_by_dot: bool = False,
+                      fold_matrix: Optional[Tensor] = None) -> Tensor:
     info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
                            gather_index=gather_index, out_size=out_size)
+    if fold_matrix is not None:  # sparse_product_triton decided
+        return _launch(lambda a, b: fold_product_launch(op, a, b, fold_matrix, out_size), x, y)
     if outer_by_dot:  # sparse_product_triton decided
         return _launch(lambda a, b: outer_sum_launch(a, b, info), x, y)
     if dense_bounds is not None:  # the dense route (sparse_product_triton decided)
@@ -114,7 +130,8 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
 
 @sparse_product_op.register_fake
 def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
-      dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None, outer_by_dot=False):
+      dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None, outer_by_dot=False,
+      fold_matrix=None):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -158,6 +175,24 @@ def _dense_table(op, x, y, info, out_accumulated):
     return table if density >= MIN_DENSITY else None
 
 
+def _fold_table(op, x, y, info, out_accumulated):
+    """The info's table for the fold route of ``op``, or None where another route runs."""
+    if op not in FOLD_OPS or not FOLD_ROUTE["enabled"] or out_accumulated:
+        return None
+    name, shared = FOLD_OPS[op]
+    ranks = CHANNEL_RANKS[op]
+    operands = (x, y)
+    if operands[shared].dim() != ranks[shared] + 1 or operands[1 - shared].dim() != ranks[1 - shared] + 2:
+        return None
+    table = getattr(info, "dense_rows", {}).get(name)
+    if table is None or table.matrix is None or table.index.numel() < MIN_DENSITY * table.rows:
+        return None
+    batch = operands[1 - shared].shape[0]
+    if batch * table.index.numel() < table.matrix.numel() or folded_entries(op, x, y, info.out_size) > FOLD_MAX_ENTRIES:
+        return None
+    return table
+
+
 def _outer_sum(op, x, y, out_accumulated):
     """Whether ``op`` is outer summed over the batch with both inputs batched, for the matrix-unit kernel."""
     return (OUTER_SUM_BY_DOT["enabled"] and op == "outer" and bool(out_accumulated) and x.dim() == 3
@@ -165,11 +200,14 @@ def _outer_sum(op, x, y, out_accumulated):
 
 
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
-    """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the dense route
-    (kernels/sparse_dense.py) for vecsca, scavec and inner where it applies, outer summed over the batch on
-    kernels/sparse_outer_sum.py, else the segment kernel."""
+    """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the fold route (kernels/sparse_fold.py)
+    for vecmat with a shared y and mat_t_vec with a shared x, the dense route (kernels/sparse_dense.py) for vecsca,
+    scavec and inner, where they apply; outer summed over the batch on kernels/sparse_outer_sum.py, else the segment
+    kernel."""
     route = {}
-    if _outer_sum(op, x, y, out_accumulated):
+    if (table := _fold_table(op, x, y, info, out_accumulated)) is not None:
+        route = {"fold_matrix": table.matrix if x.dtype == torch.float64 else table.matrix32}
+    elif _outer_sum(op, x, y, out_accumulated):
         route = {"outer_by_dot": True}
     elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None:
         matrix = (table.matrix if x.dtype == torch.float64 else table.matrix32) if GATHER_BY_MATMUL["enabled"] else None

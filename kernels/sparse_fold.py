@@ -1,0 +1,61 @@
+"""The fold route of the products with a shared weight: vecmat with a shared y (the fully connected tensor-product
+layer, z[n] = x[n] W) and mat_t_vec with a shared x (its input gradient).
+
+With the weight shared by the batch, the term sum can be done once per call instead of once per sample:
+
+    A[(i1, a), (o, b)] = sum_{t: (o, i1)} s[t] W[i2[t], a, b]      (vecmat: the weight folded into the coefficients)
+    z[n]               = x[n] (flattened [P1 a]) @ A                (one GEMM over the whole batch)
+
+Per sample that is 2 (P1 a) (P_out b) FLOPs on one large GEMM, against the segment kernels' 2 terms a b: for the
+Clebsch-Gordan products of irreps 0..L, terms / (P_out P1) is 1.7 (L 2), 2.4 (L 3), 3.3 (L 4), 5.0 (L 6). The einsum
+reference contracts in this order and ran 1.5x-30x faster than the segment kernels on the H200 (results/gpu/
+nvidia-h200/sparse-anchor-bench-nvidia-h200.md). mat_t_vec with a shared x is the same with the roles of the two
+sparse indices swapped. The fold itself is one small GEMM, the info's "pairs" table in its dense matrix form
+(``SparseProductInfo.dense_rows``: summed in float64 on the CPU, so a fixed order) times the weight.
+
+Precision: fp32 and fp64 in their own precision (TF32 off); 16-bit inputs against A kept in fp32 and split into two
+16-bit parts (hi + lo), both products with fp32 outputs (``torch.mm(..., out_dtype=torch.float32)``) summed before the
+one rounding to the output dtype, as the dense route of vecsca does with its M.
+"""
+import torch
+
+from .precision import accumulator_torch_dtype
+from .sparse_dense import full_precision_matmul
+
+__all__ = ["FOLD_OPS", "fold_product_launch", "folded_entries"]
+
+# the ops of the fold route: the info table whose matrix holds the coefficients, and which operand is the shared
+# weight (0: x, 1: y)
+FOLD_OPS = {"vecmat": ("pairs1", 1), "mat_t_vec": ("pairs2", 0)}
+
+
+def folded_entries(op, x, y, out_size):
+    """Entries of A for ``op`` on these operands: [P_in channels_in, P_out channels_out]."""
+    weight, vectors = (y, x) if FOLD_OPS[op][1] == 1 else (x, y)
+    return vectors.shape[-2] * weight.shape[-2] * out_size * weight.shape[-1]
+
+
+def _mm_fp32_out(a, b):
+    """a @ b of 16-bit operands with an fp32 output (fp32 accumulation, no rounding of the result)."""
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.mm(a, b, out_dtype=torch.float32)
+
+
+def fold_product_launch(op, x, y, matrix, out_size):
+    """z of vecmat with a shared y ([P2, a, b]; x [N, P1, a]) or of mat_t_vec with a shared x ([P1, a, b]; y
+    [N, P2, a]), [N, out_size, b] in x's dtype. ``matrix``: the info's "pairs1" (vecmat) or "pairs2" (mat_t_vec)
+    table as a dense [P_weight, out_size * P_in] matrix, float64 or float32."""
+    weight, vectors = (y, x) if FOLD_OPS[op][1] == 1 else (x, y)
+    batch, p_in, ca = vectors.shape
+    p_weight, _, cb = weight.shape
+    acc = accumulator_torch_dtype(vectors.dtype)
+    folded = full_precision_matmul(matrix.to(acc).t(), weight.reshape(p_weight, ca * cb).to(acc))  # [(o, i), (a, b)]
+    folded = folded.view(out_size, p_in, ca, cb).permute(1, 2, 0, 3).reshape(p_in * ca, out_size * cb)
+    flat = vectors.reshape(batch, p_in * ca)
+    if vectors.dtype == acc:
+        z = full_precision_matmul(flat, folded)
+    else:
+        hi = folded.to(vectors.dtype)
+        lo = (folded - hi.to(acc)).to(vectors.dtype)
+        z = _mm_fp32_out(flat, hi) + _mm_fp32_out(flat, lo)
+    return z.view(batch, out_size, cb).to(vectors.dtype)

@@ -1,0 +1,127 @@
+"""The fold route of vecmat with a shared y and mat_t_vec with a shared x (kernels/sparse_fold.py) on the CPU: its
+values against the float64 reference and the segment kernel it replaces, its derivatives (the backward's mat_t_vec
+takes it too), the cases that keep the other kernels, and that it runs where it should (a counting spy on its
+launcher). It is GEMMs only: no Triton launch, so these are cheap; the 16-bit path (fp32-output GEMMs) runs on CUDA
+only and is checked in tests/test_gpu_sparse.py.
+"""
+import pytest
+import torch
+
+from attnbench.sparse import (cg_product_infos, random_product_infos, sparse_product, sparse_product_reference,
+                              use_implementation)
+from attnbench.sparse import triton_ops
+from attnbench.sparse.triton_ops import fold_route
+
+pytestmark = pytest.mark.interpreter
+
+SHARED = {"vecmat": 1, "mat_t_vec": 0}  # which operand is the shared weight
+
+
+@pytest.fixture
+def folds(monkeypatch):
+    """The ops the fold launcher ran, in call order."""
+    calls = []
+    launch = triton_ops.fold_product_launch
+    monkeypatch.setattr(triton_ops, "fold_product_launch", lambda op, *a: calls.append(op) or launch(op, *a))
+    return calls
+
+
+def operands(op, info, batch=8, a=3, b=5, dtype=torch.float64, seed=0, requires_grad=False, shared=True):
+    """vecmat: x [N, size1, a], y [size2, a, b]; mat_t_vec: x [size1, a, b], y [N, size2, a]; ``shared`` False:
+    the weight batched too."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def tensor(*shape):
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype).requires_grad_(requires_grad)
+
+    lead = () if shared else (batch,)
+    if op == "vecmat":
+        return tensor(batch, info.size1, a), tensor(*lead, info.size2, a, b)
+    return tensor(*lead, info.size1, a, b), tensor(batch, info.size2, a)
+
+
+def _triton(op, x, y, infos, out_accumulated=False):
+    with use_implementation("triton"):
+        return sparse_product(op, x, y, infos, out_accumulated)
+
+
+STRUCTURES = {"random": lambda: random_product_infos(4, 3, 5, 48, torch.Generator().manual_seed(11)),
+              "cg_l2": lambda: cg_product_infos(2, 2, 2)}
+
+
+@pytest.mark.parametrize("structure", list(STRUCTURES))
+@pytest.mark.parametrize("op", list(SHARED))
+def test_matches_reference_and_segment_kernel(op, structure, folds):
+    """Random terms (empty rows, repeated terms) and the Clebsch-Gordan product of irreps 0..2, odd channel counts:
+    the fold equals the float64 einsum and the segment kernel (route off) to rounding."""
+    infos = STRUCTURES[structure]()
+    x, y = operands(op, infos[0])
+    expected = sparse_product_reference(op, x, y, infos[0])
+    z = _triton(op, x, y, infos)
+    assert folds == [op]
+    torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12)
+    with fold_route(False):
+        segment = _triton(op, x, y, infos)
+    assert folds == [op]
+    torch.testing.assert_close(z, segment, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", list(SHARED))
+def test_fp32_against_float64(op, folds):
+    infos = cg_product_infos(2, 2, 2)
+    x, y = operands(op, infos[0], dtype=torch.float32, seed=1)
+    z = _triton(op, x, y, infos)
+    assert folds == [op] and z.dtype == torch.float32
+    torch.testing.assert_close(z.double(), sparse_product_reference(op, x.double(), y.double(), infos[0]),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", list(SHARED))
+def test_gradcheck_and_gradgradcheck(op, folds):
+    """First and second derivatives with the route on: the gradient of the batched vectors is the other op of the
+    pair against the shared weight transposed (the fold again), the weight's an outer product summed over the batch
+    (the segment kernel in fp64)."""
+    infos = random_product_infos(3, 3, 3, 24, torch.Generator().manual_seed(3))
+    x, y = operands(op, infos[0], batch=3, a=2, b=3, requires_grad=True, seed=2)
+
+    def fn(p, q):
+        return sparse_product(op, p, q, infos)
+
+    with use_implementation("triton"):  # the backward too: it picks its implementation when it runs
+        assert torch.autograd.gradcheck(fn, (x, y), fast_mode=True)
+        assert torch.autograd.gradgradcheck(fn, (x, y), fast_mode=True)
+        folds.clear()
+        z = fn(x, y)
+        torch.autograd.grad(z, (x, y), torch.ones_like(z))
+    # the forward, then the vectors' gradient: the other op of the pair against the weight transposed, folded too
+    assert folds == [op, "mat_t_vec" if op == "vecmat" else "vecmat"]
+
+
+@pytest.mark.parametrize("op", list(SHARED))
+def test_cases_that_keep_the_other_kernels(op, folds):
+    """No fold: the weight batched too, the route off, a batch too small to repay the fold (its FLOPs over the
+    segment kernel's), terms too sparse for the folded grid (fewer than one a folded entry); each still equal to
+    the reference."""
+    dense = cg_product_infos(2, 2, 2)
+    sparse = random_product_infos(4, 3, 5, 6, torch.Generator().manual_seed(5))
+    table = dense[0].dense_rows["pairs1" if op == "vecmat" else "pairs2"]
+    too_small = table.matrix.numel() // table.index.numel() - 1  # batch * terms < the fold's matrix entries
+    cases = [(dense, operands(op, dense[0], shared=False)), (sparse, operands(op, sparse[0])),
+             (dense, operands(op, dense[0], batch=max(1, too_small)))]
+    for infos, (x, y) in cases:
+        torch.testing.assert_close(_triton(op, x, y, infos), sparse_product_reference(op, x, y, infos[0]),
+                                   rtol=1e-12, atol=1e-12)
+    with fold_route(False):
+        x, y = operands(op, dense[0])
+        _triton(op, x, y, dense)
+    assert folds == []
+
+
+def test_fold_keeps_out_accumulated_off_the_route(folds):
+    """vecmat summed over the batch (x batched, y shared) is not a per-sample product: no fold."""
+    infos = cg_product_infos(2, 2, 2)
+    x, y = operands("vecmat", infos[0])
+    z = _triton("vecmat", x, y, infos, out_accumulated=True)
+    torch.testing.assert_close(z, sparse_product_reference("vecmat", x, y, infos[0], out_accumulated=True),
+                               rtol=1e-12, atol=1e-12)
+    assert folds == []
