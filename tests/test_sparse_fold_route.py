@@ -45,14 +45,16 @@ def _triton(op, x, y, infos, out_accumulated=False):
         return sparse_product(op, x, y, infos, out_accumulated)
 
 
+# CG L 1: 16 terms on a 16-entry folded grid (the segment kernel's interpreter launches made L 2 cost ~25 s a test
+# here; L 3-4 run in tests/test_gpu_sparse.py)
 STRUCTURES = {"random": lambda: random_product_infos(4, 3, 5, 48, torch.Generator().manual_seed(11)),
-              "cg_l2": lambda: cg_product_infos(2, 2, 2)}
+              "cg_l1": lambda: cg_product_infos(1, 1, 1)}
 
 
 @pytest.mark.parametrize("structure", list(STRUCTURES))
 @pytest.mark.parametrize("op", list(SHARED))
 def test_matches_reference_and_segment_kernel(op, structure, folds):
-    """Random terms (empty rows, repeated terms) and the Clebsch-Gordan product of irreps 0..2, odd channel counts:
+    """Random terms (empty rows, repeated terms) and the Clebsch-Gordan product of irreps 0..1, odd channel counts:
     the fold equals the float64 einsum and the segment kernel (route off) to rounding."""
     infos = STRUCTURES[structure]()
     x, y = operands(op, infos[0])
@@ -102,12 +104,13 @@ def test_cases_that_keep_the_other_kernels(op, folds):
     """No fold: the weight batched too, the route off, a batch too small to repay the fold (its FLOPs over the
     segment kernel's), terms too sparse for the folded grid (fewer than one a folded entry); each still equal to
     the reference."""
-    dense = cg_product_infos(2, 2, 2)
+    dense = cg_product_infos(1, 1, 1)
     sparse = random_product_infos(4, 3, 5, 6, torch.Generator().manual_seed(5))
     table = dense[0].dense_rows["pairs1" if op == "vecmat" else "pairs2"]
     too_small = table.matrix.numel() // table.index.numel() - 1  # batch * terms < the fold's matrix entries
-    cases = [(dense, operands(op, dense[0], shared=False)), (sparse, operands(op, sparse[0])),
-             (dense, operands(op, dense[0], batch=max(1, too_small)))]
+    assert too_small >= 1
+    cases = [(dense, operands(op, dense[0], a=2, b=3, shared=False)), (sparse, operands(op, sparse[0], a=2, b=3)),
+             (dense, operands(op, dense[0], batch=too_small, a=2, b=3))]
     for infos, (x, y) in cases:
         torch.testing.assert_close(_triton(op, x, y, infos), sparse_product_reference(op, x, y, infos[0]),
                                    rtol=1e-12, atol=1e-12)
@@ -119,8 +122,8 @@ def test_cases_that_keep_the_other_kernels(op, folds):
 
 def test_fold_keeps_out_accumulated_off_the_route(folds):
     """vecmat summed over the batch (x batched, y shared) is not a per-sample product: no fold."""
-    infos = cg_product_infos(2, 2, 2)
-    x, y = operands("vecmat", infos[0])
+    infos = cg_product_infos(1, 1, 1)
+    x, y = operands("vecmat", infos[0], a=2, b=3)
     z = _triton("vecmat", x, y, infos, out_accumulated=True)
     torch.testing.assert_close(z, sparse_product_reference("vecmat", x, y, infos[0], out_accumulated=True),
                                rtol=1e-12, atol=1e-12)
