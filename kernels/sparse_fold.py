@@ -13,6 +13,13 @@ nvidia-h200/sparse-anchor-bench-nvidia-h200.md). mat_t_vec with a shared x is th
 sparse indices swapped. The fold itself is one small GEMM, the info's "pairs" table in its dense matrix form
 (``SparseProductInfo.dense_rows``: summed in float64 on the CPU, so a fixed order) times the weight.
 
+The weight's gradient, outer summed over the batch (both inputs batched), is the fold transposed:
+
+    G[(i1, a), (i2, b)] = sum_n x[n, i1, a] y[n, i2, b]              (one GEMM with the batch as contraction dim)
+    z[o, a, b]          = sum_{t in o} s[t] G[(i1[t], a), (i2[t], b)]   (the "gram" table's matrix times G)
+
+2 N (P1 a) (P2 b) FLOPs against the tl.dot kernel's 2 N terms a b (kernels/sparse_outer_sum.py).
+
 Precision: fp32 and fp64 in their own precision (TF32 off); 16-bit inputs against A kept in fp32 and split into two
 16-bit parts (hi + lo), both products with fp32 outputs (``torch.mm(..., out_dtype=torch.float32)``) summed before the
 one rounding to the output dtype, as the dense route of vecsca does with its M.
@@ -22,7 +29,7 @@ import torch
 from .precision import accumulator_torch_dtype
 from .sparse_dense import full_precision_matmul
 
-__all__ = ["FOLD_OPS", "fold_product_launch", "folded_entries"]
+__all__ = ["FOLD_OPS", "fold_outer_sum_launch", "fold_product_launch", "folded_entries"]
 
 # the ops of the fold route: the info table whose matrix holds the coefficients, and which operand is the shared
 # weight (0: x, 1: y)
@@ -59,3 +66,16 @@ def fold_product_launch(op, x, y, matrix, out_size):
         lo = (folded - hi.to(acc)).to(vectors.dtype)
         z = _mm_fp32_out(flat, hi) + _mm_fp32_out(flat, lo)
     return z.view(batch, out_size, cb).to(vectors.dtype)
+
+
+def fold_outer_sum_launch(x, y, matrix, out_size):
+    """z of outer summed over the batch, x [N, P1, a] and y [N, P2, b] -> [out_size, a, b] in x's dtype.
+    ``matrix``: the info's "gram" table as a dense [P1 * P2, out_size] matrix, float64 or float32."""
+    batch, p1, ca = x.shape
+    p2, cb = y.shape[1], y.shape[2]
+    acc = accumulator_torch_dtype(x.dtype)
+    xf, yf = x.reshape(batch, p1 * ca), y.reshape(batch, p2 * cb)
+    gram = full_precision_matmul(xf.t(), yf) if x.dtype == acc else _mm_fp32_out(xf.t(), yf)  # [(i1, a), (i2, b)]
+    gram = gram.view(p1, ca, p2, cb).permute(0, 2, 1, 3).reshape(p1 * p2, ca * cb)
+    z = full_precision_matmul(matrix.to(acc).t(), gram)  # [out, (a, b)]
+    return z.view(out_size, ca, cb).to(x.dtype)

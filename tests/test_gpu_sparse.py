@@ -422,11 +422,12 @@ def test_scale_matches_float64_to_second_order(case, dtype, triton_only):
 @pytest.mark.parametrize("op,l_max", [("vecmat", 4), ("mat_t_vec", 3)])
 def test_fold_route_matches_float64(op, l_max, dtype, triton_only):
     """The fold route of the shared-weight products (kernels/sparse_fold.py: the weight folded into the
-    coefficients, one GEMM over the batch) at a real size: z and the batched vectors' gradient (the other op of the
-    pair against the weight transposed: folded too) against float64. The weight's gradient is a batch sum (integer
-    data below). Normwise a-priori bound, A = the same product of |x|, |y|, |scale|: each output sums m = P C + P
-    products (the GEMM over (i, a), the fold over i2), so (u_out + gamma_m) A with u_out the output's rounding (bf16:
-    2^-8; fp32: none beyond gamma) and 2^-16 for A's hi + lo split in 16 bits."""
+    coefficients, one GEMM over the batch) at a real size: z, the batched vectors' gradient (the other op of the
+    pair against the weight transposed: folded too) and the weight's (outer summed over the batch: one GEMM over the
+    batch, the fold transposed) against float64. Normwise a-priori bound, A = the same of |x|, |y|, |scale|, |gz|:
+    a per-sample output sums m = P C + P products (the GEMM over (i, a), the fold over i2), the weight's gradient
+    N + P^2, so (u_out + gamma_m) A with u_out the output's rounding (bf16: 2^-8; fp32: none beyond gamma) and
+    2^-16 for the hi + lo split in 16 bits."""
     import dataclasses
 
     from attnbench.sparse import cg_product_infos, sparse_product, sparse_product_reference, use_implementation
@@ -441,24 +442,26 @@ def test_fold_route_matches_float64(op, l_max, dtype, triton_only):
     weight = (torch.randn(size, channels, channels, device=DEVICE, generator=generator) / channels ** 0.5).to(dtype)
     x, y = (vectors, weight) if op == "vecmat" else (weight, vectors)
     x64, y64 = x.double().requires_grad_(), y.double().requires_grad_()
-    batched = 0 if op == "vecmat" else 1
-    xr, yr = x.clone().requires_grad_(batched == 0), y.clone().requires_grad_(batched == 1)
+    batched = 0 if op == "vecmat" else 1  # which operand has the batch
+    xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
     with use_implementation("triton"):
         z = sparse_product(op, xr, yr, infos)
         gz = torch.randn(z.shape, device=DEVICE, generator=generator).to(dtype)
-        (grad,) = torch.autograd.grad(z, (xr, yr)[batched], gz)
+        grads = torch.autograd.grad(z, (xr, yr), gz)
     z64 = sparse_product_reference(op, x64, y64, infos[0])
-    (grad64,) = torch.autograd.grad(z64, (x64, y64)[batched], gz.double())
+    grads64 = torch.autograd.grad(z64, (x64, y64), gz.double())
     absolute = dataclasses.replace(infos[0], scale=infos[0].scale.abs())
     xa, ya = x64.detach().abs().requires_grad_(), y64.detach().abs().requires_grad_()
     za = sparse_product_reference(op, xa, ya, absolute)
-    (ga,) = torch.autograd.grad(za, (xa, ya)[batched], gz.double().abs())
-    m = size * channels + size
+    grads_a = torch.autograd.grad(za, (xa, ya), gz.double().abs())
     u = 2.0 ** -24
-    rel = m * u / (1 - m * u) + (2.0 ** -8 + 2.0 ** -16 if dtype == torch.bfloat16 else 0.0)
-    for got, exact, scale in ((z, z64, za), (grad, grad64, ga)):
+    half = 2.0 ** -8 + 2.0 ** -16 if dtype == torch.bfloat16 else 0.0
+    for index, (got, exact, scale) in enumerate(zip((z, *grads), (z64, *grads64), (za, *grads_a))):
+        # products summed: size * channels + size a per-sample output, batch + size^2 the weight's gradient
+        m = batch + size * size if index == 1 + (1 - batched) else size * channels + size
+        rel = m * u / (1 - m * u) + half
         err = (got.double() - exact.detach()).abs().max().item()
-        assert err <= rel * scale.max().item(), (err, rel * scale.max().item())
+        assert err <= rel * scale.max().item(), (index, err, rel * scale.max().item())
 
 # ---------------------------------------------------------------------------------------------------------------------
 # shared inputs and batch-summed outputs (exact integer arithmetic)
@@ -570,6 +573,7 @@ def test_outer_sum_every_launch_config(config, monkeypatch, triton_only):
     calls = []
     launcher = triton_ops.outer_sum_launch
     monkeypatch.setattr(triton_ops, "outer_sum_launch", lambda *a: calls.append(1) or launcher(*a))
+    monkeypatch.setitem(triton_ops.FOLD_ROUTE, "enabled", False)  # the kernel, not the fold route's GEMMs
     monkeypatch.setattr(outer_sum_kernel, "configs", [outer_sum_kernel.configs[config]])
     monkeypatch.setattr(outer_sum_kernel, "cache", {})
     for case in OUTER_SUM_CASES:

@@ -19,10 +19,11 @@ SHARED = {"vecmat": 1, "mat_t_vec": 0}  # which operand is the shared weight
 
 @pytest.fixture
 def folds(monkeypatch):
-    """The ops the fold launcher ran, in call order."""
+    """The ops the fold launchers ran, in call order ("outer" for the batch-summed outer product)."""
     calls = []
-    launch = triton_ops.fold_product_launch
+    launch, launch_outer = triton_ops.fold_product_launch, triton_ops.fold_outer_sum_launch
     monkeypatch.setattr(triton_ops, "fold_product_launch", lambda op, *a: calls.append(op) or launch(op, *a))
+    monkeypatch.setattr(triton_ops, "fold_outer_sum_launch", lambda *a: calls.append("outer") or launch_outer(*a))
     return calls
 
 
@@ -82,7 +83,7 @@ def test_fp32_against_float64(op, folds):
 def test_gradcheck_and_gradgradcheck(op, folds):
     """First and second derivatives with the route on: the gradient of the batched vectors is the other op of the
     pair against the shared weight transposed (the fold again), the weight's an outer product summed over the batch
-    (the segment kernel in fp64)."""
+    (the fold transposed)."""
     infos = random_product_infos(3, 3, 3, 24, torch.Generator().manual_seed(3))
     x, y = operands(op, infos[0], batch=3, a=2, b=3, requires_grad=True, seed=2)
 
@@ -95,8 +96,9 @@ def test_gradcheck_and_gradgradcheck(op, folds):
         folds.clear()
         z = fn(x, y)
         torch.autograd.grad(z, (x, y), torch.ones_like(z))
-    # the forward, then the vectors' gradient: the other op of the pair against the weight transposed, folded too
-    assert folds == [op, "mat_t_vec" if op == "vecmat" else "vecmat"]
+    # the forward, then the vectors' gradient (the other op of the pair against the weight transposed) and the
+    # weight's (outer summed over the batch), folded too
+    assert sorted(folds) == sorted([op, "mat_t_vec" if op == "vecmat" else "vecmat", "outer"])
 
 
 @pytest.mark.parametrize("op", list(SHARED))
@@ -118,6 +120,29 @@ def test_cases_that_keep_the_other_kernels(op, folds):
         x, y = operands(op, dense[0])
         _triton(op, x, y, dense)
     assert folds == []
+
+
+def test_outer_summed_over_the_batch(folds):
+    """The weight gradient's fold (G = X^T Y over the batch, then the gram table's matrix): equal to the float64
+    einsum and to the segment kernel (route off); with one input shared, or not summed, it keeps the other kernels,
+    and where the fold does not pay (CG L 1: one term a folded entry, so (N + out) P1 P2 > N terms)."""
+    infos = STRUCTURES["random"]()
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(9, infos[0].size1, 3, dtype=torch.float64, generator=generator)
+    y = torch.randn(9, infos[0].size2, 2, dtype=torch.float64, generator=generator)
+    z = _triton("outer", x, y, infos, out_accumulated=True)
+    assert folds == ["outer"]
+    torch.testing.assert_close(z, sparse_product_reference("outer", x, y, infos[0], out_accumulated=True),
+                               rtol=1e-12, atol=1e-12)
+    with fold_route(False):
+        torch.testing.assert_close(z, _triton("outer", x, y, infos, out_accumulated=True), rtol=1e-12, atol=1e-12)
+    _triton("outer", x, y[0], infos, out_accumulated=True)
+    _triton("outer", x[:2], y[:2], infos)
+    l1 = STRUCTURES["cg_l1"]()
+    _triton("outer", torch.randn(9, l1[0].size1, 2, dtype=torch.float64), torch.randn(9, l1[0].size2, 2,
+                                                                                    dtype=torch.float64),
+            l1, out_accumulated=True)
+    assert folds == ["outer"]
 
 
 def test_fold_keeps_out_accumulated_off_the_route(folds):

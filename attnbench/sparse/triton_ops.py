@@ -20,7 +20,7 @@ from torch import Tensor
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
-from ..kernels.sparse_fold import FOLD_OPS, fold_product_launch, folded_entries
+from ..kernels.sparse_fold import FOLD_OPS, fold_outer_sum_launch, fold_product_launch, folded_entries
 from ..kernels.sparse_outer_sum import outer_sum_launch
 from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
                                       sparse_scale_launch)
@@ -49,9 +49,10 @@ GATHER_BY_MATMUL = {"enabled": True}
 OUTER_SUM_BY_DOT = {"enabled": True}
 
 # vecmat with a shared y and mat_t_vec with a shared x (the FC layer and its input gradient) as one GEMM against the
-# weight folded into the coefficients (kernels/sparse_fold.py), where the info's table has its matrix form, holds at
-# least MIN_DENSITY terms a folded entry, the batch repays the fold (its FLOPs at most the segment kernel's) and the
-# folded matrix stays under FOLD_MAX_ENTRIES; tests turn it off to check the segment kernel on the same cases.
+# weight folded into the coefficients, and outer summed over the batch (its weight gradient) as one GEMM over the
+# batch and the fold transposed (kernels/sparse_fold.py), where the info's table has its matrix form, holds at
+# least MIN_DENSITY terms a folded entry, the batch repays the fold (its FLOPs at most the kernels') and the folded
+# matrix stays under FOLD_MAX_ENTRIES; tests turn it off to check the other kernels on the same cases.
 FOLD_ROUTE = {"enabled": True}
 FOLD_MAX_ENTRIES = 2 ** 27  # 512 MiB in fp32 (L 6 C 128: 39.3M entries)
 
@@ -115,7 +116,9 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       fold_matrix: Optional[Tensor] = None) -> Tensor:
     info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
                            gather_index=gather_index, out_size=out_size)
-    if fold_matrix is not None:  # sparse_product_triton decided
+    if fold_matrix is not None and op == "outer":  # sparse_product_triton decided
+        return _launch(lambda a, b: fold_outer_sum_launch(a, b, fold_matrix, out_size), x, y)
+    if fold_matrix is not None:
         return _launch(lambda a, b: fold_product_launch(op, a, b, fold_matrix, out_size), x, y)
     if outer_by_dot:  # sparse_product_triton decided
         return _launch(lambda a, b: outer_sum_launch(a, b, info), x, y)
@@ -177,7 +180,18 @@ def _dense_table(op, x, y, info, out_accumulated):
 
 def _fold_table(op, x, y, info, out_accumulated):
     """The info's table for the fold route of ``op``, or None where another route runs."""
-    if op not in FOLD_OPS or not FOLD_ROUTE["enabled"] or out_accumulated:
+    if not FOLD_ROUTE["enabled"]:
+        return None
+    if op == "outer" and out_accumulated and x.dim() == 3 and y.dim() == 3:  # the FC layer's weight gradient
+        table = getattr(info, "dense_rows", {}).get("gram")
+        if table is None or table.matrix is None:
+            return None
+        batch, terms = x.shape[0], table.index.numel()
+        # fold FLOPs (N + out) P1 P2 a b against the kernel's N terms a b
+        pays = batch * terms >= MIN_DENSITY * (batch + info.out_size) * table.dense_entries
+        entries = x.shape[1] * x.shape[2] * y.shape[1] * y.shape[2]
+        return table if pays and entries <= FOLD_MAX_ENTRIES else None
+    if op not in FOLD_OPS or out_accumulated:
         return None
     name, shared = FOLD_OPS[op]
     ranks = CHANNEL_RANKS[op]
