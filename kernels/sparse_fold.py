@@ -36,9 +36,14 @@ __all__ = ["FOLD_OPS", "fold_outer_sum_launch", "fold_product_launch", "folded_e
 FOLD_OPS = {"vecmat": ("pairs1", 1), "mat_t_vec": ("pairs2", 0)}
 
 
+def _weight_and_vectors(op, x, y):
+    """(the shared weight, the batched vectors) of ``op``'s operands."""
+    return (y, x) if FOLD_OPS[op][1] == 1 else (x, y)
+
+
 def folded_entries(op, x, y, out_size):
     """Entries of A for ``op`` on these operands: [P_in channels_in, P_out channels_out]."""
-    weight, vectors = (y, x) if FOLD_OPS[op][1] == 1 else (x, y)
+    weight, vectors = _weight_and_vectors(op, x, y)
     return vectors.shape[-2] * weight.shape[-2] * out_size * weight.shape[-1]
 
 
@@ -52,20 +57,20 @@ def fold_product_launch(op, x, y, matrix, out_size):
     """z of vecmat with a shared y ([P2, a, b]; x [N, P1, a]) or of mat_t_vec with a shared x ([P1, a, b]; y
     [N, P2, a]), [N, out_size, b] in x's dtype. ``matrix``: the info's "pairs1" (vecmat) or "pairs2" (mat_t_vec)
     table as a dense [P_weight, out_size * P_in] matrix, float64 or float32."""
-    weight, vectors = (y, x) if FOLD_OPS[op][1] == 1 else (x, y)
+    weight, vectors = _weight_and_vectors(op, x, y)
     batch, p_in, ca = vectors.shape
     p_weight, _, cb = weight.shape
-    acc = accumulator_torch_dtype(vectors.dtype)
+    acc = accumulator_torch_dtype(x.dtype)
     folded = full_precision_matmul(matrix.to(acc).t(), weight.reshape(p_weight, ca * cb).to(acc))  # [(o, i), (a, b)]
     folded = folded.view(out_size, p_in, ca, cb).permute(1, 2, 0, 3).reshape(p_in * ca, out_size * cb)
     flat = vectors.reshape(batch, p_in * ca)
-    if vectors.dtype == acc:
+    if x.dtype == acc:
         z = full_precision_matmul(flat, folded)
     else:
-        hi = folded.to(vectors.dtype)
-        lo = (folded - hi.to(acc)).to(vectors.dtype)
+        hi = folded.to(x.dtype)
+        lo = (folded - hi.to(acc)).to(x.dtype)
         z = _mm_fp32_out(flat, hi) + _mm_fp32_out(flat, lo)
-    return z.view(batch, out_size, cb).to(vectors.dtype)
+    return z.view(batch, out_size, cb).to(x.dtype)
 
 
 def fold_outer_sum_launch(x, y, matrix, out_size):

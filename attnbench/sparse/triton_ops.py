@@ -85,7 +85,8 @@ def outer_sum_by_dot(enabled: bool):
 
 
 def fold_route(enabled: bool):
-    """Within the block, the fold route of vecmat (shared y) and mat_t_vec (shared x) is on (the default) or off."""
+    """Within the block, the fold route of vecmat (shared y), mat_t_vec (shared x) and outer summed over the batch
+    (both inputs batched) is on (the default) or off."""
     return _switched(FOLD_ROUTE, enabled)
 
 
@@ -182,7 +183,7 @@ def _fold_table(op, x, y, info, out_accumulated):
     """The info's table for the fold route of ``op``, or None where another route runs."""
     if not FOLD_ROUTE["enabled"]:
         return None
-    if op == "outer" and out_accumulated and x.dim() == 3 and y.dim() == 3:  # the FC layer's weight gradient
+    if _batch_summed_outer(op, x, y, out_accumulated):  # the FC layer's weight gradient
         table = getattr(info, "dense_rows", {}).get("gram")
         if table is None or table.matrix is None:
             return None
@@ -207,10 +208,14 @@ def _fold_table(op, x, y, info, out_accumulated):
     return table
 
 
+def _batch_summed_outer(op, x, y, out_accumulated):
+    """Whether ``op`` is outer summed over the batch with both inputs batched (the FC layer's weight gradient)."""
+    return op == "outer" and bool(out_accumulated) and x.dim() == 3 and y.dim() == 3
+
+
 def _outer_sum(op, x, y, out_accumulated):
-    """Whether ``op`` is outer summed over the batch with both inputs batched, for the matrix-unit kernel."""
-    return (OUTER_SUM_BY_DOT["enabled"] and op == "outer" and bool(out_accumulated) and x.dim() == 3
-            and y.dim() == 3 and x.dtype != torch.float64)
+    """Whether ``op`` is the batch-summed outer product for the matrix-unit kernel (not fp64)."""
+    return OUTER_SUM_BY_DOT["enabled"] and _batch_summed_outer(op, x, y, out_accumulated) and x.dtype != torch.float64
 
 
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
