@@ -66,3 +66,19 @@ def tuned_kernels():
         yield
         for kernel in kernels:
             kernel.cache.clear()
+
+
+@pytest.fixture
+def triton_only(monkeypatch):
+    """The sparse Functions on Triton, forced, and their split implementation made to fail: every forward, every
+    derivative's included (autograd runs the backward after the test's own calls return), must run on the
+    kernels. test_gpu_sparse.py has its own (CUDA by default, outputs NaN-poisoned)."""
+    from attnbench.sparse import functional, use_implementation
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the split implementation ran under use_implementation('triton')")
+
+    monkeypatch.setattr(functional, "sparse_product_split", refuse)
+    monkeypatch.setattr(functional, "sparse_scale_split", refuse)
+    with use_implementation("triton"):
+        yield

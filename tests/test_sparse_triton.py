@@ -42,19 +42,6 @@ def scale_info_pair():
     return random_scale_infos(5, 7, 12, torch.Generator().manual_seed(1))
 
 
-@pytest.fixture
-def triton_only(monkeypatch):
-    """Triton forced, and the split implementation made to fail: every forward, every derivative's included,
-    must run on the kernels."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("the split implementation ran under use_implementation('triton')")
-
-    monkeypatch.setattr(functional, "sparse_product_split", refuse)
-    monkeypatch.setattr(functional, "sparse_scale_split", refuse)
-    with use_implementation("triton"):
-        yield
-
-
 def make_inputs(op, shared_x, shared_y, seed=0, dtype=torch.float64, channels=None, sizes=(SIZE1, SIZE2),
                 batch=BATCH, requires_grad=False):
     generator = torch.Generator().manual_seed(seed)
