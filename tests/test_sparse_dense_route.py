@@ -126,31 +126,30 @@ def test_low_precision(infos, op, dtype, gather_route):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_gradcheck_and_gradgradcheck(op, gathers, gather_route):
+def test_gradcheck_and_gradgradcheck(op, gathers, gather_route, triton_only):
     """First and second derivatives through the dense route: the family is closed (vecsca's gx is a scavec, its
-    gy an inner), so every derivative takes the route too."""
+    gy an inner), so every derivative takes the route too. Triton stays forced while autograd runs the backward
+    (``triton_only``: the split implementation fails), or the derivatives would run on split."""
     infos = random_product_infos(3, 3, 3, 24, torch.Generator().manual_seed(3))
     x, y = inputs(op, False, False, infos[0], batch=2, channels=2, requires_grad=True)
+    forward = _triton(op, x, y, infos)
+    forward_launches = len(gathers)
+    assert torch.autograd.gradcheck(lambda a, b: sparse_product(op, a, b, infos), (x, y), fast_mode=True)
+    assert torch.autograd.gradgradcheck(lambda a, b: sparse_product(op, a, b, infos), (x, y), fast_mode=True)
+    assert forward_launches and all(g == gather_route for g in gathers)
+    # the first derivatives on the route too: a backward makes at least as many route launches as a forward
+    gathers.clear()
+    torch.autograd.grad(forward.sum(), (x, y))
+    assert len(gathers) >= forward_launches and all(g == gather_route for g in gathers), gathers
 
-    def fn(a, b):
-        with use_implementation("triton"):
-            return sparse_product(op, a, b, infos)
 
-    assert torch.autograd.gradcheck(fn, (x, y), fast_mode=True)
-    assert torch.autograd.gradgradcheck(fn, (x, y), fast_mode=True)
-    assert gathers and all(g == gather_route for g in gathers)
-
-
-def test_segment_kernel_gradgradcheck_with_the_route_off():
+def test_segment_kernel_gradgradcheck_with_the_route_off(triton_only):
     """The segment kernel still serves these ops (route off, out_accumulated, large grids): its derivatives."""
     infos = random_product_infos(3, 3, 3, 6, torch.Generator().manual_seed(4))
     x, y = inputs("vecsca", False, False, infos[0], batch=2, channels=2, requires_grad=True)
-
-    def fn(a, b):
-        with use_implementation("triton"), dense_route(False):
-            return sparse_product("vecsca", a, b, infos)
-
-    assert torch.autograd.gradgradcheck(fn, (x, y), fast_mode=True)
+    with dense_route(False):
+        assert torch.autograd.gradgradcheck(lambda a, b: sparse_product("vecsca", a, b, infos), (x, y),
+                                            fast_mode=True)
 
 
 def test_batch_sum_keeps_the_segment_kernel(infos, gathers):
