@@ -22,19 +22,22 @@ nvidia-h100/sparse-gather-gemm-*). The matrix products (``small_matmul``: one la
 sample's product in registers) run in fp32 for fp32 inputs (never TF32), fp64 for fp64, and for 16-bit inputs on
 the tensor cores with fp32 accumulation, M kept in fp32 and split into two half-precision parts (hi + lo) so that
 it is not rounded to 16 bits. The fp32 and fp64 Gram matrices (a deep channel inner dim) go to cuBLAS instead, but
-for small and shallow ones (``_gram``: measured faster there).
+for the fp32 ones of L 2 and 3 (``gram_stack_kernel``: a batch of samples in one 3-D dot) and small, shallow fp64 ones
+(small_matmul): ``_gram``, measured faster there.
 """
 import torch
 import triton
 import triton.language as tl
 
 from .launch import on_device
+from .offsets import slice_needs_copy
 from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype
 from .small_matmul import small_matmul
-from .tuning import autotune, cdiv, cfg, config_list
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2
 
-__all__ = ["DENSE_OPS", "dense_product_launch", "gather_rows_launch", "gather_rows_kernel"]
+__all__ = ["DENSE_OPS", "dense_product_launch", "gather_rows_launch", "gather_rows_kernel", "gram_stack",
+           "gram_stack_kernel"]
 
 # the ops of the dense route, and the info table each reads
 DENSE_OPS = {"vecsca": "pairs1", "scavec": "pairs2", "inner": "gram"}
@@ -110,24 +113,86 @@ def full_precision_matmul(a, b):
         setattr(matmul, name, before)
 
 
-# fp32 and fp64 Gram matrices with fewer rows and columns than GRAM_ON_CUBLAS_ROWS and an inner (channel) dim of at
-# most SMALL_MATMUL_GRAM_DEPTH go to small_matmul, the rest to cuBLAS. On the H200 (results/gpu/nvidia-h200/
-# small-matmul-gram-fp32-l23.md, batch 1e5): 9 x 9 outputs over 32 channels, cuBLAS (its small-N batched kernel,
-# gemmSN_TN) 0.709 ms, small_matmul 0.521 ms (vecsca L 2 C 32 fp32: backward 1.26x, double backward 1.17x); over 128
-# channels cuBLAS 0.836 ms, small_matmul 1.91 ms; 16 x 16 (L 3): cuBLAS 1.5x-1.9x faster. Both stay at 9-41% of
-# copy: a Gram kernel for these shapes is still to be written.
+# fp32 Gram matrices of at most GRAM_STACK_ROWS rows and columns (L 2 and 3: 9 x 9, 16 x 16) go to gram_stack_kernel,
+# BLOCK_N samples in one 3-D dot. On the H200 (results/gpu/nvidia-h200/gram-stack-configs.json: N 1e5, the kernel
+# against small_matmul and cuBLAS, one process): 9 x 9 over 32 channels 0.192 ms (small_matmul 0.521, cuBLAS 0.719),
+# over 128 0.716 (cuBLAS 0.847); 16 x 16 over 32 0.215 (cuBLAS 0.337), over 128 0.748 (cuBLAS 0.988). 25 x 25 (L 4):
+# cuBLAS 2.5x-3.5x faster. Of its configs only 8 samples a program at 4 warps ran fast: 2, 4 or 16 samples, or 8
+# warps, ran 2.2x-2.7x slower (fp32's FMA-dot layout). bf16 stays on small_matmul (within 0.85x-1.15x of the
+# kernel's best there). fp64 Gram matrices with fewer rows and columns than GRAM_ON_CUBLAS_ROWS and an inner dim of at
+# most SMALL_MATMUL_GRAM_DEPTH go to small_matmul (as fp32's did: small-matmul-gram-fp32-l23.md), the rest to cuBLAS.
+GRAM_STACK_ROWS = 16
 GRAM_ON_CUBLAS_ROWS = 16
 SMALL_MATMUL_GRAM_DEPTH = 32
+
+_GRAM_STACK_CONFIGS = config_list(
+    [cfg(4, 1, BLOCK_N=8, BLOCK_C=32)],
+    cfg(1, 1, BLOCK_N=2, BLOCK_C=16),  # the interpreter: tiny batches still span several programs and channel steps
+)
+
+
+@autotune(_GRAM_STACK_CONFIGS, key=["P", "Q", "C"])
+@triton.jit
+def gram_stack_kernel(X, Y, G, N, P, Q, C, s_xn, s_xp, s_xc, s_yn, s_yc, s_yq, s_gn, s_gp, s_gq,
+                      ACC_DTYPE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
+    """G[n] = X[n] @ Y[n] ([P, C] @ [C, Q], Y a strided view) for BLOCK_N consecutive samples as one 3-D dot: the
+    samples' rows load as one tile (contiguous where X is), where small_matmul walks samples one at a time."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_c = tl.arange(0, BLOCK_C)
+    n = offs_n.to(tl.int64)
+    n_mask = offs_n < N
+    x_rows = X + n[:, None, None] * s_xn + offs_p[None, :, None] * s_xp
+    y_cols = Y + n[:, None, None] * s_yn + offs_q[None, None, :] * s_yq
+    x_mask = n_mask[:, None, None] & (offs_p < P)[None, :, None]
+    y_mask = n_mask[:, None, None] & (offs_q < Q)[None, None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_P, BLOCK_Q], dtype=ACC_DTYPE)
+    for c0 in range(0, C, BLOCK_C):
+        c = c0 + offs_c
+        x = tl.load(x_rows + c[None, None, :] * s_xc, mask=x_mask & (c < C)[None, None, :], other=0.0)
+        y = tl.load(y_cols + c[None, :, None] * s_yc, mask=y_mask & (c < C)[None, :, None], other=0.0)
+        acc = tl.dot(x, y, acc, input_precision="ieee", out_dtype=ACC_DTYPE)
+    out = G + n[:, None, None] * s_gn + offs_p[None, :, None] * s_gp + offs_q[None, None, :] * s_gq
+    tl.store(out, acc.to(G.dtype.element_ty), mask=x_mask & (offs_q < Q)[None, None, :])
+
+
+def gram_stack(x, y_t):
+    """x @ y_t for fp32 x [N, P, C] and y_t [N, C, Q] (either may be shared, [P, C] or [C, Q]; not both), P and Q at
+    most GRAM_STACK_ROWS, on gram_stack_kernel: fp32 out, FMA (no TF32)."""
+    x, y_t = (t.contiguous() if slice_needs_copy(t, f"gram {name}", "sample") else t
+              for name, t in (("x", x), ("y", y_t)))
+    batch = x.shape[0] if x.dim() == 3 else y_t.shape[0]
+    p, c = x.shape[-2:]
+    q = y_t.shape[-1]
+    out = new_output((batch, p, q), torch.float32, x.device)
+    if out.numel() == 0:
+        return out
+    if c == 0:
+        return out.zero_()
+    s_xn = x.stride(0) if x.dim() == 3 else 0
+    s_yn = y_t.stride(0) if y_t.dim() == 3 else 0
+    with on_device(out):
+        gram_stack_kernel[lambda meta: (cdiv(batch, meta["BLOCK_N"]),)](
+            x, y_t, out, batch, p, q, c, s_xn, x.stride(-2), x.stride(-1), s_yn, y_t.stride(-2), y_t.stride(-1),
+            *out.stride(), ACC_DTYPE=tl.float32, BLOCK_P=max(16, next_pow2(p)), BLOCK_Q=max(16, next_pow2(q)))
+    return out
 
 
 def _gram(x, y_t, acc):
     """x @ y_t, the inner product's Gram matrices: a few rows, a deep (channel) inner dim. 16-bit inputs on
-    small_matmul (tensor cores: 76-99% of the copy bandwidth on the H100, cuBLAS 50-86%); fp32 and fp64 on cuBLAS
-    (TF32 off) but for small and shallow ones (see GRAM_ON_CUBLAS_ROWS): small_matmul's FMA dot holds each thread's
-    rows over the whole inner step and ran 16-49-row ones at 24-54% against cuBLAS's 49-84% (results/gpu/
-    nvidia-h100/small-matmul-configs-*.md)."""
-    small = max(x.shape[-2], y_t.shape[-1]) < GRAM_ON_CUBLAS_ROWS and x.shape[-1] <= SMALL_MATMUL_GRAM_DEPTH
-    if acc != x.dtype or small:
+    small_matmul (tensor cores: 76-99% of the copy bandwidth on the H100, cuBLAS 50-86%); fp32 ones of at most
+    GRAM_STACK_ROWS rows and columns on gram_stack_kernel (one operand at most shared); the other fp32 and fp64
+    ones on cuBLAS (TF32 off) but for small and shallow fp64 ones (see GRAM_ON_CUBLAS_ROWS): small_matmul's FMA dot
+    holds each thread's rows over the whole inner step and ran 16-49-row ones at 24-54% against cuBLAS's 49-84%
+    (results/gpu/nvidia-h100/small-matmul-configs-*.md)."""
+    rows = max(x.shape[-2], y_t.shape[-1])
+    if acc != x.dtype:
+        return small_matmul(x, y_t, acc)
+    if x.dtype == torch.float32 and rows <= GRAM_STACK_ROWS and 3 in (x.dim(), y_t.dim()):
+        return gram_stack(x, y_t)
+    if rows < GRAM_ON_CUBLAS_ROWS and x.shape[-1] <= SMALL_MATMUL_GRAM_DEPTH:
         return small_matmul(x, y_t, acc)
     return full_precision_matmul(x, y_t)
 

@@ -79,3 +79,29 @@ def test_every_config_matches_float64(pairing, one_config):
                     failures.append(f"config {index} {config}, shape {(p, k, q)}, shared {shared}: "
                                     f"{float(excess):.3g} of the bound")
     assert not failures, "\n".join(failures)
+
+
+# gram_stack (kernels/sparse_dense.py): x [N, P, C] times y's transposed view, P and Q <= 16 (L 2 and 3), deep C
+GRAM_SHAPES = [(9, 9, 32), (16, 16, 128), (7, 13, 37), (1, 16, 200)]  # (P, Q, C)
+
+
+@pytest.mark.parametrize("shape", GRAM_SHAPES, ids=str)
+@pytest.mark.parametrize("shared", ["none", "x", "y"])
+def test_gram_stack_matches_float64(shape, shared, monkeypatch):
+    """fp32 Gram matrices BLOCK_N samples at a time, a batch that leaves the last program partly empty, ragged
+    rows, columns and channel steps, one operand shared, NaN-poisoned output: within gamma_{C+1}(2**-24) |x| |y|^T
+    of float64 (the FMA dot, no TF32)."""
+    from attnbench.kernels.sparse_dense import gram_stack
+
+    monkeypatch.setattr(kernel_outputs, "_poisoning", lambda: True)
+    p, q, c = shape
+    generator = torch.Generator(device="cuda").manual_seed(p * q + c)
+    batch = 8 * 1000 + 3
+    x = torch.randn(*(() if shared == "x" else (batch,)), p, c, device="cuda", generator=generator)
+    y = torch.randn(*(() if shared == "y" else (batch,)), q, c, device="cuda", generator=generator)
+    gram = gram_stack(x, y.transpose(-1, -2))
+    x64, y64 = x.double(), y.double().transpose(-1, -2)
+    exact = x64 @ y64
+    bound = gamma(c + 1, 2.0 ** -24) * (x64.abs() @ y64.abs())
+    assert gram.shape == (batch, p, q) and gram.dtype == torch.float32
+    assert bool(((gram.double() - exact).abs() <= bound).all()), float((gram.double() - exact).abs().max())

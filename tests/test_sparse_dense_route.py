@@ -201,13 +201,16 @@ def test_thin_table_has_no_matrix_form(gathers):
     assert gathers and not any(gathers), "the dense route's gather kernel did not run"
 
 
-@pytest.mark.parametrize("channels", [3, sparse_dense.SMALL_MATMUL_GRAM_DEPTH + 1])
+@pytest.mark.parametrize("rows", [SIZES[0], sparse_dense.GRAM_STACK_ROWS + 1])
 @pytest.mark.parametrize("op", OPS)
-def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route, channels):
-    """The route's cuBLAS products (the GEMM sums, fp32 Gram matrices: those deeper than SMALL_MATMUL_GRAM_DEPTH)
-    keep fp32 inside autocast (which would run them in bf16: ~4e-3 off) and whatever TF32 setting the process made,
-    through torch's new API, which a legacy ``allow_tf32`` toggle would break (reading it raises once the new one is
-    set) and leave pinned."""
+def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route, rows):
+    """The route's cuBLAS products (the GEMM sums; fp32 Gram matrices of more than GRAM_STACK_ROWS rows) keep fp32
+    inside autocast (which would run them in bf16: ~4e-3 off) and whatever TF32 setting the process made, through
+    torch's new API, which a legacy ``allow_tf32`` toggle would break (reading it raises once the new one is set)
+    and leave pinned."""
+    if rows != SIZES[0]:  # x with more rows than the stack kernel takes: inner's Gram matrices on cuBLAS
+        infos = random_product_infos(rows, *SIZES[1:], 200, torch.Generator().manual_seed(12))
+    channels = 3
     x, y = inputs(op, False, False, infos[0], channels=channels, dtype=torch.float32, seed=4)
     expected = sparse_product_reference(op, x.double(), y.double(), infos[0])
     settings = (torch.backends, "fp32_precision")
@@ -225,19 +228,57 @@ def test_full_precision_under_autocast_and_tf32_settings(infos, op, gather_route
 
 
 def test_gram_matrices_route_by_dtype_size_and_depth(monkeypatch):
-    """inner's Gram matrices: 16-bit inputs on small_matmul (tensor cores, fp32 out); fp32 and fp64 on small_matmul
-    only while small (fewer than GRAM_ON_CUBLAS_ROWS rows and columns) and shallow (at most SMALL_MATMUL_GRAM_DEPTH
-    channels), else on cuBLAS (measured on the H200: results/gpu/nvidia-h200/small-matmul-gram-fp32-l23.md)."""
+    """inner's Gram matrices: 16-bit inputs on small_matmul (tensor cores, fp32 out); fp32 ones of at most
+    GRAM_STACK_ROWS rows and columns on gram_stack (unless both operands are shared); fp64 ones on small_matmul only
+    while small (fewer than GRAM_ON_CUBLAS_ROWS rows and columns) and shallow (at most SMALL_MATMUL_GRAM_DEPTH
+    channels); the rest on cuBLAS (measured on the H200: results/gpu/nvidia-h200/gram-stack-configs.json and
+    small-matmul-gram-fp32-l23.md)."""
     ran = []
     monkeypatch.setattr(sparse_dense, "small_matmul", lambda a, b, out: ran.append("small") or (a.to(out) @ b.to(out)))
     monkeypatch.setattr(sparse_dense, "full_precision_matmul", lambda a, b: ran.append("cublas") or a @ b)
+    monkeypatch.setattr(sparse_dense, "gram_stack", lambda a, b: ran.append("stack") or a @ b)
     rows, depth = sparse_dense.GRAM_ON_CUBLAS_ROWS, sparse_dense.SMALL_MATMUL_GRAM_DEPTH
-    for dtype, p, q, channels, route in [(torch.float32, 9, 9, depth, "small"),
+    stack = sparse_dense.GRAM_STACK_ROWS
+    for dtype, p, q, channels, route in [(torch.float32, 9, 9, depth, "stack"),
+                                         (torch.float32, stack, stack, 4 * depth, "stack"),
+                                         (torch.float32, stack + 1, 9, 8, "cublas"),
+                                         (torch.float32, 9, stack + 1, 8, "cublas"),
                                          (torch.float64, rows - 1, 4, 8, "small"),
-                                         (torch.float32, 9, 9, depth + 1, "cublas"),
-                                         (torch.float32, rows, 9, 8, "cublas"), (torch.float64, 9, rows, 8, "cublas"),
-                                         (torch.bfloat16, 49, 49, 128, "small")]:
+                                         (torch.float64, 9, 9, depth + 1, "cublas"),
+                                         (torch.float64, rows, 9, 8, "cublas"), (torch.float64, 9, rows, 8, "cublas"),
+                                         (torch.bfloat16, 49, 49, 128, "small"), (torch.bfloat16, 9, 9, 32, "small")]:
         x = torch.randn(2, p, channels, dtype=torch.float64).to(dtype)
         y = torch.randn(2, q, channels, dtype=torch.float64).to(dtype)
         gram = sparse_dense._gram(x, y.transpose(-1, -2), sparse_dense.accumulator_torch_dtype(dtype))
         assert ran.pop() == route and gram.shape == (2, p, q), (dtype, p, q, channels)
+    # one shared operand stays on the stack, both shared (one matrix) do not
+    x, y = torch.randn(9, 8), torch.randn(2, 9, 8)
+    sparse_dense._gram(x, y.transpose(-1, -2), torch.float32)
+    sparse_dense._gram(x, y[0].T, torch.float32)
+    assert ran == ["stack", "small"], ran
+
+
+@pytest.mark.parametrize("batch,p,q,channels,shared", [(5, 9, 9, 37, None), (3, 16, 3, 16, None), (4, 1, 16, 5, "x"),
+                                                       (3, 7, 11, 33, "y"), (1, 16, 16, 1, None), (0, 9, 9, 4, None),
+                                                       (3, 9, 9, 0, None)])
+def test_gram_stack_matches_float64(batch, p, q, channels, shared):
+    """gram_stack on odd batches (a program's samples partly past N), rows, columns and channels (a last channel step
+    partly past C), one operand shared, empty batch and no channels: fp32 against float64 within the dot's bound
+    (channels fp32 multiply-adds: gamma_C of sum |x y|)."""
+    generator = torch.Generator().manual_seed(batch * 100 + p)
+    x = torch.randn(*(() if shared == "x" else (batch,)), p, channels, generator=generator)
+    y = torch.randn(*(() if shared == "y" else (batch,)), q, channels, generator=generator)
+    gram = sparse_dense.gram_stack(x, y.transpose(-1, -2))
+    expected = x.double() @ y.double().transpose(-1, -2)
+    bound = (channels + 1) * torch.finfo(torch.float32).eps * (x.double().abs() @ y.double().abs().transpose(-1, -2))
+    assert gram.shape == (batch, p, q) and gram.dtype == torch.float32
+    assert ((gram.double() - expected).abs() <= bound).all()
+
+
+def test_gram_stack_reads_strided_operands():
+    """A batch-innermost x (a permuted view) and y's transposed view: the strides, not a copy's layout."""
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(9, 32, 6, generator=generator).permute(2, 0, 1)
+    y = torch.randn(6, 9, 32, generator=generator)
+    torch.testing.assert_close(sparse_dense.gram_stack(x, y.transpose(-1, -2)).double(),
+                               x.double() @ y.double().transpose(-1, -2), rtol=0, atol=1e-5)
