@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """``gram_stack_kernel``'s launch configs against small_matmul and cuBLAS on the Gram matrices of inner (vecsca's
-backward gy), one GPU, one process (results/gpu/nvidia-h200/gram-stack-configs.json).
+backward gy), one GPU, one process (results/gpu/nvidia-h200/gram-stack-configs.log).
 
     python3 scripts/gpu_dev_gram_stack.py [--batch N] [--json OUT.json]
 
@@ -12,6 +12,7 @@ import argparse
 import json
 
 import torch
+import triton
 
 import attnbench  # noqa: F401  first: the interpreter switch
 from attnbench.kernels import sparse_dense
@@ -58,7 +59,13 @@ def main():
                 gram_bytes = args.batch * (2 * p * channels * x.element_size() + p * p * 4)
                 for name, fn in runs.items():
                     row = {"l": l_max, "c": channels, "dtype": str(dtype)[6:], "name": name}
-                    out = fn()
+                    try:
+                        out = fn()
+                    except triton.runtime.errors.OutOfResources as exc:  # a candidate too large for this GPU
+                        row["error"] = str(exc).splitlines()[0][:120]
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        continue
                     row["err"] = float((out.double() - exact).abs().max() / exact.abs().max())
                     row["ms"] = gpu_time_median_ms(fn)
                     row["pct_copy"] = 100 * gram_bytes / (row["ms"] / 1e3) / 1e9 / copy

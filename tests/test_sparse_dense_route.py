@@ -231,7 +231,7 @@ def test_gram_matrices_route_by_dtype_size_and_depth(monkeypatch):
     """inner's Gram matrices: 16-bit inputs on small_matmul (tensor cores, fp32 out); fp32 ones of at most
     GRAM_STACK_ROWS rows and columns on gram_stack (unless both operands are shared); fp64 ones on small_matmul only
     while small (fewer than GRAM_ON_CUBLAS_ROWS rows and columns) and shallow (at most SMALL_MATMUL_GRAM_DEPTH
-    channels); the rest on cuBLAS (measured on the H200: results/gpu/nvidia-h200/gram-stack-configs.json and
+    channels); the rest on cuBLAS (measured on the H200: results/gpu/nvidia-h200/gram-stack-configs.log and
     small-matmul-gram-fp32-l23.md)."""
     ran = []
     monkeypatch.setattr(sparse_dense, "small_matmul", lambda a, b, out: ran.append("small") or (a.to(out) @ b.to(out)))
