@@ -48,7 +48,11 @@ def folded_entries(op, x, y, out_size):
 
 
 def _mm_fp32_out(a, b):
-    """a @ b of 16-bit operands with an fp32 output (fp32 accumulation, no rounding of the result)."""
+    """a @ b of 16-bit operands with an fp32 output (fp32 accumulation, no rounding of the result). torch has
+    ``mm(..., out_dtype)`` on CUDA only; elsewhere (the interpreter's CPU runs) the operands go up to fp32 first,
+    which is exact for 16-bit values, so the result is the same sum."""
+    if a.device.type != "cuda":
+        return full_precision_matmul(a.float(), b.float())
     with torch.autocast(a.device.type, enabled=False):
         return torch.mm(a, b, out_dtype=torch.float32)
 

@@ -1,9 +1,11 @@
 """The fold route of vecmat with a shared y and mat_t_vec with a shared x (kernels/sparse_fold.py) on the CPU: its
 values against the float64 reference and the segment kernel it replaces, its derivatives (the backward's mat_t_vec
 takes it too), the cases that keep the other kernels, and that it runs where it should (a counting spy on its
-launcher). It is GEMMs only: no Triton launch, so these are cheap; the 16-bit path (fp32-output GEMMs) runs on CUDA
-only and is checked in tests/test_gpu_sparse.py.
+launcher). It is GEMMs only: no Triton launch, so these are cheap. bf16 runs as an fp32 upcast on the interpreter, so
+its 16-bit path (fp32-output GEMMs) is checked in tests/test_gpu_sparse.py; fp16 takes that path here too.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -77,6 +79,31 @@ def test_fp32_against_float64(op, folds):
     assert folds == [op] and z.dtype == torch.float32
     torch.testing.assert_close(z.double(), sparse_product_reference(op, x.double(), y.double(), infos[0]),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_values_and_weight_gradient(folds):
+    """fp16 inputs take the 16-bit path on the CPU too (torch's fp32-output mm is CUDA-only: the operands go up to
+    fp32 there, exact for 16-bit values): z of both ops and the weight gradient (outer summed over the batch) within
+    an a-priori bound of float64: the output's rounding (u16 of |exact|), fp32 sums of at most ``chain`` products
+    and the fold's hi + lo split (2**-21), each of the sum of |terms| (the same computation on |inputs|)."""
+    infos = STRUCTURES["random"]()
+    u16, u32 = torch.finfo(torch.float16).eps / 2, torch.finfo(torch.float32).eps / 2
+    info = infos[0]
+    abs_info = dataclasses.replace(info, scale=info.scale.abs())
+    runs = [(op, *operands(op, info, dtype=torch.float16, seed=6), False) for op in SHARED]
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(8, info.size1, 3, generator=generator, dtype=torch.float64).half()
+    y = torch.randn(8, info.size2, 5, generator=generator, dtype=torch.float64).half()
+    runs.append(("outer", x, y, True))  # a weight gradient: both batched, summed over the batch
+    for op, x, y, summed in runs:
+        folds.clear()
+        z = _triton(op, x, y, infos, summed)
+        assert folds == [op] and z.dtype == torch.float16, (op, folds)
+        exact = sparse_product_reference(op, x.double(), y.double(), info, summed)
+        magnitude = sparse_product_reference(op, x.double().abs(), y.double().abs(), abs_info, summed)
+        chain = x.shape[0] * info.num_terms + x.shape[-1] + 4
+        bound = u16 * exact.abs() + (chain * u32 + 2.0 ** -21) * magnitude
+        assert ((z.double() - exact).abs() <= bound + 1e-30).all(), op
 
 
 @pytest.mark.parametrize("op", list(SHARED))
