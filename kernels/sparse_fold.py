@@ -22,14 +22,21 @@ The weight's gradient, outer summed over the batch (both inputs batched), is the
 
 Precision: fp32 and fp64 in their own precision (TF32 off); 16-bit inputs against A kept in fp32 and split into two
 16-bit parts (hi + lo), both products with fp32 outputs (``torch.mm(..., out_dtype=torch.float32)``) summed before the
-one rounding to the output dtype, as the dense route of vecsca does with its M.
+one rounding to the output dtype, as the dense route of vecsca does with its M (or, with ``SPLIT_MATMUL`` on, both
+halves accumulated in one Triton program: kernels/split_matmul.py).
 """
 import torch
 
 from .precision import accumulator_torch_dtype
 from .sparse_dense import full_precision_matmul
+from .split_matmul import split_matmul
 
-__all__ = ["FOLD_OPS", "fold_outer_sum_launch", "fold_product_launch", "folded_entries"]
+__all__ = ["FOLD_OPS", "SPLIT_MATMUL", "fold_outer_sum_launch", "fold_product_launch", "folded_entries"]
+
+# 16-bit inputs against the fp32 fold on kernels/split_matmul.py (both halves in one program, one rounding) instead
+# of two cuBLAS GEMMs with fp32 outputs, their sum and a cast. Off until measured (written in a session without a
+# GPU): scripts/gpu_dev_sparse_kernels.py --fold-split compares the two in one process.
+SPLIT_MATMUL = {"enabled": False}
 
 # the ops of the fold route: the info table whose matrix holds the coefficients, and which operand is the shared
 # weight (0: x, 1: y)
@@ -70,6 +77,8 @@ def fold_product_launch(op, x, y, matrix, out_size):
     flat = vectors.reshape(batch, p_in * ca)
     if x.dtype == acc:
         z = full_precision_matmul(flat, folded)
+    elif SPLIT_MATMUL["enabled"]:
+        return split_matmul(flat, folded).view(batch, out_size, cb)
     else:
         hi = folded.to(x.dtype)
         lo = (folded - hi.to(acc)).to(x.dtype)

@@ -6,6 +6,7 @@
     python3 scripts/gpu_dev_sparse_kernels.py --dense-baseline FILE [--json OUT.json] [--quick] [--no-peers]
     python3 scripts/gpu_dev_sparse_kernels.py --outer-sum-route [--json OUT.json] [--quick] [--old-every-size]
     python3 scripts/gpu_dev_sparse_kernels.py --fold-route [--json OUT.json] [--quick] [--no-peers]
+    python3 scripts/gpu_dev_sparse_kernels.py --fold-split [--json OUT.json] [--quick] [--no-peers]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
@@ -22,7 +23,9 @@ gradient, in backward and double backward) on matrix units (``new``: kernels/spa
 segment kernel on the same tree (``old``: the route off), old and split at N 1e4 only unless
 ``--old-every-size`` (the segment kernel's weight gradient runs for seconds at N 1e5). ``--fold-route`` compares
 the same vecmat anchors with the fold route of the shared-weight products (``new``: kernels/sparse_fold.py) against
-the route off (``old``), at every size. ``--match REGEX`` keeps the
+the route off (``old``), at every size. ``--fold-split`` compares the fold route's 16-bit products on
+kernels/split_matmul.py (``new``: the switch turned on for the run) against two cuBLAS GEMMs with fp32 outputs
+(``old``), over the vecmat anchors in bf16 (fp32 does not split). ``--match REGEX`` keeps the
 cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
 --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
@@ -94,10 +97,11 @@ def timed(case, x, mode, variant, launchers=None):
     of outer products on the segment kernel, or "fold-off" for the fold route of the shared-weight products off."""
     saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch)
     route = {"segment": triton_ops.dense_route(False), "outer-segment": triton_ops.outer_sum_by_dot(False),
-             "fold-off": triton_ops.fold_route(False)}.get(launchers, contextlib.nullcontext())
+             "fold-off": triton_ops.fold_route(False), "split-off": triton_ops.fold_split_matmul(False)}.get(
+        launchers, contextlib.nullcontext())
     if callable(launchers):
         triton_ops.dense_product_launch = launchers
-    elif launchers and launchers not in ("segment", "outer-segment", "fold-off"):
+    elif launchers and launchers not in ("segment", "outer-segment", "fold-off", "split-off"):
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
         with route:
@@ -117,6 +121,7 @@ def main():
     parser.add_argument("--dense-baseline")
     parser.add_argument("--outer-sum-route", action="store_true")
     parser.add_argument("--fold-route", action="store_true")
+    parser.add_argument("--fold-split", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
@@ -125,10 +130,17 @@ def main():
     parser.add_argument("--old-every-size", action="store_true",
                         help="--dense-route, --outer-sum-route: time the segment kernel at N 1e5 too (slow)")
     args = parser.parse_args()
-    if args.dense_route + args.outer_sum_route + args.fold_route + bool(args.baseline) + bool(args.dense_baseline) != 1:
-        parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route and "
-                     "--fold-route")
-    if args.fold_route:
+    comparisons = (args.dense_route, args.outer_sum_route, args.fold_route, args.fold_split, args.baseline,
+                   args.dense_baseline)
+    if sum(bool(c) for c in comparisons) != 1:
+        parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route, "
+                     "--fold-route and --fold-split")
+    if args.fold_split:
+        triton_ops.SPLIT_MATMUL["enabled"] = True  # new: the split kernel; old turns it off
+        old_launchers = "split-off"
+        case_list = [c for c in anchor_cases("vecmat", False, "y") if c.dtype != "float32"]
+        case_list = [c for c in case_list if c.batch == 10_000][:4] if args.quick else case_list
+    elif args.fold_route:
         old_launchers, case_list = "fold-off", anchor_cases("vecmat", args.quick, "y")
     elif args.outer_sum_route:
         old_launchers, case_list = "outer-segment", anchor_cases("vecmat", args.quick, "y")
@@ -153,8 +165,8 @@ def main():
         x = OP.make_inputs(case, "cuda", 0)
         oracle = None
         # the float64 einsum reference, every mode's outputs
-        if (args.dense_route or args.dense_baseline or args.outer_sum_route or args.fold_route) and \
-                case.batch <= 10_000:
+        checked = args.dense_route or args.dense_baseline or args.outer_sum_route or args.fold_route or args.fold_split
+        if checked and case.batch <= 10_000:
             try:
                 oracle = OP.oracle(case, x)
             except torch.OutOfMemoryError:

@@ -418,22 +418,29 @@ def test_scale_matches_float64_to_second_order(case, dtype, triton_only):
 
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["cublas", "split_matmul"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op,l_max", [("vecmat", 4), ("mat_t_vec", 3)])
-def test_fold_route_matches_float64(op, l_max, dtype, triton_only):
+def test_fold_route_matches_float64(op, l_max, dtype, split, triton_only, monkeypatch):
     """The fold route of the shared-weight products (kernels/sparse_fold.py: the weight folded into the
     coefficients, one GEMM over the batch) at a real size: z, the batched vectors' gradient (the other op of the
     pair against the weight transposed: folded too) and the weight's (outer summed over the batch: one GEMM over the
     batch, the fold transposed) against float64. Normwise a-priori bound, A = the same of |x|, |y|, |scale|, |gz|:
     a per-sample output sums m = P C + P products (the GEMM over (i, a), the fold over i2), the weight's gradient
     N + P^2, so (u_out + gamma_m) A with u_out the output's rounding (bf16: 2^-8; fp32: none beyond gamma) and
-    2^-16 for the hi + lo split in 16 bits."""
+    2^-16 for the hi + lo split in 16 bits. ``split``: the 16-bit products on kernels/split_matmul.py (both halves
+    in one program) instead of cuBLAS."""
     import dataclasses
 
+    from attnbench.kernels import sparse_fold
     from attnbench.sparse import cg_product_infos, sparse_product, sparse_product_reference, use_implementation
     from attnbench.sparse.triton_ops import FOLD_ROUTE
 
     assert FOLD_ROUTE["enabled"]
+    monkeypatch.setitem(sparse_fold.SPLIT_MATMUL, "enabled", split)
+    calls = []
+    launcher = sparse_fold.split_matmul
+    monkeypatch.setattr(sparse_fold, "split_matmul", lambda *a: calls.append(1) or launcher(*a))
     infos = cg_product_infos(l_max, l_max, l_max, device=DEVICE)
     generator = torch.Generator(device=DEVICE).manual_seed(0)
     batch, channels = 2000, 32
@@ -462,6 +469,8 @@ def test_fold_route_matches_float64(op, l_max, dtype, triton_only):
         rel = m * u / (1 - m * u) + half
         err = (got.double() - exact.detach()).abs().max().item()
         assert err <= rel * scale.max().item(), (index, err, rel * scale.max().item())
+    # z and the vectors' gradient take split_matmul in 16 bits when it is on (not in the dry run: bf16 runs upcast)
+    assert len(calls) == (2 if split and dtype != torch.float32 and not DRYRUN else 0), calls
 
 # ---------------------------------------------------------------------------------------------------------------------
 # shared inputs and batch-summed outputs (exact integer arithmetic)

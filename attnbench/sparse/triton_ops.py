@@ -20,13 +20,13 @@ from torch import Tensor
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
-from ..kernels.sparse_fold import FOLD_OPS, fold_outer_sum_launch, fold_product_launch, folded_entries
+from ..kernels.sparse_fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
 from ..kernels.sparse_outer_sum import outer_sum_launch
 from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
                                       sparse_scale_launch)
 
 __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul",
-           "outer_sum_by_dot", "fold_route"]
+           "outer_sum_by_dot", "fold_route", "fold_split_matmul"]
 
 # vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
@@ -88,6 +88,12 @@ def fold_route(enabled: bool):
     """Within the block, the fold route of vecmat (shared y), mat_t_vec (shared x) and outer summed over the batch
     (both inputs batched) is on (the default) or off."""
     return _switched(FOLD_ROUTE, enabled)
+
+
+def fold_split_matmul(enabled: bool):
+    """Within the block, the fold route's 16-bit products run on kernels/split_matmul.py (both halves of the fp32
+    fold in one program) or (the default, until measured) as two cuBLAS GEMMs with fp32 outputs."""
+    return _switched(SPLIT_MATMUL, enabled)
 
 
 def unavailable_reason(device) -> Optional[str]:
