@@ -119,7 +119,7 @@ def full_precision_matmul(a, b):
 # over 128 0.716 (cuBLAS 0.847); 16 x 16 over 32 0.215 (cuBLAS 0.337), over 128 0.748 (cuBLAS 0.988). 25 x 25 (L 4):
 # cuBLAS 2.5x-3.5x faster. Of its configs only 8 samples a program at 4 warps ran fast: 2, 4 or 16 samples, or 8
 # warps, ran 2.2x-2.7x slower (fp32's FMA-dot layout). bf16 stays on small_matmul (tensor cores: 54-95% of copy
-# there). fp64 Gram matrices with fewer rows and columns than GRAM_ON_CUBLAS_ROWS and an inner dim of at
+# there). Channels measured: 32 and 128 (the kernel streams them in steps of 32). fp64 Gram matrices with fewer rows and columns than GRAM_ON_CUBLAS_ROWS and an inner dim of at
 # most SMALL_MATMUL_GRAM_DEPTH go to small_matmul (as fp32's did: small-matmul-gram-fp32-l23.md), the rest to cuBLAS.
 GRAM_STACK_ROWS = 16
 GRAM_ON_CUBLAS_ROWS = 16
@@ -161,6 +161,12 @@ def gram_stack_kernel(X, Y, G, N, P, Q, C, s_xn, s_xp, s_xc, s_yn, s_yc, s_yq, s
 def gram_stack(x, y_t):
     """x @ y_t for fp32 x [N, P, C] and y_t [N, C, Q] (either may be shared, [P, C] or [C, Q]; not both), P and Q at
     most GRAM_STACK_ROWS, on gram_stack_kernel: fp32 out, FMA (no TF32)."""
+    if x.dtype != torch.float32 or y_t.dtype != torch.float32:
+        raise ValueError(f"gram_stack: fp32 operands only, got {x.dtype} and {y_t.dtype}")
+    if 3 not in (x.dim(), y_t.dim()) or {x.dim(), y_t.dim()} - {2, 3} or x.shape[-1] != y_t.shape[-2] or (
+            x.dim() == y_t.dim() == 3 and x.shape[0] != y_t.shape[0]):
+        raise ValueError(f"gram_stack: shapes {tuple(x.shape)} and {tuple(y_t.shape)} are not [N, P, C] and [N, C, Q] "
+                         f"(one of them may be shared: [P, C] or [C, Q])")
     x, y_t = (t.contiguous() if slice_needs_copy(t, f"gram {name}", "sample") else t
               for name, t in (("x", x), ("y", y_t)))
     batch = x.shape[0] if x.dim() == 3 else y_t.shape[0]

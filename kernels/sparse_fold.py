@@ -21,15 +21,16 @@ The weight's gradient, outer summed over the batch (both inputs batched), is the
 2 N (P1 a) (P2 b) FLOPs against the tl.dot kernel's 2 N terms a b (kernels/sparse_outer_sum.py).
 
 Precision: fp32 and fp64 in their own precision (TF32 off); 16-bit inputs against A kept in fp32 and split into two
-16-bit parts (hi + lo), both products with fp32 outputs (``torch.mm(..., out_dtype=torch.float32)``) summed before the
-one rounding to the output dtype, as the dense route of vecsca does with its M (or, with ``SPLIT_MATMUL`` on, both
-halves accumulated in one Triton program: kernels/split_matmul.py).
+16-bit parts (hi + lo, after a power-of-two scale: ``split_matmul.split_fp32``), both products with fp32 outputs
+(``torch.mm(..., out_dtype=torch.float32)``) summed before the one rounding to the output dtype, as the dense route of
+vecsca does with its M (or, with ``SPLIT_MATMUL`` on, both halves accumulated in one Triton program:
+kernels/split_matmul.py).
 """
 import torch
 
 from .precision import accumulator_torch_dtype
 from .sparse_dense import full_precision_matmul
-from .split_matmul import split_matmul
+from .split_matmul import split_fp32, split_matmul
 
 __all__ = ["FOLD_OPS", "SPLIT_MATMUL", "fold_outer_sum_launch", "fold_product_launch", "folded_entries"]
 
@@ -80,9 +81,8 @@ def fold_product_launch(op, x, y, matrix, out_size):
     elif SPLIT_MATMUL["enabled"]:
         return split_matmul(flat, folded).view(batch, out_size, cb)
     else:
-        hi = folded.to(x.dtype)
-        lo = (folded - hi.to(acc)).to(x.dtype)
-        z = _mm_fp32_out(flat, hi) + _mm_fp32_out(flat, lo)
+        hi, lo, scale = split_fp32(folded, x.dtype)
+        z = (_mm_fp32_out(flat, hi) + _mm_fp32_out(flat, lo)) * scale
     return z.view(batch, out_size, cb).to(x.dtype)
 
 

@@ -221,12 +221,13 @@ def main():
 
 def autotuner_picks():
     """The config each sparse kernel's autotuner chose, per tuning key, in this process (this tree's kernels)."""
-    from attnbench.kernels import small_matmul, sparse_dense, sparse_outer_sum, sparse_segment
+    from attnbench.kernels import small_matmul, sparse_dense, sparse_outer_sum, sparse_segment, split_matmul
 
     kernels = {"scale": sparse_segment.sparse_scale_kernel, "scale_rows": sparse_segment.sparse_scale_rows_kernel,
                "product": sparse_segment.sparse_product_kernel,
                "outer_sum": sparse_outer_sum.outer_sum_kernel, "gather_rows": sparse_dense.gather_rows_kernel,
-               "small_matmul": small_matmul.small_matmul_kernel}
+               "small_matmul": small_matmul.small_matmul_kernel, "gram_stack": sparse_dense.gram_stack_kernel,
+               "split_matmul": split_matmul.split_matmul_kernel}
     return {f"{name} {key}": str(config) for name, kernel in kernels.items()
             for key, config in getattr(kernel, "cache", {}).items()}
 

@@ -264,7 +264,7 @@ def test_gram_matrices_route_by_dtype_size_and_depth(monkeypatch):
 def test_gram_stack_matches_float64(batch, p, q, channels, shared):
     """gram_stack on odd batches (a program's samples partly past N), rows, columns and channels (a last channel step
     partly past C), one operand shared, empty batch and no channels: fp32 against float64 within the dot's bound
-    (channels fp32 multiply-adds: gamma_C of sum |x y|)."""
+    (C fp32 multiply-adds: gamma_C(2**-24) of sum |x y|, under (C + 1) 2**-23)."""
     generator = torch.Generator().manual_seed(batch * 100 + p)
     x = torch.randn(*(() if shared == "x" else (batch,)), p, channels, generator=generator)
     y = torch.randn(*(() if shared == "y" else (batch,)), q, channels, generator=generator)
@@ -273,6 +273,15 @@ def test_gram_stack_matches_float64(batch, p, q, channels, shared):
     bound = (channels + 1) * torch.finfo(torch.float32).eps * (x.double().abs() @ y.double().abs().transpose(-1, -2))
     assert gram.shape == (batch, p, q) and gram.dtype == torch.float32
     assert ((gram.double() - expected).abs() <= bound).all()
+
+
+def test_gram_stack_refuses_what_it_cannot_multiply():
+    with pytest.raises(ValueError, match="fp32 operands only"):
+        sparse_dense.gram_stack(torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64))
+    for x, y_t in [(torch.randn(9, 8), torch.randn(8, 9)), (torch.randn(5, 9, 8), torch.randn(2, 8, 9)),
+                   (torch.randn(2, 9, 8), torch.randn(2, 7, 9))]:
+        with pytest.raises(ValueError, match="are not"):
+            sparse_dense.gram_stack(x, y_t)
 
 
 def test_gram_stack_reads_strided_operands():

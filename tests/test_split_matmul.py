@@ -1,8 +1,8 @@
 """kernels/split_matmul.py: a 16-bit batch times an fp32 matrix split into hi + lo, one rounding. On the
 interpreter in fp16 (numpy has no bf16: bf16 there takes an fp32 matmul), on a GPU in fp16 and bf16 with every
 launch config forced in turn. Bounds are a priori, elementwise: the output's rounding (u_out |exact|), fp32 sums of
-K products (gamma_{K+1}(2**-24)) and the split (hi + lo misses b by at most 2**-16 |b| in bf16, 2**-22 in fp16), each
-of |a| @ |b|.
+K products (gamma_{K+1}(2**-24)) and the split (scale (hi + lo) misses b by at most 2**-16 |b| in bf16, 2**-22 in
+fp16), each of |a| @ |b|, plus the split's floor for tiny entries (2**-38 max |b|, of |a| summed).
 """
 import pytest
 import torch
@@ -17,7 +17,8 @@ SPLIT_ERROR = {torch.float16: 2.0 ** -22, torch.bfloat16: 2.0 ** -16}
 def check(a, b):
     out = split_matmul(a, b)
     exact = a.double() @ b.double()
-    bound = (torch.finfo(a.dtype).eps / 2 * exact.abs()
+    floor = 2.0 ** -38 * float(b.abs().max()) * a.double().abs().sum(1, keepdim=True) if b.numel() else 0.0
+    bound = (torch.finfo(a.dtype).eps / 2 * exact.abs() + floor
              + (gamma(a.shape[1] + 1, 2.0 ** -24) + SPLIT_ERROR[a.dtype]) * (a.double().abs() @ b.double().abs()))
     assert out.shape == exact.shape and out.dtype == a.dtype
     assert bool(((out.double() - exact).abs() <= bound + 1e-30).all()), float((out.double() - exact).abs().max())
@@ -44,12 +45,45 @@ def test_strided_empty_and_bf16_on_the_interpreter():
     check(torch.randn(9, 33, generator=generator).bfloat16(), torch.randn(33, 7, generator=generator))
 
 
-def test_split_parts_and_bad_inputs():
-    b = torch.randn(50, 50) * 1e3
+@pytest.mark.parametrize("magnitude", [1e-6, 1e-3, 1.0, 1e3, 1e6])
+def test_split_parts(magnitude):
+    """scale (hi + lo) is b to the documented bound at any magnitude: fp16's range (65504 at the top, subnormals below
+    6e-5) would break an unscaled split at both ends; entries 2**20 below the largest keep their relative bound."""
+    b = torch.randn(50, 50, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    b[0, :10] *= 2.0 ** -20
+    b = (b * magnitude).float()
     for dtype, error in SPLIT_ERROR.items():
-        hi, lo = split_fp32(b, dtype)
-        assert hi.dtype == lo.dtype == dtype
-        assert bool(((hi.double() + lo.double() - b.double()).abs() <= error * b.double().abs()).all())
+        hi, lo, scale = split_fp32(b, dtype)
+        assert hi.dtype == lo.dtype == dtype and scale.shape == (1,) and float(scale) == 2.0 ** round(
+            torch.log2(scale).item())
+        miss = (float(scale) * (hi.double() + lo.double()) - b.double()).abs()
+        assert bool((miss <= error * b.double().abs() + 2.0 ** -38 * float(b.abs().max())).all())
+
+
+@pytest.mark.interpreter
+def test_small_cancelling_and_large_entries_in_fp16():
+    """An fp16 batch against small fp32 entries that nearly cancel (an unscaled split left their low parts
+    subnormal: 1.4 ulp off) and against entries past fp16's range (an unscaled hi overflowed to inf - inf = NaN)."""
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        u = 1e-3 + 1e-3 * torch.rand((), generator=generator).item()
+        v = u - 1e-5 * (1 + torch.rand((), generator=generator).item())
+        check(torch.tensor([[1024.0, 1024.0]]).half(), torch.tensor([[u], [-v]]))
+    check(torch.tensor([[1e-3, 2e-3]]).half(), torch.tensor([[7e4], [-3e4]]))
+
+
+@pytest.mark.interpreter
+def test_rows_strided_past_32_bit_offsets():
+    """A batch-innermost a (stride N along K) whose in-row offsets pass 2**31 - 1: copied compact, not read past
+    int32 (the storage is virtual: only the viewed elements are touched)."""
+    k, n, stride = 4, 3, 2 ** 30 + 7
+    a = torch.empty((k - 1) * stride + n, dtype=torch.float16).as_strided((n, k), (1, stride))
+    generator = torch.Generator().manual_seed(4)
+    a.copy_(torch.randn(n, k, generator=generator).half())
+    check(a, torch.randn(k, 5, generator=generator))
+
+
+def test_bad_inputs():
     with pytest.raises(ValueError, match="do not multiply"):
         split_matmul(torch.randn(3, 4).half(), torch.randn(5, 2))
     with pytest.raises(ValueError, match="fp16 or bf16"):
