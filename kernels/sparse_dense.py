@@ -119,8 +119,9 @@ def full_precision_matmul(a, b):
 # over 128 0.716 (cuBLAS 0.847); 16 x 16 over 32 0.215 (cuBLAS 0.337), over 128 0.748 (cuBLAS 0.988). 25 x 25 (L 4):
 # cuBLAS 2.5x-3.5x faster. Of its configs only 8 samples a program at 4 warps ran fast: 2, 4 or 16 samples, or 8
 # warps, ran 2.2x-2.7x slower (fp32's FMA-dot layout). bf16 stays on small_matmul (tensor cores: 54-95% of copy
-# there). Channels measured: 32 and 128 (the kernel streams them in steps of 32). fp64 Gram matrices with fewer rows and columns than GRAM_ON_CUBLAS_ROWS and an inner dim of at
-# most SMALL_MATMUL_GRAM_DEPTH go to small_matmul (as fp32's did: small-matmul-gram-fp32-l23.md), the rest to cuBLAS.
+# there). Channels measured: 32 and 128 (the kernel streams them in steps of 32). fp64 Gram matrices with fewer rows
+# and columns than GRAM_ON_CUBLAS_ROWS and an inner dim of at most SMALL_MATMUL_GRAM_DEPTH go to small_matmul (as
+# fp32's did: small-matmul-gram-fp32-l23.md), the rest to cuBLAS.
 GRAM_STACK_ROWS = 16
 GRAM_ON_CUBLAS_ROWS = 16
 SMALL_MATMUL_GRAM_DEPTH = 32
