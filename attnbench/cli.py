@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import results
+from .provenance import code_version
 from .registry import all_operators, get
 from .roofline import ceilings, machine_info
 from .runner import bench, check, detach
@@ -216,7 +217,7 @@ class Session:
         self.console = Console(sys.stderr if args.json == "-" else sys.stdout)
         info = machine_info(self.device)
         self.file = results.ResultFile(args.json, {
-            "command": command, "argv": args.argv, "machine": info, "ceilings": None})
+            "command": command, "argv": args.argv, "machine": info, "code": code_version(), "ceilings": None})
         self.checks, self.rows, self.failures = [], [], 0
         self.interrupt_seen = False
 

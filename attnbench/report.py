@@ -6,9 +6,11 @@ The markdown gives, per case and mode, each variant's latency and TF/s and the T
 speed as a multiple of every peer's; the plot shows TF/s per variant, one panel per mode.
 """
 import math
+import os
 from collections import defaultdict
 
 from . import results
+from .provenance import describe
 
 
 def load(path):
@@ -40,6 +42,14 @@ def _comparable(a, b):
     return ma == mb and ma != "interpreter"
 
 
+def _code_lines(code):
+    """The code that produced the report (attnbench.provenance): one line, or one a part where parts differ."""
+    if isinstance(code, dict) and "parts" in code:
+        return [f"Code: parts from {len({describe(c) for c in code['parts']})} versions:",
+                *(f"- {os.path.basename(str(c.get('file')))}: {describe(c)}" for c in code["parts"])]
+    return [f"Code: {describe(code)}."]
+
+
 def markdown(report, subject=None, peers=None) -> str:
     """Per operator, one row per case and mode: the subject's latency and TF/s (GPU clocks only),
     its speed as a multiple of each peer's (peer latency over ours, same clock only), % of
@@ -49,7 +59,8 @@ def markdown(report, subject=None, peers=None) -> str:
     rows = _rows(report)
     ops = list(dict.fromkeys(r["op"] for r in report.get("bench", []) + report.get("checks", [])))
     lines = [f"# {', '.join(ops) or 'attnbench'} on {machine.get('device_name', '?')}", "",
-             f"torch {machine.get('torch')}, triton {machine.get('triton')}, CUDA {machine.get('cuda')}."]
+             f"torch {machine.get('torch')}, triton {machine.get('triton')}, CUDA {machine.get('cuda')}.",
+             *_code_lines(report.get("code"))]
     status = report.get("status", "complete")
     if status != "complete":
         lines.append(f"**Partial run** (status: {status}): {len(report.get('bench', []))} bench and "

@@ -9,7 +9,7 @@ leaves the previous version in place. The document, rather than JSON Lines, keep
 milliseconds per row, small beside the time a row takes to measure.
 
     {"format": 1, "status": "running" | "complete" | "interrupted" | "error",
-     "command": "bench", "argv": [...], "machine": {...}, "ceilings": {...} | null,
+     "command": "bench", "argv": [...], "machine": {...}, "code": {...}, "ceilings": {...} | null,
      "operators": {"flash": {"ratio_subject": "triton", "ratio_peers": [...], "unavailable": {...}}},
      "checks": [...], "bench": [...]}
 
@@ -201,6 +201,11 @@ def merge(parts: list, paths: list) -> dict:
             if earlier and earlier.get("case_set") != claim.get("case_set"):  # e.g. two --match parts of a set
                 claim = dict(claim, case_set=f"{earlier.get('case_set')} + {claim.get('case_set')}")
             doc["operators"][name] = claim
+    # the code of each part ("code": attnbench.provenance): parts of one grid may run on different commits (a part
+    # whose code did not change is not measured again); the merged document lists them, in part order
+    codes = [d.get("code") for d in parts]
+    if any(c != codes[0] for c in codes):
+        doc["code"] = {"parts": [dict(c or {}, file=p) for c, p in zip(codes, paths)]}
     statuses = [d.get("status", "complete") for d in parts]
     doc["status"] = "complete" if all(s == "complete" for s in statuses) else next(
         s for s in statuses if s != "complete")
@@ -216,7 +221,7 @@ def validate(data, path: str = "report") -> None:
     status = data.get("status", "complete")  # files written before the status field were complete
     if status not in STATUSES:
         raise BadResultFile(f"{path}: 'status' must be one of {list(STATUSES)}, got {status!r}")
-    for key in ("machine", "ceilings", "operators"):
+    for key in ("machine", "code", "ceilings", "operators"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise BadResultFile(f"{path}: '{key}' must be an object, got {type(data[key]).__name__}")
     ceil = data.get("ceilings")

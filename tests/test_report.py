@@ -87,3 +87,26 @@ def test_parts_of_one_run_read_as_one_and_other_devices_refused(tmp_path, capsys
     # the same file twice, or parts that overlap, would divide one part's numbers by another's
     assert main(["report", str(first), str(first)]) == 2
     assert "is in two parts" in capsys.readouterr().err
+
+
+def test_parts_measured_on_different_code_say_so(tmp_path, capsys):
+    """Parts of one grid may come from different commits (a part whose code did not change is not measured again):
+    the report names each part's code; one code for all is one line; a file without the record says so."""
+    first = _report(tmp_path)
+    data = json.loads(first.read_text())
+    code = {"version": "0.1.0", "commit": "a" * 40, "dirty": False, "source_sha256": "0123456789abcdef"}
+    first.write_text(json.dumps(dict(data, code=code)))
+    second = tmp_path / "r2.json"
+    moved = [dict(r, case="B1 H1 N128 D64 bf16") for r in data["bench"]]
+    second.write_text(json.dumps(dict(data, bench=moved, code=code)))
+    assert main(["report", str(first), str(second)]) == 0
+    assert "Code: attnbench 0.1.0, commit aaaaaaa (source 0123456789abcdef)." in capsys.readouterr().out
+    other = dict(code, commit="b" * 40, dirty=True, source_sha256="fedcba9876543210")
+    second.write_text(json.dumps(dict(data, bench=moved, code=other)))
+    assert main(["report", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "Code: parts from 2 versions:" in out
+    assert "- r.json: attnbench 0.1.0, commit aaaaaaa (source 0123456789abcdef)" in out
+    assert "- r2.json: attnbench 0.1.0, commit bbbbbbb + local changes (source fedcba9876543210)" in out
+    assert main(["report", str(_report(tmp_path))]) == 0
+    assert "Code: unknown (the result file predates this record)." in capsys.readouterr().out
