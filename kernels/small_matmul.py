@@ -15,12 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
 from .launch import on_device
 from .offsets import INT32_MAX, slice_needs_copy
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision
-from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, next_pow2
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2, tile_pruner
 
 __all__ = ["small_matmul", "small_matmul_kernel"]
 
@@ -38,17 +37,9 @@ _CONFIGS = config_list(
 MIN_BLOCK, MAX_ROWS = 16, 64
 
 
-def _prune(configs, named_args, **constexprs):
-    """Column tiles no wider than the (power-of-two) column count and inner steps no deeper than the inner dim,
-    keeping at least the smallest config; ATTNBENCH_AUTOTUNE=0 keeps the first. (fp32's FMA dot spills at
-    64 deep on a 64 x 64 tile, yet that config was the fastest at L 6 C 128: the autotuner decides.)"""
-    if interpreting():
-        return configs
-    cols = max(MIN_BLOCK, next_pow2(named_args["Q"]))
-    depth = max(MIN_BLOCK, next_pow2(named_args["K"]))
-    kept = [c for c in configs if c.kwargs["BLOCK_Q"] <= cols and c.kwargs["BLOCK_K"] <= depth]
-    kept = kept or [min(configs, key=lambda c: (c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"]))]
-    return kept if autotune_enabled() else kept[:1]
+# Column tiles no wider than the columns and inner steps no deeper than the inner dim. (fp32's FMA dot spills at 64
+# deep on a 64 x 64 tile, yet that config was the fastest at L 6 C 128: the autotuner decides.)
+_prune = tile_pruner({"BLOCK_Q": "Q", "BLOCK_K": "K"}, MIN_BLOCK)
 
 
 @autotune(_CONFIGS, key=["P", "K", "Q", "SPLIT_A"], prune_configs_by={"early_config_prune": _prune})

@@ -21,7 +21,7 @@ The weight's gradient, outer summed over the batch (both inputs batched), is the
 2 N (P1 a) (P2 b) FLOPs against the tl.dot kernel's 2 N terms a b (kernels/sparse_outer_sum.py).
 
 Precision: fp32 and fp64 in their own precision (TF32 off); 16-bit inputs against A kept in fp32 and split into two
-16-bit parts (hi + lo, after a power-of-two scale: ``split_matmul.split_fp32``), both products with fp32 outputs
+16-bit parts (hi + lo; fp16 after a power-of-two scale: ``split_matmul.split_fp32``), both products with fp32 outputs
 (``torch.mm(..., out_dtype=torch.float32)``) summed before the one rounding to the output dtype, as the dense route of
 vecsca does with its M (or, with ``SPLIT_MATMUL`` on, both halves accumulated in one Triton program:
 kernels/split_matmul.py).
@@ -82,7 +82,8 @@ def fold_product_launch(op, x, y, matrix, out_size):
         return split_matmul(flat, folded).view(batch, out_size, cb)
     else:
         hi, lo, scale = split_fp32(folded, x.dtype)
-        z = (_mm_fp32_out(flat, hi) + _mm_fp32_out(flat, lo)) * scale
+        z = _mm_fp32_out(flat, hi) + _mm_fp32_out(flat, lo)
+        z = z if scale is None else z * scale
     return z.view(batch, out_size, cb).to(x.dtype)
 
 

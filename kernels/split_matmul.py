@@ -7,8 +7,8 @@ array, ~0.13 ms of memory traffic against ~0.05 ms of tensor-core work (a byte a
 measured). Here one program holds an output tile's fp32 accumulator across both products and writes it once in the
 output dtype.
 
-``hi`` and ``lo`` are the fp32 matrix split once per call (``split_fp32``: scaled by a power of two first, so that
-fp16's range neither overflows hi nor leaves lo subnormal), so that a program loads two 16-bit tiles instead of
+``hi`` and ``lo`` are the fp32 matrix split once per call (``split_fp32``: for fp16 scaled by a power of two first,
+so that its range neither overflows hi nor leaves lo subnormal), so that a program loads two 16-bit tiles instead of
 converting an fp32 one; the accumulator is scaled back before the one rounding. The batch N is the streaming
 dim: the autotuner keys on K and M only, so a new batch size does not tune again.
 """
@@ -20,7 +20,7 @@ from . import interpreting
 from .launch import on_device
 from .offsets import INT32_MAX
 from .outputs import new_output
-from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, next_pow2
+from .tuning import autotune, cdiv, cfg, config_list, tile_pruner
 
 __all__ = ["split_matmul", "split_matmul_kernel", "split_fp32"]
 
@@ -35,23 +35,16 @@ _CONFIGS = config_list(
 )
 
 
-def _prune(configs, named_args, **constexprs):
-    """Column tiles and inner steps no larger than the (power-of-two) columns and depth, keeping at least the
-    smallest config; ATTNBENCH_AUTOTUNE=0 keeps the first that fits."""
-    if interpreting():
-        return configs
-    cols, depth = max(16, next_pow2(named_args["M"])), max(16, next_pow2(named_args["K"]))
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= cols and c.kwargs["BLOCK_K"] <= depth]
-    kept = kept or [min(configs, key=lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]))]
-    return kept if autotune_enabled() else kept[:1]
+_prune = tile_pruner({"BLOCK_M": "M", "BLOCK_K": "K"})  # tiles no larger than the columns and the depth
 
 
 @autotune(_CONFIGS, key=["K", "M"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def split_matmul_kernel(A, HI, LO, SCALE, OUT, N, K, M, s_an, s_ak, s_bk, s_bm, s_on, s_om,
-                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                        SCALED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """OUT[n, m] = SCALE sum_k A[n, k] (HI[k, m] + LO[k, m]) for one [BLOCK_N, BLOCK_M] tile: both dots into one
-    fp32 accumulator, times the split's power of two (SCALE: a one-element fp32 tensor). HI and LO share strides."""
+    fp32 accumulator, times the split's power of two where it has one (SCALED; SCALE: a one-element fp32 tensor).
+    HI and LO share strides."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -67,16 +60,21 @@ def split_matmul_kernel(A, HI, LO, SCALE, OUT, N, K, M, s_an, s_ak, s_bk, s_bm, 
         b_mask = k_mask[:, None] & m_mask[None, :]
         acc = tl.dot(a, tl.load(HI + b_offsets, mask=b_mask, other=0.0), acc, out_dtype=tl.float32)
         acc = tl.dot(a, tl.load(LO + b_offsets, mask=b_mask, other=0.0), acc, out_dtype=tl.float32)
-    acc = acc * tl.load(SCALE)
+    if SCALED:
+        acc = acc * tl.load(SCALE)
     out = OUT + offs_n.to(tl.int64)[:, None] * s_on + offs_m[None, :] * s_om
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
 def split_fp32(b, dtype):
-    """(hi, lo, scale): b = scale (hi + lo) to within 2**-16 |b| for bf16 (2**-22 for fp16), plus 2**-38 max |b| for
-    entries whose low part falls below fp16's normal range. scale is a power of two (a one-element fp32 tensor: no
-    host sync) that puts max |b| / scale in [2**14, 2**15): fp16's hi cannot overflow (65504) and its lo stays
-    normal down to 2**-24 max |b|; exact, so it changes nothing else."""
+    """(hi, lo, scale): b = scale (hi + lo) to within 2**-16 |b| for bf16 (2**-22 for fp16, plus 2**-38 max |b| for
+    entries whose low part falls below fp16's normal range). bf16 has fp32's exponent range, so its parts need no
+    scale (None: no pass over b, nor over the products' output). For fp16, scale is a power of two (a one-element fp32
+    tensor: no host sync) that puts max |b| / scale in [2**14, 2**15): hi cannot overflow (65504) and lo stays normal
+    down to 2**-24 max |b|; exact, so it changes nothing else."""
+    if dtype == torch.bfloat16:
+        hi = b.to(dtype)
+        return hi, (b - hi.float()).to(dtype), None
     peak = b.abs().amax() if b.numel() else b.new_zeros(())
     exponent = torch.frexp(peak)[1]  # peak = m 2**exponent, m in [0.5, 1) (0 and non-finite: exponent 0)
     scale = torch.ldexp(torch.ones((), dtype=torch.float32, device=b.device), exponent - 15)
@@ -107,6 +105,6 @@ def split_matmul(a, b):
     hi, lo, scale = split_fp32(b.contiguous(), a.dtype)
     with on_device(out):
         split_matmul_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]), cdiv(m, meta["BLOCK_M"]))](
-            a, hi, lo, scale, out, n, k, m, a.stride(0), a.stride(1), hi.stride(0), hi.stride(1), out.stride(0),
-            out.stride(1))
+            a, hi, lo, hi if scale is None else scale, out, n, k, m, a.stride(0), a.stride(1), hi.stride(0),
+            hi.stride(1), out.stride(0), out.stride(1), SCALED=scale is not None)
     return out

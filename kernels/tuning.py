@@ -67,6 +67,23 @@ def pruner(shared_bytes, fits=None):
     return prune
 
 
+def tile_pruner(limits: dict, smallest: int = 16):
+    """An ``early_config_prune`` hook keeping the configs whose tiles fit the launch: ``limits`` maps a tile's
+    constexpr to the size argument it covers ({"BLOCK_K": "K"}), and a tile may be as large as that size's power of
+    two (at least ``smallest``: tl.dot wants 16). Where none fits, the config of the smallest tiles stays;
+    ATTNBENCH_AUTOTUNE=0 keeps the first survivor."""
+
+    def prune(configs, named_args, **constexprs):
+        if interpreting():
+            return configs
+        caps = {block: max(smallest, next_pow2(named_args[size])) for block, size in limits.items()}
+        kept = [c for c in configs if all(c.kwargs[block] <= cap for block, cap in caps.items())]
+        kept = kept or [min(configs, key=lambda c: tuple(c.kwargs[block] for block in limits))]
+        return kept if autotune_enabled() else kept[:1]
+
+    return prune
+
+
 def head_width(constexprs) -> int:
     """The padded head dim a launch tiles: its one or two column blocks (head_dim_blocks)."""
     return constexprs["BLOCK_D"] + constexprs.get("BLOCK_D2", 0)
