@@ -23,8 +23,8 @@ The weight's gradient, outer summed over the batch (both inputs batched), is the
 Precision: fp32 and fp64 in their own precision (TF32 off); 16-bit inputs against A kept in fp32 and split into two
 16-bit parts (hi + lo; fp16 after a power-of-two scale: ``split_matmul.split_fp32``), both products with fp32 outputs
 (``torch.mm(..., out_dtype=torch.float32)``) summed before the one rounding to the output dtype, as the dense route of
-vecsca does with its M (or, with ``SPLIT_MATMUL`` on, both halves accumulated in one Triton program:
-kernels/split_matmul.py).
+vecsca does with its M; where the fold is small enough (``SPLIT_MATMUL``), both halves accumulated in one Triton
+program instead (kernels/split_matmul.py).
 """
 import torch
 
@@ -34,10 +34,13 @@ from .split_matmul import split_fp32, split_matmul
 
 __all__ = ["FOLD_OPS", "SPLIT_MATMUL", "fold_outer_sum_launch", "fold_product_launch", "folded_entries"]
 
-# 16-bit inputs against the fp32 fold on kernels/split_matmul.py (both halves in one program, one rounding) instead
-# of two cuBLAS GEMMs with fp32 outputs, their sum and a cast. Off until measured (written in a session without a
-# GPU): scripts/gpu_dev_sparse_kernels.py --fold-split compares the two in one process.
-SPLIT_MATMUL = {"enabled": False}
+# 16-bit inputs against the fp32 fold on kernels/split_matmul.py (both halves in one program, one rounding) where the
+# fold has at most max_entries entries, else two cuBLAS GEMMs with fp32 outputs, their sum and a cast. Measured on the
+# H200 (results/gpu/nvidia-h200/split-matmul-variants.txt, bf16, one process): the kernel runs both products at
+# ~500 TF/s where cuBLAS runs each at ~700, so it wins where the pair's fp32 passes cost more than that gap: 1.8x at
+# 288 x 288 (L 2 C 32, N 1e5), 1.2x at 1152 x 1152, even at 1568 x 1568 and 2048 x 2048, 0.90x-0.95x at 3200 x 3200
+# and 6272 x 6272 (sparse-fold-split.md: the FC layer's forward, backward and double backward alike).
+SPLIT_MATMUL = {"enabled": True, "max_entries": 1 << 21}
 
 # the ops of the fold route: the info table whose matrix holds the coefficients, and which operand is the shared
 # weight (0: x, 1: y)
@@ -78,7 +81,7 @@ def fold_product_launch(op, x, y, matrix, out_size):
     flat = vectors.reshape(batch, p_in * ca)
     if x.dtype == acc:
         z = full_precision_matmul(flat, folded)
-    elif SPLIT_MATMUL["enabled"]:
+    elif SPLIT_MATMUL["enabled"] and folded.numel() <= SPLIT_MATMUL["max_entries"]:
         return split_matmul(flat, folded).view(batch, out_size, cb)
     else:
         hi, lo, scale = split_fp32(folded, x.dtype)

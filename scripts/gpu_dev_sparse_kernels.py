@@ -24,8 +24,8 @@ segment kernel on the same tree (``old``: the route off), old and split at N 1e4
 ``--old-every-size`` (the segment kernel's weight gradient runs for seconds at N 1e5). ``--fold-route`` compares
 the same vecmat anchors with the fold route of the shared-weight products (``new``: kernels/sparse_fold.py) against
 the route off (``old``), at every size. ``--fold-split`` compares the fold route's 16-bit products on
-kernels/split_matmul.py (``new``: the switch turned on for the run) against two cuBLAS GEMMs with fp32 outputs
-(``old``), over the vecmat anchors in bf16 (fp32 does not split). ``--match REGEX`` keeps the
+kernels/split_matmul.py (``new``: the switch on for the run, its size cap lifted) against two cuBLAS GEMMs with
+fp32 outputs (``old``), over the vecmat anchors in bf16 (fp32 does not split). ``--match REGEX`` keeps the
 cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
 --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
@@ -136,7 +136,8 @@ def main():
         parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route, "
                      "--fold-route and --fold-split")
     if args.fold_split:
-        triton_ops.SPLIT_MATMUL["enabled"] = True  # new: the split kernel; old turns it off
+        # new: the split kernel at every size (the default stops at max_entries); old turns it off
+        triton_ops.SPLIT_MATMUL.update(enabled=True, max_entries=float("inf"))
         old_launchers = "split-off"
         case_list = [c for c in anchor_cases("vecmat", False, "y") if c.dtype != "float32"]
         case_list = [c for c in case_list if c.batch == 10_000][:4] if args.quick else case_list

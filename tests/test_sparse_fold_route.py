@@ -82,14 +82,18 @@ def test_fp32_against_float64(op, folds):
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["mm", "split_matmul"])
-def test_fp16_values_and_weight_gradient(folds, split, monkeypatch):
+@pytest.mark.parametrize("split,cap", [(False, None), (True, None), (True, 0)], ids=["mm", "split_matmul", "capped"])
+def test_fp16_values_and_weight_gradient(folds, split, cap, monkeypatch):
     """fp16 inputs take the 16-bit path on the CPU too (torch's fp32-output mm is CUDA-only: the operands go up to
     fp32 there, exact for 16-bit values): z of both ops and the weight gradient (outer summed over the batch) within
     an a-priori bound of float64: the output's rounding (u16 of |exact|), fp32 sums of at most ``chain`` products
     and the fold's hi + lo split (2**-21), each of the sum of |terms| (the same computation on |inputs|).
-    ``split``: the products against the fold on kernels/split_matmul.py (the weight gradient has no fold to split)."""
+    ``split``: the products against the fold on kernels/split_matmul.py (the weight gradient has no fold to split);
+    ``cap``: a fold with more entries than ``max_entries`` takes the cuBLAS pair with the kernel on (the default
+    cap is measured on the H200: sparse_fold.py)."""
     monkeypatch.setitem(sparse_fold.SPLIT_MATMUL, "enabled", split)
+    if cap is not None:
+        monkeypatch.setitem(sparse_fold.SPLIT_MATMUL, "max_entries", cap)
     splits = []
     launcher = sparse_fold.split_matmul
     monkeypatch.setattr(sparse_fold, "split_matmul", lambda *a: splits.append(1) or launcher(*a))
@@ -111,7 +115,7 @@ def test_fp16_values_and_weight_gradient(folds, split, monkeypatch):
         chain = x.shape[0] * info.num_terms + x.shape[-1] + 4
         bound = u16 * exact.abs() + (chain * u32 + 2.0 ** -21) * magnitude
         assert ((z.double() - exact).abs() <= bound + 1e-30).all(), op
-    assert len(splits) == (2 if split else 0)
+    assert len(splits) == (2 if split and cap is None else 0)
 
 
 @pytest.mark.parametrize("op", list(SHARED))
