@@ -54,7 +54,7 @@ from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
-__all__ = ["PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
+__all__ = ["ALL_ROWS", "PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
            "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "sparse_scale_rows_kernel",
            "batch_splits", "compact_channels", "channel_line"]
 
@@ -73,6 +73,12 @@ CHANNEL_RANKS = {
     "vecsca": (1, 0, 1), "scavec": (0, 1, 1), "mat_t_vec": (2, 1, 1),
 }
 MAX_GRID_YZ = 65535
+# A program of the product kernel walks every output row of its batch block and channel tile (instead of one row a
+# program) where the batch has at least min_batch items: every row's terms read the block's x and y rows, which
+# one row a program fetched from L2 for each row (at N 1e6 mul ran at 3-14% of copy on the H100, results/gpu/
+# nvidia-h100/sparse-products-n1e6.*), and which one program walking the rows finds in its own L1. Below min_batch
+# the rows are the parallelism. Not measured yet: written in a session whose device time was nearly spent.
+ALL_ROWS = {"enabled": True, "min_batch": 1 << 14}
 
 
 def _prune(configs, named_args, **constexprs):
@@ -129,18 +135,26 @@ _SCALE_CONFIGS = config_list(
 )
 
 
-@autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER", "DOT"],
+@autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER", "DOT", "ALL_ROWS"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
-                          N, OUT_SIZE, ROW0, CZ, C2, R,
+                          N, OUT_SIZE, ROW0, ROWS, CZ, C2, R,
                           s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, s_zn, s_zm,
                           OP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_GATHER: tl.constexpr,
                           ACCUMULATE: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                          ACC_DTYPE: tl.constexpr,
+                          ACC_DTYPE: tl.constexpr, ALL_ROWS: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
     # The op's body is written inline (no helper calls): the interpreter pays milliseconds per nested call.
-    row = ROW0 + tl.program_id(1)  # output row: rows without a segment have start == end and store zeros
+    # Output rows: one a program (ROW0 + program_id(1)), or with ALL_ROWS the ROWS rows from ROW0 in turn, so that
+    # the batch block's x and y rows, read by many rows' terms, come from this SM's L1 instead of L2 (rows without
+    # a segment have start == end and store zeros).
+    if ALL_ROWS:
+        row_lo = ROW0
+        row_hi = ROW0 + ROWS
+    else:
+        row_lo = ROW0 + tl.program_id(1)
+        row_hi = row_lo + 1
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = offs_c < CZ
     # channel offsets of x and y on the output tile, per op (z channels are flattened: outer's c = a * C2 + b)
@@ -151,9 +165,6 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
     else:
         x_c = offs_c * s_xa  # mul, vecsca; mat_t_vec's column offset uses s_xb below
         y_c = offs_c * s_ya  # mul, scavec; vecmat's column offset uses s_yb below
-    start = tl.load(BOUNDS + row)
-    end = tl.load(BOUNDS + OUT_SIZE + row)
-    acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
     # values used after the loop are defined before it (a compiled Triton loop scopes its body's names)
     offs_n0 = tl.arange(0, BLOCK_N)
     if ACCUMULATE:  # z summed over the batch: this program walks its split's range of batch blocks
@@ -164,76 +175,82 @@ def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
     else:
         offs_n0 += tl.program_id(0) * BLOCK_N
         num_blocks = 1
-    for nb in range(0, num_blocks):
-        offs_n = offs_n0 + nb * BLOCK_N
-        n_mask = offs_n[:, None] < N
-        m2 = n_mask & c_mask[None, :]
-        x_n = X + offs_n.to(tl.int64)[:, None] * s_xn  # [BLOCK_N, 1] row pointers (batch stride 0: shared)
-        y_n = Y + offs_n.to(tl.int64)[:, None] * s_yn
-        for k in range(start, end):  # the segment's terms in CSR order: a fixed summation order
-            if HAS_GATHER:
-                t = tl.load(GATHER + k)
-            else:
-                t = k
-            i1 = tl.load(INDEX1 + t)
-            i2 = tl.load(INDEX2 + t)
-            x_row = x_n + i1 * s_xm
-            y_row = y_n + i2 * s_ym
-            if OP == MUL or OP == OUTER:
-                term = (tl.load(x_row + x_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE)
-                        * tl.load(y_row + y_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE))
-            elif OP == VECSCA:
-                term = (tl.load(x_row + x_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE)
-                        * tl.load(y_row, mask=n_mask, other=0.0).to(ACC_DTYPE))
-            elif OP == SCAVEC:
-                term = (tl.load(x_row, mask=n_mask, other=0.0).to(ACC_DTYPE)
-                        * tl.load(y_row + y_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE))
-            elif OP == INNER:  # z[] = sum_r x[r] y[r]: one value per batch row, broadcast over the tile
-                total = tl.zeros([BLOCK_N], dtype=ACC_DTYPE)
-                for r0 in range(0, R, BLOCK_R):
-                    offs_r = r0 + tl.arange(0, BLOCK_R)
-                    mr = n_mask & (offs_r[None, :] < R)
-                    total += tl.sum(tl.load(x_row + offs_r[None, :] * s_xa, mask=mr, other=0.0).to(ACC_DTYPE)
-                                    * tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0).to(ACC_DTYPE), 1)
-                term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE) + total[:, None]
-            elif DOT:  # the shared matrix's [R, BLOCK_C] slice times the batch block's [BLOCK_N, R] vectors
-                term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
-                for r0 in range(0, R, BLOCK_R):
-                    offs_r = r0 + tl.arange(0, BLOCK_R)
-                    mr = n_mask & (offs_r[None, :] < R)
-                    mrc = (offs_r[:, None] < R) & c_mask[None, :]
-                    if OP == VECMAT:  # y shared: y[i2] is [R, C]
-                        vec = tl.load(x_row + offs_r[None, :] * s_xa, mask=mr, other=0.0)
-                        mat = tl.load(Y + i2 * s_ym + offs_r[:, None] * s_ya + offs_c[None, :] * s_yb,
-                                      mask=mrc, other=0.0)
-                    else:  # MAT_T_VEC, x shared: x[i1] is [R, C]
-                        vec = tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0)
-                        mat = tl.load(X + i1 * s_xm + offs_r[:, None] * s_xa + offs_c[None, :] * s_xb,
-                                      mask=mrc, other=0.0)
-                    term = tl.dot(vec, mat, term, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-            else:  # VECMAT z[c] = sum_r x[r] y[r, c];  MAT_T_VEC z[c] = sum_r x[r, c] y[r]: [N, R, C] tiles
-                term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
-                for r0 in range(0, R, BLOCK_R):
-                    offs_r = r0 + tl.arange(0, BLOCK_R)
-                    mr = n_mask[:, :, None] & (offs_r < R)[None, :, None]
-                    m3 = mr & c_mask[None, None, :]
-                    if OP == VECMAT:
-                        vec = tl.load(x_row[:, :, None] + offs_r[None, :, None] * s_xa, mask=mr, other=0.0)
-                        mat = tl.load(y_row[:, :, None] + offs_r[None, :, None] * s_ya
-                                      + offs_c[None, None, :] * s_yb, mask=m3, other=0.0)
-                    else:
-                        mat = tl.load(x_row[:, :, None] + offs_r[None, :, None] * s_xa
-                                      + offs_c[None, None, :] * s_xb, mask=m3, other=0.0)
-                        vec = tl.load(y_row[:, :, None] + offs_r[None, :, None] * s_ya, mask=mr, other=0.0)
-                    term += tl.sum(vec.to(ACC_DTYPE) * mat.to(ACC_DTYPE), 1)
-            if HAS_SCALE:
-                term = term * tl.load(SCALE + t).to(ACC_DTYPE)
-            acc += term
-    if ACCUMULATE:
-        tl.store(Z + row.to(tl.int64) * s_zm + offs_c, tl.sum(acc, 0).to(Z.dtype.element_ty), mask=c_mask)
-    else:
-        z_ptrs = Z + offs_n0.to(tl.int64)[:, None] * s_zn + row.to(tl.int64) * s_zm + offs_c[None, :]
-        tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=(offs_n0[:, None] < N) & c_mask[None, :])
+    for row in range(row_lo, row_hi):
+        row64 = row + tl.zeros([], dtype=tl.int64)  # (the interpreter's loop index is a Python int)
+        start = tl.load(BOUNDS + row)
+        end = tl.load(BOUNDS + OUT_SIZE + row)
+        acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+        for nb in range(0, num_blocks):
+            offs_n = offs_n0 + nb * BLOCK_N
+            n_mask = offs_n[:, None] < N
+            m2 = n_mask & c_mask[None, :]
+            x_n = X + offs_n.to(tl.int64)[:, None] * s_xn  # [BLOCK_N, 1] row pointers (batch stride 0: shared)
+            y_n = Y + offs_n.to(tl.int64)[:, None] * s_yn
+            for k in range(start, end):  # the segment's terms in CSR order: a fixed summation order
+                if HAS_GATHER:
+                    t = tl.load(GATHER + k)
+                else:
+                    t = k
+                i1 = tl.load(INDEX1 + t)
+                i2 = tl.load(INDEX2 + t)
+                x_row = x_n + i1 * s_xm
+                y_row = y_n + i2 * s_ym
+                if OP == MUL or OP == OUTER:
+                    term = (tl.load(x_row + x_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE)
+                            * tl.load(y_row + y_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE))
+                elif OP == VECSCA:
+                    term = (tl.load(x_row + x_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE)
+                            * tl.load(y_row, mask=n_mask, other=0.0).to(ACC_DTYPE))
+                elif OP == SCAVEC:
+                    term = (tl.load(x_row, mask=n_mask, other=0.0).to(ACC_DTYPE)
+                            * tl.load(y_row + y_c[None, :], mask=m2, other=0.0).to(ACC_DTYPE))
+                elif OP == INNER:  # z[] = sum_r x[r] y[r]: one value per batch row, broadcast over the tile
+                    total = tl.zeros([BLOCK_N], dtype=ACC_DTYPE)
+                    for r0 in range(0, R, BLOCK_R):
+                        offs_r = r0 + tl.arange(0, BLOCK_R)
+                        mr = n_mask & (offs_r[None, :] < R)
+                        xr = tl.load(x_row + offs_r[None, :] * s_xa, mask=mr, other=0.0).to(ACC_DTYPE)
+                        yr = tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0).to(ACC_DTYPE)
+                        total += tl.sum(xr * yr, 1)
+                    term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE) + total[:, None]
+                elif DOT:  # the shared matrix's [R, BLOCK_C] slice times the batch block's [BLOCK_N, R] vectors
+                    term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+                    for r0 in range(0, R, BLOCK_R):
+                        offs_r = r0 + tl.arange(0, BLOCK_R)
+                        mr = n_mask & (offs_r[None, :] < R)
+                        mrc = (offs_r[:, None] < R) & c_mask[None, :]
+                        if OP == VECMAT:  # y shared: y[i2] is [R, C]
+                            vec = tl.load(x_row + offs_r[None, :] * s_xa, mask=mr, other=0.0)
+                            mat = tl.load(Y + i2 * s_ym + offs_r[:, None] * s_ya + offs_c[None, :] * s_yb,
+                                          mask=mrc, other=0.0)
+                        else:  # MAT_T_VEC, x shared: x[i1] is [R, C]
+                            vec = tl.load(y_row + offs_r[None, :] * s_ya, mask=mr, other=0.0)
+                            mat = tl.load(X + i1 * s_xm + offs_r[:, None] * s_xa + offs_c[None, :] * s_xb,
+                                          mask=mrc, other=0.0)
+                        term = tl.dot(vec, mat, term, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+                else:  # VECMAT z[c] = sum_r x[r] y[r, c];  MAT_T_VEC z[c] = sum_r x[r, c] y[r]: [N, R, C] tiles
+                    term = tl.zeros([BLOCK_N, BLOCK_C], dtype=ACC_DTYPE)
+                    for r0 in range(0, R, BLOCK_R):
+                        offs_r = r0 + tl.arange(0, BLOCK_R)
+                        mr = n_mask[:, :, None] & (offs_r < R)[None, :, None]
+                        m3 = mr & c_mask[None, None, :]
+                        if OP == VECMAT:
+                            vec = tl.load(x_row[:, :, None] + offs_r[None, :, None] * s_xa, mask=mr, other=0.0)
+                            mat = tl.load(y_row[:, :, None] + offs_r[None, :, None] * s_ya
+                                          + offs_c[None, None, :] * s_yb, mask=m3, other=0.0)
+                        else:
+                            mat = tl.load(x_row[:, :, None] + offs_r[None, :, None] * s_xa
+                                          + offs_c[None, None, :] * s_xb, mask=m3, other=0.0)
+                            vec = tl.load(y_row[:, :, None] + offs_r[None, :, None] * s_ya, mask=mr, other=0.0)
+                        term += tl.sum(vec.to(ACC_DTYPE) * mat.to(ACC_DTYPE), 1)
+                if HAS_SCALE:
+                    term = term * tl.load(SCALE + t).to(ACC_DTYPE)
+                acc += term
+        if ACCUMULATE:
+            tl.store(Z + row64 * s_zm + offs_c, tl.sum(acc, 0).to(Z.dtype.element_ty), mask=c_mask)
+        else:
+            z_ptrs = Z + offs_n0.to(tl.int64)[:, None] * s_zn + row64 * s_zm + offs_c[None, :]
+            tl.store(z_ptrs, acc.to(Z.dtype.element_ty), mask=(offs_n0[:, None] < N) & c_mask[None, :])
 
 
 @autotune(_SCALE_CONFIGS, key=["C", "HAS_SCALE", "ROW_TERMS"], prune_configs_by={"early_config_prune": _prune})
@@ -408,21 +425,23 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     bounds = info.row_bounds  # [2, out_size]: each output row's segment (start, end); (0, 0) if none
     scale = info.scale if info.scale is not None else bounds  # a dummy pointer when HAS_SCALE is False
     gather = info.gather_index if info.gather_index is not None else bounds
-    for row0 in range(0, info.out_size, MAX_GRID_YZ):
-        rows = min(MAX_GRID_YZ, info.out_size - row0)
+    all_rows = ALL_ROWS["enabled"] and not accumulate and not dot and batch >= ALL_ROWS["min_batch"]
+    chunk = info.out_size if all_rows else MAX_GRID_YZ  # ALL_ROWS: one launch, each program walks every row
+    for row0 in range(0, info.out_size, chunk):
+        rows = min(chunk, info.out_size - row0)
 
         def grid(meta, rows=rows):
             c_tiles = grid_channel_tiles(cz, meta["BLOCK_C"], f"sparse {op}: {cz} output channels")
-            return (splits if accumulate else cdiv(batch, meta["BLOCK_N"]), rows, c_tiles)
+            return (splits if accumulate else cdiv(batch, meta["BLOCK_N"]), 1 if all_rows else rows, c_tiles)
 
         with on_device(z):
             sparse_product_kernel[grid](
                 x, y, zv, scale, info.index1, info.index2, gather, bounds,
-                batch, info.out_size, row0, cz, c2, r,
+                batch, info.out_size, row0, rows, cz, c2, r,
                 s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, zv.stride(0), zv.stride(1),
                 OP=PRODUCT_OPS[op], HAS_SCALE=info.scale is not None, HAS_GATHER=info.gather_index is not None,
                 ACCUMULATE=accumulate, DOT=dot, DOT_PRECISION=dot_precision(x.dtype),
-                ACC_DTYPE=accumulator_dtype(x.dtype))
+                ACC_DTYPE=accumulator_dtype(x.dtype), ALL_ROWS=all_rows)
     if splits > 1:
         z.copy_(zv.sum(0).view(z.shape))  # torch's reduction over a dim: a fixed order, no atomics
     return z

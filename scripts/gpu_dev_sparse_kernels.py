@@ -83,6 +83,15 @@ def cases(quick):
     return out
 
 
+def segment_cases():
+    """mul (the channel-wise tensor product: every term reads a channel row of x and of y) where the segment kernel
+    runs it: large N first (the bandwidth bar), then N 1e5 and one N 1e4 case (fewer batch blocks)."""
+    return [SparseCase("mul", l_max, batch, channels, dtype) for l_max, batch, channels, dtype in [
+        (2, 1_000_000, 32, "float32"), (3, 1_000_000, 32, "bfloat16"), (2, 100_000, 32, "float32"),
+        (3, 100_000, 32, "float32"), (2, 100_000, 128, "bfloat16"), (4, 100_000, 32, "bfloat16"),
+        (3, 10_000, 32, "float32")]]
+
+
 def anchor_cases(op, quick, shared=""):
     """The anchors of ``op`` (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5; fp32, bf16); ``quick``: four fp32 N 1e4 ones."""
     out = [SparseCase(op, l_max, batch, channels, dtype, shared)
@@ -123,6 +132,8 @@ def main():
     parser.add_argument("--fold-route", action="store_true")
     parser.add_argument("--fold-split", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--segment-ops", action="store_true",
+                        help="with --baseline: mul at N 1e4-1e6 (the product kernel's cases), ALL_ROWS at any batch")
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--modes", default="fwd,bwd,double_bwd")
@@ -153,6 +164,10 @@ def main():
     else:
         old = load_baseline(args.baseline)
         old_launchers, case_list = (old.sparse_product_launch, old.sparse_scale_launch), cases(args.quick)
+        if args.segment_ops:
+            from attnbench.kernels import sparse_segment
+            sparse_segment.ALL_ROWS["min_batch"] = 0  # new: every batch walks the rows; old: one row a program
+            case_list = segment_cases()
     if args.match:
         case_list = [c for c in case_list if re.search(args.match, c.label)]
     ceil = ceilings("cuda")

@@ -2,6 +2,7 @@
 """Odd-size witnesses for the sparse product kernel's GPU-only paths, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck python3 scripts/gpu_dev_sparse_witness.py [--device cpu --batch 7] [--scale-only]
+        [--all-rows]
 
 The CPU gate's tiny batches never split an out_accumulated product over batch ranges on a GPU (a range is 256
 items at least there), and the tl.dot route's tiles are 16 wide and more. Here every op runs with the batch sum
@@ -29,7 +30,12 @@ def main():
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=3001)
     parser.add_argument("--scale-only", action="store_true", help="SparseScale's witnesses only")
+    parser.add_argument("--all-rows", action="store_true",
+                        help="the product kernel's ALL_ROWS route (a program walks every row) at any batch")
     args = parser.parse_args()
+    if args.all_rows:
+        from attnbench.kernels import sparse_segment
+        sparse_segment.ALL_ROWS["min_batch"] = 0
     gen = torch.Generator().manual_seed(0)
     info = random_product_infos(*SIZES, 60, gen, device=args.device)[0]
 

@@ -535,6 +535,29 @@ def test_odd_sizes_and_rows_without_terms(case, triton_only):
     assert not rows.any(), "an output row without terms must be zero"
 
 
+@pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: c.label)
+def test_odd_sizes_walking_every_row(case, triton_only, monkeypatch):
+    """The odd cases with ALL_ROWS forced at every batch (kernels/sparse_segment.py: a program walks every output
+    row of its batch block; by default from 2**14 items): to second order against the oracle, NaN-poisoned."""
+    monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
+    check_against_oracle(case, torch.float32, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
+
+
+@pytest.mark.parametrize("case", [c for c in PRODUCT_CASES if c.op in ("mul", "outer")], ids=lambda c: c.label)
+def test_walking_every_row_is_bitwise_one_row_a_program(case, triton_only, monkeypatch):
+    """Forward, backward and double backward with ALL_ROWS on and off (min_batch 0: every batch): each output's
+    terms are summed in the same CSR order either way, so the results are bitwise equal."""
+    inputs = case.make_inputs(seed=2)
+    runs = []
+    monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
+    for enabled in (True, False):
+        monkeypatch.setitem(sparse_segment.ALL_ROWS, "enabled", enabled)
+        runs.append([t for t in case.run(inputs, torch.float32) if t is not None])
+    assert len(runs[0]) == len(runs[1]) > 0
+    for on, off in zip(*runs):
+        assert torch.equal(on, off)
+
+
 @pytest.mark.parametrize("case", ODD_SCALE_CASES, ids=lambda c: c.label)
 def test_scale_odd_sizes_and_rows_without_terms(case, triton_only):
     assert (case.infos()[0].seg_out.diff() == 0).any(), "some output row should have no terms"
