@@ -75,10 +75,11 @@ CHANNEL_RANKS = {
 MAX_GRID_YZ = 65535
 # A program of the product kernel walks every output row of its batch block and channel tile (instead of one row a
 # program) where the batch has at least min_batch items: every row's terms read the block's x and y rows, which
-# one row a program fetched from L2 for each row (at N 1e6 mul ran at 3-14% of copy on the H100, results/gpu/
-# nvidia-h100/sparse-products-n1e6.*), and which one program walking the rows finds in its own L1. Below min_batch
-# the rows are the parallelism. Not measured yet: written in a session whose device time was nearly spent.
-ALL_ROWS = {"enabled": True, "min_batch": 1 << 14}
+# one row a program fetched from L2 once per row, and which one program walking the rows finds in its own L1.
+# Measured on the H100 against one row a program, one process, bitwise the same results (results/gpu/nvidia-h100/
+# sparse-all-rows.*): mul 1.0x-2.8x over N 1e4-1e6 (L 2 C 32 fp32 2.2x-2.8x: 13% -> 38% of copy at N 1e6), never
+# slower, N 1e4 included (1.2x-1.5x). Below 1e4 the rows are the parallelism (not measured): one row a program.
+ALL_ROWS = {"enabled": True, "min_batch": 10_000}
 
 
 def _prune(configs, named_args, **constexprs):

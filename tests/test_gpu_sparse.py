@@ -538,7 +538,7 @@ def test_odd_sizes_and_rows_without_terms(case, triton_only):
 @pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: c.label)
 def test_odd_sizes_walking_every_row(case, triton_only, monkeypatch):
     """The odd cases with ALL_ROWS forced at every batch (kernels/sparse_segment.py: a program walks every output
-    row of its batch block; by default from 2**14 items): to second order against the oracle, NaN-poisoned."""
+    row of its batch block; by default from 1e4 items): to second order against the oracle, NaN-poisoned."""
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
     check_against_oracle(case, torch.float32, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
 
