@@ -13,7 +13,9 @@ weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
   the rows of index_out), BLOCK_N batch items and BLOCK_C output channels; it walks the row's terms in CSR
   order, accumulates in registers (fp32, fp64 for fp64 inputs) and stores its tile exactly once. Rows without
   a segment store zeros, so outputs need no zero fill and no element is written twice: no atomics, and the
-  result is bitwise deterministic (the sum order is the CSR order, fixed by the info).
+  result is bitwise deterministic (the sum order is the CSR order, fixed by the info). With ``ALL_ROWS`` (mul from
+  1e4 batch items) the grid is (batch block, 1, channel tile) and a program walks every output row in turn, each
+  as above: the same sums in the same order, so the same bits.
 * ``out_accumulated`` (z summed over the batch): grid axis 0 splits the batch into NUM_SPLITS contiguous ranges
   of batch blocks; each program reduces its [BLOCK_N, BLOCK_C] accumulator over its range and stores a partial
   row, and the partials are summed in split order afterwards (``batch_splits`` picks the count: with one
@@ -36,11 +38,11 @@ weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
   precision, full-precision fp32 FMAs for fp32, never TF32) instead of a broadcast multiply and sum (9-11x
   faster on the H200 at the anchors' forward).
 
-Measured on the H200 and not kept (results/gpu/nvidia-h200/sparse-notes.md): walking all the rows of a batch
-block in one program (for L1 reuse of its x rows) and taking several terms of a segment at a time (for loads in
-flight) each left the elementwise products within 0.8-1.4x of this layout.
-Grid axes 1 and 2 are capped at 65535 programs by CUDA: rows launch in chunks (ROW0), channel tiles never come
-close for the channel sizes this operator sees (the launcher checks).
+Walking all the rows of a batch block in one program was first measured on the H200 for vecsca (L 6, N 1e4: 0.49x-
+1.43x, not kept), and taking several terms of a segment at a time (for loads in flight) 0.80x-1.27x (results/gpu/
+nvidia-h200/sparse-notes.md); for mul at N 1e4-1e6 on the H100 it gains 1.0x-2.8x and is kept for mul alone
+(``ALL_ROWS``). Grid axes 1 and 2 are capped at 65535 programs by CUDA: one row a program launches rows in chunks
+(ROW0, ROWS), channel tiles never come close for the channel sizes this operator sees (the launcher checks).
 """
 import math
 
@@ -73,13 +75,15 @@ CHANNEL_RANKS = {
     "vecsca": (1, 0, 1), "scavec": (0, 1, 1), "mat_t_vec": (2, 1, 1),
 }
 MAX_GRID_YZ = 65535
-# A program of the product kernel walks every output row of its batch block and channel tile (instead of one row a
-# program) where the batch has at least min_batch items: every row's terms read the block's x and y rows, which
-# one row a program fetched from L2 once per row, and which one program walking the rows finds in its own L1.
-# Measured on the H100 against one row a program, one process, bitwise the same results (results/gpu/nvidia-h100/
-# sparse-all-rows.*): mul 1.0x-2.8x over N 1e4-1e6 (L 2 C 32 fp32 2.2x-2.8x: 13% -> 38% of copy at N 1e6), never
-# slower, N 1e4 included (1.2x-1.5x). Below 1e4 the rows are the parallelism (not measured): one row a program.
-ALL_ROWS = {"enabled": True, "min_batch": 10_000}
+# For the ops in "ops", from min_batch batch items: a program of the product kernel walks every output row of its
+# batch block and channel tile instead of one row a program. Every row's terms read the block's x and y rows; one
+# row a program fetched them once per row that reads them, one program walking the rows can find them in its own
+# L1 (an inference from the speedups, not profiled). Measured for mul on the H100 against one row a program, one
+# process, bitwise the same results (results/gpu/nvidia-h100/sparse-all-rows.*): 1.0x-2.8x over N 1e4-1e6, never
+# slower; L 2 C 32 fp32 2.1x-2.8x (N 1e6 forward 14% -> 38% of copy); one N 1e4 case (L 3 C 32 fp32), 1.2x-1.5x, is
+# what min_batch rests on: below it the rows are the parallelism (not measured). The other ops are not measured
+# with it (vecsca at L 6 N 1e4 was 0.49x-1.43x with an earlier version of the idea on the H200): one row a program.
+ALL_ROWS = {"enabled": True, "min_batch": 10_000, "ops": frozenset({"mul"})}
 
 
 def _prune(configs, named_args, **constexprs):
@@ -136,11 +140,13 @@ _SCALE_CONFIGS = config_list(
 )
 
 
-@autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER", "DOT", "ALL_ROWS"],
+# BATCH_DECADE (floor(log10 N), unused by the body) keys the tuning: with ALL_ROWS the batch blocks are the whole
+# grid, so the best BLOCK_N depends on N
+@autotune(_PRODUCT_CONFIGS, key=["OP", "CZ", "R", "ACCUMULATE", "HAS_GATHER", "DOT", "ALL_ROWS", "BATCH_DECADE"],
                  prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton.jit(do_not_specialize=["ROW0", "ROWS", "BATCH_DECADE"])
 def sparse_product_kernel(X, Y, Z, SCALE, INDEX1, INDEX2, GATHER, BOUNDS,
-                          N, OUT_SIZE, ROW0, ROWS, CZ, C2, R,
+                          N, OUT_SIZE, ROW0, ROWS, BATCH_DECADE, CZ, C2, R,
                           s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, s_zn, s_zm,
                           OP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_GATHER: tl.constexpr,
                           ACCUMULATE: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -426,7 +432,8 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     bounds = info.row_bounds  # [2, out_size]: each output row's segment (start, end); (0, 0) if none
     scale = info.scale if info.scale is not None else bounds  # a dummy pointer when HAS_SCALE is False
     gather = info.gather_index if info.gather_index is not None else bounds
-    all_rows = ALL_ROWS["enabled"] and not accumulate and not dot and batch >= ALL_ROWS["min_batch"]
+    all_rows = (ALL_ROWS["enabled"] and op in ALL_ROWS["ops"] and not accumulate and not dot
+                and batch >= ALL_ROWS["min_batch"])
     chunk = info.out_size if all_rows else MAX_GRID_YZ  # ALL_ROWS: one launch, each program walks every row
     for row0 in range(0, info.out_size, chunk):
         rows = min(chunk, info.out_size - row0)
@@ -438,7 +445,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
         with on_device(z):
             sparse_product_kernel[grid](
                 x, y, zv, scale, info.index1, info.index2, gather, bounds,
-                batch, info.out_size, row0, rows, cz, c2, r,
+                batch, info.out_size, row0, rows, len(str(batch)) - 1, cz, c2, r,
                 s_xn, s_xm, s_xa, s_xb, s_yn, s_ym, s_ya, s_yb, zv.stride(0), zv.stride(1),
                 OP=PRODUCT_OPS[op], HAS_SCALE=info.scale is not None, HAS_GATHER=info.gather_index is not None,
                 ACCUMULATE=accumulate, DOT=dot, DOT_PRECISION=dot_precision(x.dtype),

@@ -166,7 +166,7 @@ def main():
         old_launchers, case_list = (old.sparse_product_launch, old.sparse_scale_launch), cases(args.quick)
         if args.segment_ops:
             from attnbench.kernels import sparse_segment
-            sparse_segment.ALL_ROWS["min_batch"] = 0  # new: every batch walks the rows; old: one row a program
+            sparse_segment.ALL_ROWS["min_batch"] = 0  # new: mul walks the rows at every batch; old: one row a program
             case_list = segment_cases()
     if args.match:
         case_list = [c for c in case_list if re.search(args.match, c.label)]

@@ -6,8 +6,8 @@
 
 The CPU gate's tiny batches never split an out_accumulated product over batch ranges on a GPU (a range is 256
 items at least there), and the tl.dot route's tiles are 16 wide and more. Here every op runs with the batch sum
-on a batch of 3001 (several ranges, a ragged last one) and every op with a shared operand on odd channel counts
-(17, 33), and SparseScale on [M, C] (odd M, channels folded into lines and not), in fp32 and bf16, each against
+on a batch of 3001 (several ranges, a ragged last one), without it, and with a shared operand on odd channel counts
+(17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), and SparseScale on [M, C] (odd M, channels folded into lines and not), in fp32 and bf16, each against
 the split implementation in float64. Exits 1 on a mismatch.
 """
 import argparse
@@ -31,11 +31,11 @@ def main():
     parser.add_argument("--batch", type=int, default=3001)
     parser.add_argument("--scale-only", action="store_true", help="SparseScale's witnesses only")
     parser.add_argument("--all-rows", action="store_true",
-                        help="the product kernel's ALL_ROWS route (a program walks every row) at any batch")
+                        help="the product kernel's ALL_ROWS route (a program walks every row): every op, any batch")
     args = parser.parse_args()
-    if args.all_rows:
+    if args.all_rows:  # every op, every batch
         from attnbench.kernels import sparse_segment
-        sparse_segment.ALL_ROWS["min_batch"] = 0
+        sparse_segment.ALL_ROWS.update(min_batch=0, ops=frozenset(CHANNEL_RANKS))
     gen = torch.Generator().manual_seed(0)
     info = random_product_infos(*SIZES, 60, gen, device=args.device)[0]
 
@@ -47,7 +47,8 @@ def main():
     failed = []
     for dtype in (torch.float32, torch.bfloat16):
         for op, (rank_x, rank_y, _) in () if args.scale_only else CHANNEL_RANKS.items():
-            for shared_x, shared_y, accumulated in ((False, False, True), (False, True, False), (True, False, False)):
+            for shared_x, shared_y, accumulated in ((False, False, True), (False, False, False), (False, True, False),
+                                                    (True, False, False)):
                 for channels in (17, 33):
                     x = operand(shared_x, SIZES[0], channels, rank_x, dtype, gen)
                     y = operand(shared_y, SIZES[1], channels, rank_y, dtype, gen)

@@ -82,3 +82,26 @@ def triton_only(monkeypatch):
     monkeypatch.setattr(functional, "sparse_scale_split", refuse)
     with use_implementation("triton"):
         yield
+
+
+@pytest.fixture
+def all_rows_launches(monkeypatch):
+    """ALL_ROWS of the sparse product kernel (kernels/sparse_segment.py) allowed for every op at every batch, and
+    the kernel's launches recorded: a list of each launch's constexpr keywords (ALL_ROWS, ACCUMULATE, DOT, ...)."""
+    from attnbench.kernels import sparse_segment
+    from attnbench.sparse import CHANNEL_RANKS
+
+    monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
+    monkeypatch.setitem(sparse_segment.ALL_ROWS, "ops", frozenset(CHANNEL_RANKS))
+    kernel = sparse_segment.sparse_product_kernel
+    launches = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs)
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(sparse_segment, "sparse_product_kernel", Spy())
+    return launches

@@ -536,23 +536,28 @@ def test_odd_sizes_and_rows_without_terms(case, triton_only):
 
 
 @pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: c.label)
-def test_odd_sizes_walking_every_row(case, triton_only, monkeypatch):
-    """The odd cases with ALL_ROWS forced at every batch (kernels/sparse_segment.py: a program walks every output
-    row of its batch block; by default from 1e4 items): to second order against the oracle, NaN-poisoned."""
-    monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
+def test_odd_sizes_walking_every_row(case, triton_only, all_rows_launches):
+    """The odd cases with ALL_ROWS allowed for every op at every batch (kernels/sparse_segment.py: a program walks
+    every output row of its batch block; by default mul's from 1e4 items): to second order against the oracle,
+    NaN-poisoned. Every launch of the segment kernel that may walk the rows does (the others: batch sums, the
+    shared-matrix tl.dot route); the forwards the dense, fold and outer-by-dot routes take do not launch it."""
     check_against_oracle(case, torch.float32, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
+    assert all(k["ALL_ROWS"] == (not k["ACCUMULATE"] and not k["DOT"]) for k in all_rows_launches)
+    if case.op == "mul":
+        assert any(k["ALL_ROWS"] for k in all_rows_launches)
 
 
 @pytest.mark.parametrize("case", [c for c in PRODUCT_CASES if c.op in ("mul", "outer")], ids=lambda c: c.label)
-def test_walking_every_row_is_bitwise_one_row_a_program(case, triton_only, monkeypatch):
-    """Forward, backward and double backward with ALL_ROWS on and off (min_batch 0: every batch): each output's
-    terms are summed in the same CSR order either way, so the results are bitwise equal."""
+def test_walking_every_row_is_bitwise_one_row_a_program(case, triton_only, all_rows_launches, monkeypatch):
+    """Forward, backward and double backward with ALL_ROWS on and off (every op, every batch): each output's terms
+    are summed in the same CSR order either way, so the results are bitwise equal."""
     inputs = case.make_inputs(seed=2)
     runs = []
-    monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
     for enabled in (True, False):
         monkeypatch.setitem(sparse_segment.ALL_ROWS, "enabled", enabled)
+        del all_rows_launches[:]
         runs.append([t for t in case.run(inputs, torch.float32) if t is not None])
+        assert any(k["ALL_ROWS"] for k in all_rows_launches) == enabled
     assert len(runs[0]) == len(runs[1]) > 0
     for on, off in zip(*runs):
         assert torch.equal(on, off)

@@ -119,27 +119,18 @@ def test_product_odd_channels(infos, op, channels):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_products_walking_every_row(infos, op, monkeypatch):
-    """ALL_ROWS (a program walks every output row of its batch block: kernels/sparse_segment.py) forced at any
-    batch: bitwise the one-row-a-program result (each output's terms summed in the same CSR order) and float64's,
-    batched and shared, the backward infos (gather_index) too, 17 channels in fp32; out_accumulated keeps its
-    batch-split launch. The routes that take some of these products elsewhere (dense, fold, outer by dot) off."""
+def test_products_walking_every_row(infos, op, monkeypatch, all_rows_launches):
+    """ALL_ROWS (a program walks every output row of its batch block: kernels/sparse_segment.py; by default mul's
+    from 1e4 items) forced for every op at any batch: bitwise the one-row-a-program result (each output's terms
+    summed in the same CSR order) and float64's, batched and shared, the backward infos (gather_index) too, 17
+    channels in fp32; out_accumulated keeps its batch-split launch. The routes that take some of these products
+    elsewhere (dense, fold, outer by dot) off."""
     from attnbench.kernels import sparse_segment
     from attnbench.sparse import triton_ops
 
     for switch in (triton_ops.DENSE_ROUTE, triton_ops.FOLD_ROUTE, triton_ops.OUTER_SUM_BY_DOT):
         monkeypatch.setitem(switch, "enabled", False)
-    launches = []
-    kernel = sparse_segment.sparse_product_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(kwargs["ALL_ROWS"])
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(sparse_segment, "sparse_product_kernel", Spy())
+    launches = all_rows_launches
     rotated = infos[1:] + infos[:1]  # the first backward info: gather_index, unsorted terms
     runs = [(sharing, infos) for sharing in ("batched", "shared_x", "shared_y")] + [("batched", rotated)]
     for sharing, run_infos in runs:
@@ -147,10 +138,9 @@ def test_products_walking_every_row(infos, op, monkeypatch):
         results = []
         for enabled in (True, False):
             monkeypatch.setitem(sparse_segment.ALL_ROWS, "enabled", enabled)
-            monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
             del launches[:]
             results.append(_product(op, x, y, run_infos))
-            assert launches and all(flag == enabled for flag in launches), (sharing, enabled, launches)
+            assert launches and all(k["ALL_ROWS"] == enabled for k in launches), (sharing, enabled, launches)
         assert torch.equal(results[0], results[1]), sharing
         torch.testing.assert_close(results[0], sparse_product_reference(op, x, y, run_infos[0]), rtol=1e-12,
                                    atol=1e-12, msg=sharing)
@@ -160,12 +150,19 @@ def test_products_walking_every_row(infos, op, monkeypatch):
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "enabled", True)
     del launches[:]
     z = _product(op, x, y, infos)
-    assert launches == [True]
+    assert [k["ALL_ROWS"] for k in launches] == [True]
     bound = torch.finfo(torch.float32).eps * _abs_bound(op, x, y, infos[0], False) + 1e-30
     assert ((z.double() - sparse_product_reference(op, x.double(), y.double(), infos[0])).abs() <= bound).all()
     del launches[:]
     _product(op, x, y, infos, out_accumulated=True)
-    assert launches == [False]
+    assert [k["ALL_ROWS"] for k in launches] == [False]
+
+
+def test_all_rows_defaults_to_mul_from_1e4_items():
+    """By default only mul walks the rows (the op it was measured on), from 1e4 batch items."""
+    from attnbench.kernels.sparse_segment import ALL_ROWS
+
+    assert ALL_ROWS["enabled"] and ALL_ROWS["ops"] == {"mul"} and ALL_ROWS["min_batch"] == 10_000
 
 
 @pytest.mark.parametrize("shape,dtype", [((5, 3), torch.float64), ((3, 5, 3), torch.float64),
