@@ -7,8 +7,9 @@
 The CPU gate's tiny batches never split an out_accumulated product over batch ranges on a GPU (a range is 256
 items at least there), and the tl.dot route's tiles are 16 wide and more. Here every op runs with the batch sum
 on a batch of 3001 (several ranges, a ragged last one), without it, and with a shared operand on odd channel counts
-(17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), and SparseScale on [M, C] (odd M, channels folded into lines and not), in fp32 and bf16, each against
-the split implementation in float64. Exits 1 on a mismatch.
+(17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), and SparseScale on [M, C]
+(odd M, channels folded into lines and not), in fp32 and bf16, each against the split implementation in float64.
+Exits 1 on a mismatch.
 """
 import argparse
 import sys
