@@ -36,10 +36,10 @@ __all__ = ["FOLD_OPS", "SPLIT_MATMUL", "fold_outer_sum_launch", "fold_product_la
 
 # 16-bit inputs against the fp32 fold on kernels/split_matmul.py (both halves in one program, one rounding) where the
 # fold has at most max_entries entries, else two cuBLAS GEMMs with fp32 outputs, their sum and a cast. Measured on the
-# H200 (results/gpu/nvidia-h200/split-matmul-variants.txt, bf16, one process): the kernel runs both products at
-# ~500 TF/s where cuBLAS runs each at ~700, so it wins where the pair's fp32 passes cost more than that gap: 1.8x at
-# 288 x 288 (L 2 C 32, N 1e5), 1.2x at 1152 x 1152, even at 1568 x 1568 and 2048 x 2048, 0.90x-0.95x at 3200 x 3200
-# and 6272 x 6272 (sparse-fold-split.md: the FC layer's forward, backward and double backward alike).
+# H200 (bf16, one process): the kernel runs both products at ~500 TF/s where cuBLAS runs each at ~700 (results/gpu/
+# nvidia-h200/split-matmul-variants.txt), so it wins where the pair's fp32 passes cost more than that gap. The FC
+# layer against the pair (sparse-fold-split.md, N 1e4 and 1e5; forward, backward and double backward alike):
+# 1.16x-1.87x for folds 288-1152 wide, 0.98x-1.16x at 1568 and 2048, 0.94x-1.04x at 3200, 0.89x-0.95x at 6272.
 SPLIT_MATMUL = {"enabled": True, "max_entries": 1 << 21}
 
 # the ops of the fold route: the info table whose matrix holds the coefficients, and which operand is the shared

@@ -56,9 +56,9 @@ from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
 
-__all__ = ["ALL_ROWS", "PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape", "sparse_product_launch",
-           "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel", "sparse_scale_rows_kernel",
-           "batch_splits", "compact_channels", "channel_line"]
+__all__ = ["ALL_ROWS", "walks_all_rows", "PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape",
+           "sparse_product_launch", "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel",
+           "sparse_scale_rows_kernel", "batch_splits", "compact_channels", "channel_line"]
 
 # op codes of the product kernel's constexpr switch
 MUL: tl.constexpr = tl.constexpr(0)
@@ -84,6 +84,13 @@ MAX_GRID_YZ = 65535
 # what min_batch rests on: below it the rows are the parallelism (not measured). The other ops are not measured
 # with it (vecsca at L 6 N 1e4 was 0.49x-1.43x with an earlier version of the idea on the H200): one row a program.
 ALL_ROWS = {"enabled": True, "min_batch": 10_000, "ops": frozenset({"mul"})}
+
+
+def walks_all_rows(op, batch, accumulate=False, dot=False) -> bool:
+    """Whether a product launch walks every output row in one program (``ALL_ROWS``): not for batch sums (their
+    programs split the batch) nor the shared-matrix tl.dot route."""
+    return (ALL_ROWS["enabled"] and op in ALL_ROWS["ops"] and not accumulate and not dot
+            and batch >= ALL_ROWS["min_batch"])
 
 
 def _prune(configs, named_args, **constexprs):
@@ -432,8 +439,7 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     bounds = info.row_bounds  # [2, out_size]: each output row's segment (start, end); (0, 0) if none
     scale = info.scale if info.scale is not None else bounds  # a dummy pointer when HAS_SCALE is False
     gather = info.gather_index if info.gather_index is not None else bounds
-    all_rows = (ALL_ROWS["enabled"] and op in ALL_ROWS["ops"] and not accumulate and not dot
-                and batch >= ALL_ROWS["min_batch"])
+    all_rows = walks_all_rows(op, batch, accumulate, dot)
     chunk = info.out_size if all_rows else MAX_GRID_YZ  # ALL_ROWS: one launch, each program walks every row
     for row0 in range(0, info.out_size, chunk):
         rows = min(chunk, info.out_size - row0)

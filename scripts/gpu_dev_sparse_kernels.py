@@ -100,17 +100,22 @@ def anchor_cases(op, quick, shared=""):
     return [c for c in out if c.dtype == "float32" and c.batch == 10_000][:4] if quick else out
 
 
+# the routes an "old" run turns off, by the name it passes as ``launchers``
+ROUTES_OFF = {"segment": triton_ops.dense_route, "outer-segment": triton_ops.outer_sum_by_dot,
+              "fold-off": triton_ops.fold_route, "split-off": triton_ops.fold_split_matmul}
+
+
 def timed(case, x, mode, variant, launchers=None):
     """Median ms and outputs of a variant; ``launchers``: FILE's segment launchers swapped in, an earlier dense
     route's launcher (a function), "segment" for the dense route turned off, "outer-segment" for the batch sum
-    of outer products on the segment kernel, or "fold-off" for the fold route of the shared-weight products off."""
+    of outer products on the segment kernel, "fold-off" for the fold route of the shared-weight products off, or
+    "split-off" for its 16-bit products on the cuBLAS pair (ROUTES_OFF)."""
     saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch)
-    route = {"segment": triton_ops.dense_route(False), "outer-segment": triton_ops.outer_sum_by_dot(False),
-             "fold-off": triton_ops.fold_route(False), "split-off": triton_ops.fold_split_matmul(False)}.get(
-        launchers, contextlib.nullcontext())
+    switched = isinstance(launchers, str) and launchers in ROUTES_OFF
+    route = ROUTES_OFF[launchers](False) if switched else contextlib.nullcontext()
     if callable(launchers):
         triton_ops.dense_product_launch = launchers
-    elif launchers and launchers not in ("segment", "outer-segment", "fold-off", "split-off"):
+    elif launchers and not switched:
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
         with route:

@@ -84,8 +84,38 @@ def triton_only(monkeypatch):
         yield
 
 
+class LaunchSpy:
+    """Counts the launches of a Triton kernel (``kernel[grid](...)``), keeps their positional and keyword arguments,
+    passes them on."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches, self.args, self.kwargs = kernel, 0, [], []
+
+    def __getitem__(self, grid):
+        self.launches += 1
+
+        def launch(*args, **kwargs):
+            self.args.append(args)
+            self.kwargs.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
 @pytest.fixture
-def all_rows_launches(monkeypatch):
+def spy_kernel(monkeypatch):
+    """``spy_kernel(module, name)``: the module's kernel replaced by a LaunchSpy for the test; returns the spy."""
+
+    def spy(module, name):
+        launches = LaunchSpy(getattr(module, name))
+        monkeypatch.setattr(module, name, launches)
+        return launches
+
+    return spy
+
+
+@pytest.fixture
+def all_rows_launches(monkeypatch, spy_kernel):
     """ALL_ROWS of the sparse product kernel (kernels/sparse_segment.py) allowed for every op at every batch, and
     the kernel's launches recorded: a list of each launch's constexpr keywords (ALL_ROWS, ACCUMULATE, DOT, ...)."""
     from attnbench.kernels import sparse_segment
@@ -93,15 +123,4 @@ def all_rows_launches(monkeypatch):
 
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "ops", frozenset(CHANNEL_RANKS))
-    kernel = sparse_segment.sparse_product_kernel
-    launches = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(kwargs)
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(sparse_segment, "sparse_product_kernel", Spy())
-    return launches
+    return spy_kernel(sparse_segment, "sparse_product_kernel").kwargs

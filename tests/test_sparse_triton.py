@@ -159,10 +159,14 @@ def test_products_walking_every_row(infos, op, monkeypatch, all_rows_launches):
 
 
 def test_all_rows_defaults_to_mul_from_1e4_items():
-    """By default only mul walks the rows (the op it was measured on), from 1e4 batch items."""
-    from attnbench.kernels.sparse_segment import ALL_ROWS
+    """By default only mul walks the rows (the op it was measured on), from 1e4 batch items, and never a batch sum
+    or the shared-matrix tl.dot route."""
+    from attnbench.kernels.sparse_segment import walks_all_rows
 
-    assert ALL_ROWS["enabled"] and ALL_ROWS["ops"] == {"mul"} and ALL_ROWS["min_batch"] == 10_000
+    assert walks_all_rows("mul", 10_000) and walks_all_rows("mul", 10 ** 6)
+    assert not walks_all_rows("mul", 9_999)
+    assert not any(walks_all_rows(op, 10 ** 6) for op in OPS if op != "mul")
+    assert not walks_all_rows("mul", 10 ** 6, accumulate=True) and not walks_all_rows("mul", 10 ** 6, dot=True)
 
 
 @pytest.mark.parametrize("shape,dtype", [((5, 3), torch.float64), ((3, 5, 3), torch.float64),
@@ -203,23 +207,7 @@ def test_scale_folds_wide_channels_of_a_batch_of_one(long_rows_pair, triton_only
     assert torch.autograd.gradgradcheck(lambda a: sparse_scale(a, *long_rows_pair), (x,), fast_mode=True)
 
 
-class _LaunchSpy:
-    """Counts the launches of a kernel (``kernel[grid](...)``), keeps their positional arguments, passes them on."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches, self.args = kernel, 0, []
-
-    def __getitem__(self, grid):
-        self.launches += 1
-
-        def launch(*args, **kwargs):
-            self.args.append(args)
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
-def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
+def test_scale_routes_of_a_batch_of_one(spy_kernel, triton_only):
     """SparseScale on [M, C]: rows of one or two terms on average (a segment sum's backward) take the row-tile
     kernel, also where the channels fold into a power-of-two count of a few lines (128: two of 64), but not of
     LINES_OVER_ROWS or more (1024: 16 of 64); longer rows the batched one with channels folded into lines; both
@@ -227,10 +215,7 @@ def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
     for a real batch."""
     from attnbench.kernels import sparse_segment
 
-    spies = {name: _LaunchSpy(getattr(sparse_segment, name)) for name in ("sparse_scale_rows_kernel",
-                                                                          "sparse_scale_kernel")}
-    for name, spy in spies.items():
-        monkeypatch.setattr(sparse_segment, name, spy)
+    spies = {name: spy_kernel(sparse_segment, name) for name in ("sparse_scale_rows_kernel", "sparse_scale_kernel")}
     short = random_scale_infos(9, 13, 13, torch.Generator().manual_seed(6))[0]  # 1 term a row on average
     long = random_scale_infos(13, 4, 13, torch.Generator().manual_seed(7))[0]  # 3.25
     assert sparse_segment.terms_per_row(13, 13) == 1 and sparse_segment.terms_per_row(13, 4) == 4
@@ -250,13 +235,12 @@ def test_scale_routes_of_a_batch_of_one(monkeypatch, triton_only):
             assert spies["sparse_scale_kernel"].args[-1][5] == batch
 
 
-def test_scale_row_tiles_of_strided_channels_and_no_scale(monkeypatch, long_rows_pair, triton_only):
+def test_scale_row_tiles_of_strided_channels_and_no_scale(spy_kernel, long_rows_pair, triton_only):
     """The row-tile kernel on x whose channels are not contiguous (a transposed [M, C], every other channel) and
     on an info without scales (scale None: 1, never the dummy pointer the launcher passes), against float64."""
     from attnbench.kernels import sparse_segment
 
-    spy = _LaunchSpy(sparse_segment.sparse_scale_rows_kernel)
-    monkeypatch.setattr(sparse_segment, "sparse_scale_rows_kernel", spy)
+    spy = spy_kernel(sparse_segment, "sparse_scale_rows_kernel")
     short = long_rows_pair[1]
     unscaled = dataclasses.replace(short, scale=None)
     generator = torch.Generator().manual_seed(9)
