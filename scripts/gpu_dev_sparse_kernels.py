@@ -7,6 +7,7 @@
     python3 scripts/gpu_dev_sparse_kernels.py --outer-sum-route [--json OUT.json] [--quick] [--old-every-size]
     python3 scripts/gpu_dev_sparse_kernels.py --fold-route [--json OUT.json] [--quick] [--no-peers]
     python3 scripts/gpu_dev_sparse_kernels.py --fold-split [--json OUT.json] [--quick] [--no-peers]
+    python3 scripts/gpu_dev_sparse_kernels.py --bilinear-route [--json OUT.json] [--quick] [--old-every-size]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
@@ -25,7 +26,11 @@ segment kernel on the same tree (``old``: the route off), old and split at N 1e4
 the same vecmat anchors with the fold route of the shared-weight products (``new``: kernels/sparse_fold.py) against
 the route off (``old``), at every size. ``--fold-split`` compares the fold route's 16-bit products on
 kernels/split_matmul.py (``new``: the switch on for the run, its size cap lifted) against two cuBLAS GEMMs with
-fp32 outputs (``old``), over the vecmat anchors in bf16 (fp32 does not split). ``--match REGEX`` keeps the
+fp32 outputs (``old``), over the vecmat anchors in bf16 (fp32 does not split). ``--bilinear-route`` compares mul on
+its bilinear route (``new``: kernels/sparse_bilinear.py) with the segment kernel (``old``: the route off, ALL_ROWS as
+by default) over mul's anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) and L 2-3 C 32 at N 1e6, old where N is 1e4 or
+L at most 3 unless ``--old-every-size``, errors against float64 at N 1e4 up to L 4 (L 6's dense float64 einsum
+takes tens of GB; tests/test_gpu_sparse.py checks L 6). ``--match REGEX`` keeps the
 cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
 --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
@@ -102,7 +107,8 @@ def anchor_cases(op, quick, shared=""):
 
 # the routes an "old" run turns off, by the name it passes as ``launchers``
 ROUTES_OFF = {"segment": triton_ops.dense_route, "outer-segment": triton_ops.outer_sum_by_dot,
-              "fold-off": triton_ops.fold_route, "split-off": triton_ops.fold_split_matmul}
+              "fold-off": triton_ops.fold_route, "split-off": triton_ops.fold_split_matmul,
+              "bilinear-off": triton_ops.bilinear_route}
 
 
 def timed(case, x, mode, variant, launchers=None):
@@ -136,6 +142,7 @@ def main():
     parser.add_argument("--outer-sum-route", action="store_true")
     parser.add_argument("--fold-route", action="store_true")
     parser.add_argument("--fold-split", action="store_true")
+    parser.add_argument("--bilinear-route", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--segment-ops", action="store_true",
                         help="with --baseline: mul at N 1e4-1e6 (the product kernel's cases), ALL_ROWS at any batch")
@@ -147,11 +154,15 @@ def main():
                         help="--dense-route, --outer-sum-route: time the segment kernel at N 1e5 too (slow)")
     args = parser.parse_args()
     comparisons = (args.dense_route, args.outer_sum_route, args.fold_route, args.fold_split, args.baseline,
-                   args.dense_baseline)
+                   args.dense_baseline, args.bilinear_route)
     if sum(bool(c) for c in comparisons) != 1:
         parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route, "
-                     "--fold-route and --fold-split")
-    if args.fold_split:
+                     "--fold-route, --fold-split and --bilinear-route")
+    if args.bilinear_route:
+        old_launchers = "bilinear-off"
+        case_list = anchor_cases("mul", args.quick) + [SparseCase("mul", l_max, 1_000_000, 32, dtype)
+                                                       for dtype in ("float32", "bfloat16") for l_max in (2, 3)]
+    elif args.fold_split:
         # new: the split kernel at every size (the default stops at max_entries); old turns it off
         triton_ops.SPLIT_MATMUL.update(enabled=True, max_entries=float("inf"))
         old_launchers = "split-off"
@@ -186,8 +197,9 @@ def main():
         x = OP.make_inputs(case, "cuda", 0)
         oracle = None
         # the float64 einsum reference, every mode's outputs
-        checked = args.dense_route or args.dense_baseline or args.outer_sum_route or args.fold_route or args.fold_split
-        if checked and case.batch <= 10_000:
+        checked = (args.dense_route or args.dense_baseline or args.outer_sum_route or args.fold_route or args.fold_split
+                   or args.bilinear_route)
+        if checked and case.batch <= 10_000 and not (args.bilinear_route and case.l_max > 4):  # L 6: GPU tests
             try:
                 oracle = OP.oracle(case, x)
             except torch.OutOfMemoryError:
@@ -199,6 +211,8 @@ def main():
                 if oracle:
                     row["error"] = max(verify.relative_error(new_out[k], oracle[k]) for k in new_out)
                 others = not (args.dense_route or args.outer_sum_route) or case.batch <= 10_000 or args.old_every_size
+                if args.bilinear_route:  # the segment kernel at L 4-6 N 1e5 runs for seconds
+                    others = case.batch <= 10_000 or case.l_max <= 3 or args.old_every_size
                 if others or args.dense_baseline:
                     row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
                     try:  # in float64: at N 1e6 C 2048 the outputs' copies may not fit where the kernels did
@@ -208,7 +222,7 @@ def main():
                         torch.cuda.empty_cache()
                     del old_out
                 del new_out
-                for peer in ("split", "e3nn") if others and not args.no_peers else ():
+                for peer in ("split", "e3nn") if others and not args.no_peers and not args.bilinear_route else ():
                     if peer in OP.variants and OP.variants[peer].unavailable_reason(torch.device("cuda")) is None:
                         try:
                             row[f"{peer}_ms"], _ = timed(case, x, mode, peer)
@@ -242,13 +256,14 @@ def main():
 
 def autotuner_picks():
     """The config each sparse kernel's autotuner chose, per tuning key, in this process (this tree's kernels)."""
-    from attnbench.kernels import small_matmul, sparse_dense, sparse_outer_sum, sparse_segment, split_matmul
+    from attnbench.kernels import (small_matmul, sparse_bilinear, sparse_dense, sparse_outer_sum, sparse_segment,
+                                   split_matmul)
 
     kernels = {"scale": sparse_segment.sparse_scale_kernel, "scale_rows": sparse_segment.sparse_scale_rows_kernel,
                "product": sparse_segment.sparse_product_kernel,
                "outer_sum": sparse_outer_sum.outer_sum_kernel, "gather_rows": sparse_dense.gather_rows_kernel,
                "small_matmul": small_matmul.small_matmul_kernel, "gram_stack": sparse_dense.gram_stack_kernel,
-               "split_matmul": split_matmul.split_matmul_kernel}
+               "split_matmul": split_matmul.split_matmul_kernel, "bilinear": sparse_bilinear.bilinear_kernel}
     return {f"{name} {key}": str(config) for name, kernel in kernels.items()
             for key, config in getattr(kernel, "cache", {}).items()}
 

@@ -7,9 +7,10 @@
 The CPU gate's tiny batches never split an out_accumulated product over batch ranges on a GPU (a range is 256
 items at least there), and the tl.dot route's tiles are 16 wide and more. Here every op runs with the batch sum
 on a batch of 3001 (several ranges, a ragged last one), without it, and with a shared operand on odd channel counts
-(17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), and SparseScale on [M, C]
-(odd M, channels folded into lines and not), in fp32 and bf16, each against the split implementation in float64.
-Exits 1 on a mismatch.
+(17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), mul on its bilinear route
+(kernels/sparse_bilinear.py) where the held operand pads to 32 and 64 rows and the output spans two row tiles, and
+SparseScale on [M, C] (odd M, channels folded into lines and not), in fp32 and bf16, each against the split
+implementation in float64. Exits 1 on a mismatch.
 """
 import argparse
 import sys
@@ -21,7 +22,8 @@ from attnbench.kernels import poisoned_outputs
 from attnbench.kernels.sparse_segment import CHANNEL_RANKS, batch_splits
 from attnbench.sparse import random_product_infos, random_scale_infos
 from attnbench.sparse.functional import sparse_product_split, sparse_scale_split
-from attnbench.sparse.triton_ops import sparse_product_triton, sparse_scale_triton
+from attnbench.sparse.tensor_product import cg_product_infos
+from attnbench.sparse.triton_ops import _bilinear_table, sparse_product_triton, sparse_scale_triton
 
 SIZES = (7, 5, 9)
 
@@ -40,8 +42,8 @@ def main():
     gen = torch.Generator().manual_seed(0)
     info = random_product_infos(*SIZES, 60, gen, device=args.device)[0]
 
-    def operand(shared, size, channels, rank, dtype, gen):
-        shape = (() if shared else (args.batch,)) + (size,) + (channels,) * rank
+    def operand(shared, size, channels, rank, dtype, gen, batch=args.batch):
+        shape = (() if shared else (batch,)) + (size,) + (channels,) * rank
         return torch.randn(shape, generator=gen, dtype=torch.float64).to(args.device, dtype)
 
     worst = 0.0
@@ -63,6 +65,31 @@ def main():
                     if not error <= bound:
                         failed.append(f"{op} {dtype} shared x/y {shared_x}/{shared_y} sum {accumulated} C{channels}: "
                                       f"{error:.2e}")
+    # mul on the bilinear route: 23 held rows (a 32-row tile) and 70 output rows (two tiles of 64); CG L 6 (49 held
+    # rows: a 64-row tile); y held, then x (the operand with fewer rows is held)
+    bilinear = [random_product_infos(37, 23, 70, 4000, gen, device=args.device)[0],
+                random_product_infos(23, 37, 70, 4000, gen, device=args.device)[0]]
+    if args.device == "cuda":
+        bilinear.append(cg_product_infos(6, 6, 6, device=args.device)[0])
+    for dtype in (torch.float32, torch.bfloat16):
+        for mul_info in bilinear:
+            for shared_x, shared_y in ((False, False), (False, True), (True, False)):
+                # 301 samples, 101 at L 6: the split reference's [N, terms, C] float64 intermediates (0.16 GB each)
+                # piled up to the card's 80 GB at 3001 under compute-sanitizer
+                batch = min(args.batch, 101 if mul_info.size1 == 49 else 301)
+                x = operand(shared_x, mul_info.size1, 17, 1, dtype, gen, batch)
+                y = operand(shared_y, mul_info.size2, 17, 1, dtype, gen, batch)
+                if _bilinear_table("mul", x, y, mul_info, False) is None:
+                    failed.append(f"mul {mul_info.size1} x {mul_info.size2} -> {mul_info.out_size}: not routed")
+                    continue
+                with poisoned_outputs():
+                    z = sparse_product_triton("mul", x, y, mul_info)
+                expected = sparse_product_split("mul", x.double(), y.double(), mul_info)
+                error = ((z.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-30)).item()
+                worst = max(worst, error if dtype == torch.float32 else 0.0)
+                if not error <= (1e-5 if dtype == torch.float32 else 2e-2):
+                    failed.append(f"mul bilinear {mul_info.size1} x {mul_info.size2} -> {mul_info.out_size} {dtype} "
+                                  f"shared x/y {shared_x}/{shared_y}: {error:.2e}")
     # SparseScale on [M, C] (a batch of one): wide channels fold into lines (kernels/sparse_segment.channel_line),
     # many terms a row (a segment sum) and one (its transpose, the backward's gather); odd M, foldable and not
     for dtype in (torch.float32, torch.bfloat16):

@@ -116,10 +116,13 @@ def spy_kernel(monkeypatch):
 
 @pytest.fixture
 def all_rows_launches(monkeypatch, spy_kernel):
-    """ALL_ROWS of the sparse product kernel (kernels/sparse_segment.py) allowed for every op at every batch, and
-    the kernel's launches recorded: a list of each launch's constexpr keywords (ALL_ROWS, ACCUMULATE, DOT, ...)."""
+    """ALL_ROWS of the sparse product kernel (kernels/sparse_segment.py) allowed for every op at every batch, mul's
+    bilinear route off (mul on the segment kernel), and the kernel's launches recorded: a list of each launch's
+    constexpr keywords (ALL_ROWS, ACCUMULATE, DOT, ...)."""
     from attnbench.kernels import sparse_segment
-    from attnbench.sparse import CHANNEL_RANKS
+    from attnbench.sparse import CHANNEL_RANKS, triton_ops
+
+    monkeypatch.setitem(triton_ops.BILINEAR_ROUTE, "enabled", False)
 
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "ops", frozenset(CHANNEL_RANKS))

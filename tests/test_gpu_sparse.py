@@ -110,6 +110,17 @@ def error_factor(dtype, m, roundings, exact=False):
     return to_output + gamma(m, U32) + 2 * gamma(m, U64)
 
 
+def matrix_unit_chain(case, dtype, m):
+    """m of the bound where mul's bilinear route (kernels/sparse_bilinear.py) runs fp32 on the tensor cores: their
+    fp32 accumulation may truncate instead of rounding (up to 2u an add: each rounding counted twice), and tf32x3's
+    three TF32 products leave up to 5 x 2^-22 = 20 u32 of each product (the two low parts cut to TF32, the dropped
+    lo x lo). The route's chain itself is no longer than the segment kernel's: a term's path has the
+    nonzero j of its (o, i) in the dot and the nonzero i of o in the row loop, at most k + 1 together."""
+    if dtype != torch.float32 or not getattr(case, "bilinear", lambda dtype: False)(dtype):
+        return m
+    return 2 * m + 20
+
+
 def longest_segment(infos):
     return max(int(info.seg_out.diff().max()) if info.seg_out.numel() > 1 else 0 for info in infos)
 
@@ -290,6 +301,12 @@ class ProductCase:
     def batch_summed(self):
         return self.sharing != "batched" or self.out_accumulated
 
+    def bilinear(self, dtype):
+        """Whether mul's forward in ``dtype`` takes the bilinear route (kernels/sparse_bilinear.py: tensor cores)."""
+        x, y, _ = (torch.empty(shape, device="meta", dtype=dtype) for shape in self.shapes())
+        return self.op == "mul" and triton_ops._bilinear_table("mul", x, y, self.infos()[0],
+                                                               self.out_accumulated) is not None
+
 
 @dataclasses.dataclass(frozen=True)
 class ScaleCase:
@@ -361,7 +378,7 @@ def check_against_oracle(case, dtype, names, roundings):
     """Run a case on the kernels in ``dtype`` and hold every output to its bound; returns the outputs."""
     inputs, oracle, absolute = oracles(case)
     outs = case.run(inputs, dtype)
-    m = case.chain_length()
+    m = matrix_unit_chain(case, dtype, case.chain_length())
     exact = case.integer
     if not exact:
         assert not getattr(case, "batch_summed", lambda: False)(), "batch sums are checked on integer data"
@@ -471,6 +488,33 @@ def test_fold_route_matches_float64(op, l_max, dtype, split, triton_only, monkey
         assert err <= rel * scale.max().item(), (index, err, rel * scale.max().item())
     # z and the vectors' gradient take split_matmul in 16 bits when it is on (not in the dry run: bf16 runs upcast)
     assert len(calls) == (2 if split and dtype != torch.float32 and not DRYRUN else 0), calls
+
+# mul on its bilinear route (kernels/sparse_bilinear.py) where it pads differently: CG L 2 (9 rows a 16 tile; bf16
+# only: fp32 keeps the segment kernel there), L 4 (25: 32), L 6 (49: 64), and a random structure of 24 x 70 -> 80
+# (held x of 24 rows, 80 output rows: two row tiles).
+BILINEAR_CASES = sized([
+    ProductCase("mul", cg(2), 100_000, (32,), (32,)),
+    ProductCase("mul", cg(4), 10_000, (32,), (32,)),
+    ProductCase("mul", cg(6), 2_000, (32,), (32,)),
+    ProductCase("mul", rand(24, 70, 80, 9000), 10_000, (32,), (32,)),
+])
+
+
+@pytest.mark.parametrize("case,dtype", [(c, d) for c in BILINEAR_CASES for d in DTYPES],
+                         ids=lambda v: v.label if hasattr(v, "label") else str(v)[6:])
+def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only, monkeypatch):
+    """Every derivative of mul is a mul: forward, backward and double backward all take the route (a spy counts
+    its launches), each held to the float64 bound (fp32: with the tensor cores' terms, matrix_unit_chain)."""
+    routed = case.bilinear(dtype)
+    # fp32 CG L 2 (15 terms a row) stays on the segment kernel (triton_ops.FP32_MIN_TERMS_PER_ROW); the dry run's
+    # tiny random structure is too thin for the route
+    assert routed == (dtype != torch.float32 or case.structure != cg(2)) or DRYRUN, case.label
+    launches = []
+    launch = triton_ops.bilinear_launch
+    monkeypatch.setattr(triton_ops, "bilinear_launch", lambda *a: launches.append(1) or launch(*a))
+    check_against_oracle(case, dtype, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
+    assert len(launches) >= 5 if routed else not launches  # z, gx, gy, and the double backward's
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # shared inputs and batch-summed outputs (exact integer arithmetic)
@@ -704,8 +748,8 @@ def test_vecsca_matches_e3nn_tensor_product(triton_only):
     every path of irreps 0..L, no normalization; peers._e3nn_tensor_product) on the peer's layout, fp32, forward,
     gradients and double backward. e3nn's wigner_3j(l1, l2, l3) is (-1)^l3 so3.clebsch_gordan(l1, l2, l3)
     exactly (checked first: a different convention, not a kernel error, fails there); the peer multiplies its
-    output by those signs, so its output is ours. Bound: ours as above plus e3nn's, whose 3j are rounded to fp32 once (+u32) and
-    whose sums may run in any order (m doubled, to be safe)."""
+    output by those signs, so its output is ours. Bound: ours as above plus e3nn's, whose 3j are rounded to fp32 once
+    (+u32) and whose sums may run in any order (m doubled, to be safe)."""
     pytest.importorskip("e3nn")
     from e3nn import o3
 

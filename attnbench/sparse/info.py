@@ -27,6 +27,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..kernels.sparse_bilinear import coefficient_splits
+
 __all__ = [
     "SparseProductInfo", "SparseScaleInfo", "product_infos", "scale_infos", "product_terms", "scale_terms",
     "random_product_infos", "random_scale_infos",
@@ -160,7 +162,10 @@ class GatherRows:
     entry decide whether the route pays: ``triton_ops.MIN_DENSITY``). ``matrix``, where the table is dense enough
     (``GATHER_MATRIX_PER_TERM``), is the same sparse matrix stored dense and transposed, [gathered size, rows] in
     float64 (repeated terms summed once, exactly rounded), so that out = in @ matrix is one GEMM, and
-    ``matrix32`` the same rounded to fp32 (for fp32 and 16-bit inputs: no cast a call); else both None."""
+    ``matrix32`` the same rounded to fp32 (for fp32 and 16-bit inputs: no cast a call); else both None. ``splits``,
+    for the gram table with a matrix form, maps fp32, bf16 and fp16 to mul's bilinear-route coefficients (matrix32
+    split in two parts: ``kernels.sparse_bilinear.coefficient_splits``, which leaves out a dtype whose split would
+    lose precision), made once here rather than on every call."""
 
     bounds: Tensor
     index: Tensor
@@ -170,6 +175,7 @@ class GatherRows:
     dense_entries: int
     matrix: Optional[Tensor] = None
     matrix32: Optional[Tensor] = None
+    splits: dict = field(default_factory=dict, repr=False)
 
 
 # The dense route builds a per-sample matrix of rows x (one sparse size) entries; only where that grid is at most
@@ -181,9 +187,10 @@ DENSE_GRID_SMALL = 256
 GATHER_MATRIX_PER_TERM = 16
 
 
-def _gather_rows(key, index, scale, rows, dense_entries, gathered_size):
+def _gather_rows(key, index, scale, rows, dense_entries, gathered_size, split=False):
     """GatherRows of the terms (key, index, scale) grouped by key in [0, rows), stably (the caller's order within
-    a row: a fixed summation order); ``gathered_size`` bounds ``index`` (the matrix form's rows)."""
+    a row: a fixed summation order); ``gathered_size`` bounds ``index`` (the matrix form's rows); ``split``: the
+    matrix form's splits too."""
     order = torch.argsort(key, stable=True)
     counts = torch.bincount(key, minlength=rows)
     ends = counts.cumsum(0)
@@ -195,8 +202,9 @@ def _gather_rows(key, index, scale, rows, dense_entries, gathered_size):
         matrix = torch.zeros(gathered_size, rows, dtype=torch.float64)
         matrix.index_put_((index.cpu(), key.cpu()), scale.cpu().double(), accumulate=True)
         matrix, matrix32 = matrix.to(scale.device), matrix.float().to(scale.device)
+    splits = coefficient_splits(matrix32) if split and matrix32 is not None else {}
     return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len, dense_entries,
-                      matrix, matrix32)
+                      matrix, matrix32, splits)
 
 
 def _dense_rows(info):
@@ -218,7 +226,7 @@ def _dense_rows(info):
                ("pairs2", out * info.size2 + i2, i1, info.out_size * info.size2, info.out_size * info.size2,
                 info.size1),
                ("gram", out, i1 * info.size2 + i2, info.out_size, size12, size12)]
-    return {name: _gather_rows(key, index, scale, rows, entries, gathered)
+    return {name: _gather_rows(key, index, scale, rows, entries, gathered, split=name == "gram")
             for name, key, index, rows, entries, gathered in layouts if entries <= budget}
 
 

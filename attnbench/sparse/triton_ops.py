@@ -19,14 +19,16 @@ from torch import Tensor
 
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
+from ..kernels.sparse_bilinear import MAX_HELD, bilinear_launch
 from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
 from ..kernels.sparse_fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
 from ..kernels.sparse_outer_sum import outer_sum_launch
 from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
                                       sparse_scale_launch)
+from ..kernels.tuning import next_pow2
 
 __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul",
-           "outer_sum_by_dot", "fold_route", "fold_split_matmul"]
+           "outer_sum_by_dot", "fold_route", "fold_split_matmul", "bilinear_route"]
 
 # vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
@@ -55,6 +57,19 @@ OUTER_SUM_BY_DOT = {"enabled": True}
 # matrix stays under FOLD_MAX_ENTRIES; tests turn it off to check the other kernels on the same cases.
 FOLD_ROUTE = {"enabled": True}
 FOLD_MAX_ENTRIES = 2 ** 27  # 512 MiB in fp32 (L 6 C 128: 39.3M entries)
+
+
+# mul as dense bilinear forms on the matrix units (kernels/sparse_bilinear.py) where the info's gram table has its
+# matrix form (and its split for the dtype), one operand has at most MAX_HELD rows, the output is not summed over a
+# batch and the terms are at least
+# MIN_BILINEAR_DENSITY of the route's multiply-adds on the matrix units (P_out P1 P2, the dims as the kernel pads
+# them); tests turn it off to check the segment kernel on the same cases.
+BILINEAR_ROUTE = {"enabled": True}
+MIN_BILINEAR_DENSITY = 1 / 64
+# fp32 (three TF32 products a dot) takes the route from this many terms an output row: measured against the segment
+# kernel on the H100 (results/gpu/nvidia-h100/sparse-bilinear-route-*), Clebsch-Gordan L 2 (15 terms a row) ran
+# 0.76x-1.12x, L 3 (38) 1.9x-4.4x, L 4 (82) and L 6 (243) 1.9x-3.6x; bf16 (two bf16 products) won from L 2 (1.5x-1.9x).
+FP32_MIN_TERMS_PER_ROW = 24
 
 
 @contextlib.contextmanager
@@ -97,6 +112,12 @@ def fold_split_matmul(enabled: bool):
     return _switched(SPLIT_MATMUL, enabled)
 
 
+def bilinear_route(enabled: bool):
+    """Within the block, mul runs as dense bilinear forms on the matrix units where it applies (the default) or on
+    the segment kernel."""
+    return _switched(BILINEAR_ROUTE, enabled)
+
+
 def unavailable_reason(device) -> Optional[str]:
     """Why the Triton sparse kernels cannot run on ``device`` in this process, or None."""
     return kernels_unavailable_reason(device, "sparse")
@@ -121,9 +142,16 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       dense_index: Optional[Tensor] = None, dense_scale: Optional[Tensor] = None,
                       dense_rows: int = 0, dense_max_len: int = 0,
                       dense_matrix: Optional[Tensor] = None, outer_by_dot: bool = False,
-                      fold_matrix: Optional[Tensor] = None) -> Tensor:
+                      fold_matrix: Optional[Tensor] = None, bilinear_matrix: Optional[Tensor] = None,
+                      bilinear_hi: Optional[Tensor] = None, bilinear_lo: Optional[Tensor] = None) -> Tensor:
     info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
                            gather_index=gather_index, out_size=out_size)
+    if bilinear_matrix is not None:  # sparse_product_triton decided; hi and lo: 16-bit inputs' halves
+        def bilinear(a, b, hi, lo):  # (an interpreter's bf16 upcast runs in fp32 on the fp32 matrix)
+            halves = (hi, lo) if a.dtype in (torch.float16, torch.bfloat16) else None
+            return bilinear_launch(a, b, bilinear_matrix, out_size, halves)
+
+        return _launch(bilinear, x, y, bilinear_hi, bilinear_lo)
     if fold_matrix is not None and op == "outer":  # sparse_product_triton decided
         return _launch(lambda a, b: fold_outer_sum_launch(a, b, fold_matrix, out_size), x, y)
     if fold_matrix is not None:
@@ -142,7 +170,7 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
 @sparse_product_op.register_fake
 def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
       dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None, outer_by_dot=False,
-      fold_matrix=None):
+      fold_matrix=None, bilinear_matrix=None, bilinear_hi=None, bilinear_lo=None):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -215,6 +243,24 @@ def _fold_table(op, x, y, info, out_accumulated):
     return table
 
 
+def _bilinear_table(op, x, y, info, out_accumulated):
+    """The info's gram table for mul's bilinear route, or None where the segment kernel runs."""
+    if op != "mul" or not BILINEAR_ROUTE["enabled"]:
+        return None
+    if out_accumulated and 3 in (x.dim(), y.dim()):  # a batch sum
+        return None
+    table = getattr(info, "dense_rows", {}).get("gram")
+    if table is None or table.matrix is None or min(info.size1, info.size2) > MAX_HELD:
+        return None
+    if x.dtype in (torch.float16, torch.bfloat16) and x.dtype not in table.splits:  # the split would lose precision
+        return None
+    if x.dtype == torch.float32 and info.num_terms < FP32_MIN_TERMS_PER_ROW * info.out_size:
+        return None
+    held, looped = sorted((info.size1, info.size2))
+    macs = max(16, next_pow2(info.out_size)) * looped * max(16, next_pow2(held))  # tl.dot's dims: 16 at least
+    return table if info.num_terms >= MIN_BILINEAR_DENSITY * macs else None
+
+
 def _batch_summed_outer(op, x, y, out_accumulated):
     """Whether ``op`` is outer summed over the batch with both inputs batched (the FC layer's weight gradient)."""
     return op == "outer" and bool(out_accumulated) and x.dim() == 3 and y.dim() == 3
@@ -227,12 +273,17 @@ def _outer_sum(op, x, y, out_accumulated):
 
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
     """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the fold route (kernels/sparse_fold.py)
-    for vecmat with a shared y and mat_t_vec with a shared x, the dense route (kernels/sparse_dense.py) for vecsca,
+    for vecmat with a shared y and mat_t_vec with a shared x, mul's bilinear route (kernels/sparse_bilinear.py), the
+    dense route (kernels/sparse_dense.py) for vecsca,
     scavec and inner, where they apply; outer summed over the batch on kernels/sparse_outer_sum.py, else the segment
     kernel."""
     route = {}
     if (table := _fold_table(op, x, y, info, out_accumulated)) is not None:
         route = {"fold_matrix": table.matrix if x.dtype == torch.float64 else table.matrix32}
+    elif (table := _bilinear_table(op, x, y, info, out_accumulated)) is not None:
+        hi, lo = table.splits.get(x.dtype, (None, None))
+        route = {"bilinear_matrix": table.matrix if x.dtype == torch.float64 else table.matrix32, "bilinear_hi": hi,
+                 "bilinear_lo": lo}
     elif _outer_sum(op, x, y, out_accumulated):
         route = {"outer_by_dot": True}
     elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None:

@@ -1,0 +1,188 @@
+"""mul as dense bilinear forms on the matrix units: z[n, o, c] = x[n, :, c]^T A_o y[n, :, c].
+
+SparseMul (the channel-wise tensor product, e3nn's "uvu" paths) sums, for every sample n and channel c,
+
+    z[n, o, c] = sum_{t in o's segment} s[t] x[n, i1[t], c] y[n, i2[t], c]
+
+and the segment kernel does one multiply-add per term with two gathered loads and an index load: at L 3-4 it
+issues ~T (P1 + P2) / P_out loads for the minimum bytes' one, and ran at 2-8% of the copy bandwidth on the H100
+(results/gpu/nvidia-h200/sparse-notes.md, tenth session). Written with the terms' dense coefficient tensor
+A[o, i, j] (the info's "gram" table stored dense: ``matrix[i * size2 + j, o]``),
+
+    V_i = A[:, i, :] @ Y        [P_out, P2] @ [P2, columns]     (a tensor-core product)
+    z  += x_i * V_i             x_i = x[n, i, c] along the columns, i = 0 .. P1 - 1
+
+where a column is one (sample, channel) pair: a program holds Y for BLOCK_N samples x BLOCK_C channels in
+registers, walks the rows i of x once, and writes its [P_out, columns] tile of z once. Every input byte is read
+once (A from L2: P1 P2 P_out coefficients a program), at the price of P_out P1 P2 multiply-adds a column on the
+matrix units (4096 at L 3, against 611 terms) and P_out P1 on the FMA units. mul is closed under differentiation
+(gx is a mul of (gz, y), gy of (gz, x)), so the derivatives take this route too.
+
+Precision: fp32 inputs run as three TF32 products (Triton's tf32x3: hi * hi + hi * lo + lo * hi); each misses at
+most about 5 x 2**-22 of itself (the low parts cut to TF32 by the tensor cores, the dropped lo * lo), 20 fp32 unit
+roundoffs, which tests/test_gpu_sparse.py's fp32 bound counts. (Splitting A on the host and the held tile once a
+program into TF32 parts rounded to nearest measured 6-18% slower on the H100 than tf32x3: results/gpu/nvidia-h100/
+sparse-bilinear-route-*.) 16-bit inputs meet A as two 16-bit halves (hi + lo, split once per table on the host) on
+the tensor cores, as small_matmul does, so that the coefficients are not rounded to 16 bits; fp64 (the gradcheck
+path) in fp64.
+Accumulation in fp32 (fp64 for fp64). No atomics, one summation order: deterministic.
+
+Either operand may be shared by every sample (no batch dim). The operand with fewer rows is held (the dot's B):
+at most MAX_HELD rows, the route's limit; A's rows P_out span several programs past BLOCK_O's 64.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .launch import on_device
+from .offsets import INT32_MAX
+from .outputs import new_output
+from .precision import accumulator_dtype
+from .sparse_segment import compact_channels
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2, tile_pruner
+
+__all__ = ["MAX_HELD", "bilinear_launch", "bilinear_kernel", "coefficient_splits", "split_coefficients"]
+
+# rows of the held operand (the dot's inner dim, one tile): 49 at L 6
+MAX_HELD = 64
+# A's row tile (P_out): up to 64 rows a program, more rows take more programs
+MAX_BLOCK_O = 64
+
+# (warps, stages, samples, channels) a program; columns = samples x channels. Default (ATTNBENCH_AUTOTUNE=0) first:
+# 64 columns, whose [64, 64] accumulator and held tile fit 4 warps' registers at every size the route takes.
+_SHAPES = [(4, 1, 2, 32), (4, 2, 2, 32), (4, 1, 4, 32), (8, 1, 8, 32), (4, 1, 8, 16), (4, 1, 1, 64),
+           (8, 1, 2, 64), (8, 2, 4, 32)]
+_CONFIGS = config_list(
+    [cfg(w, st, BLOCK_N=n, BLOCK_C=c) for w, st, n, c in _SHAPES],
+    cfg(1, 1, BLOCK_N=2, BLOCK_C=16),  # the interpreter: tiny batches still span several programs
+)
+# channel tiles no wider than the channels' power of two (at least 16)
+_prune = tile_pruner({"BLOCK_C": "C"}, 16)
+
+
+@autotune(_CONFIGS, key=["P_LOOP", "P_HELD", "P_OUT", "C", "BATCH_DECADE"],
+          prune_configs_by={"early_config_prune": _prune})
+@triton.jit(do_not_specialize=["BATCH_DECADE"])
+def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BATCH_DECADE,
+                    s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
+                    SPLIT_A: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                    BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Z[n, o, c] = sum_i LOOPED[n, i, c] sum_j A[i * s_ai + j * s_aj + o] HELD[n, j, c] for this program's
+    BLOCK_N samples x BLOCK_C channels (the columns) and BLOCK_O rows o. SPLIT_A: A = A_HI + A_LO, two halves in
+    HELD's 16-bit dtype (split on the host), two dots; else A = A_HI in HELD's dtype, one dot of DOT_PRECISION."""
+    COLS: tl.constexpr = BLOCK_N * BLOCK_C
+    cols = tl.arange(0, COLS)
+    n = tl.program_id(0) * BLOCK_N + cols // BLOCK_C
+    c = tl.program_id(1) * BLOCK_C + cols % BLOCK_C
+    live = (n < N) & (c < C)
+    n64 = n.to(tl.int64)
+    offs_o = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
+    offs_j = tl.arange(0, BLOCK_J)
+    held_mask = (offs_j[:, None] < P_HELD) & live[None, :]
+    held = tl.load(HELD + n64[None, :] * s_hn + offs_j[:, None] * s_hm + c[None, :] * s_hc, mask=held_mask,
+                   other=0.0)
+    a_offsets = offs_j[None, :] * s_aj + offs_o[:, None]
+    a_mask = (offs_o[:, None] < P_OUT) & (offs_j[None, :] < P_HELD)
+    looped = LOOPED + n64 * s_ln + c * s_lc
+    acc = tl.zeros([BLOCK_O, COLS], dtype=ACC_DTYPE)
+    for i in range(0, P_LOOP):
+        a_hi = tl.load(A_HI + a_offsets + i * s_ai, mask=a_mask, other=0.0)
+        if SPLIT_A:
+            a_lo = tl.load(A_LO + a_offsets + i * s_ai, mask=a_mask, other=0.0)
+            v = tl.dot(a_hi, held, out_dtype=ACC_DTYPE)
+            v = tl.dot(a_lo, held, v, out_dtype=ACC_DTYPE)
+        else:
+            v = tl.dot(a_hi, held, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        x_i = tl.load(looped + i * s_lm, mask=live, other=0.0).to(ACC_DTYPE)
+        acc += x_i[None, :] * v
+    out = Z + n64[None, :] * s_zn + offs_o[:, None] * s_zm + c[None, :] * s_zc
+    tl.store(out, acc.to(Z.dtype.element_ty), mask=(offs_o[:, None] < P_OUT) & live[None, :])
+
+
+def split_coefficients(matrix32, dtype):
+    """(hi, lo): the fp32 coefficients in two halves of the 16-bit ``dtype`` (hi + lo keeps 16 of fp32's 24 bits,
+    so that the coefficients are not rounded to 16 bits)."""
+    hi = matrix32.to(dtype)
+    return hi, (matrix32 - hi.float()).to(dtype)
+
+
+# How much of each coefficient its two 16-bit halves may miss: 2**-16 (bf16's two 8-bit mantissas), which fp16's
+# halves also meet unless a coefficient passes fp16's range or sinks into its subnormals.
+SPLIT_ACCURACY = 2.0 ** -16
+
+
+def coefficient_splits(matrix32):
+    """{dtype: split_coefficients(matrix32, dtype)} for bf16 and fp16 where the split holds every coefficient to
+    SPLIT_ACCURACY (a dtype left out keeps mul off the route: no silent loss of precision)."""
+    splits = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        hi, lo = split_coefficients(matrix32, dtype)
+        error = (hi.double() + lo.double() - matrix32.double()).abs()
+        if bool((error <= SPLIT_ACCURACY * matrix32.double().abs()).all()):
+            splits[dtype] = (hi, lo)
+    return splits
+
+
+def bilinear_dot_precision(dtype: torch.dtype) -> str:
+    """fp32: three TF32 products (tf32x3: see the module); fp64: fp64."""
+    return "tf32x3" if dtype == torch.float32 else "ieee"
+
+
+def _strides(t):
+    """(batch size or None when shared, batch stride, row stride, channel stride) of [N, M, C] or shared [M, C]."""
+    if t.dim() == 2:
+        return None, 0, t.stride(0), t.stride(1)
+    return t.shape[0], t.stride(0), t.stride(1), t.stride(2)
+
+
+def bilinear_launch(x, y, matrix, out_size, coefficients=None):
+    """z of mul (not accumulated over the batch) from the dense coefficients ``matrix`` [size1 * size2, out_size]
+    (row i1 * size2 + i2; the info's gram table: fp64 for fp64 inputs, else fp32), in x's dtype; ``coefficients``:
+    16-bit inputs' ``split_coefficients`` where the caller keeps them (else split here). x: [N, size1, C] or shared [size1, C]; y the same
+    with size2; one of them at most MAX_HELD rows. Output [N, out_size, C], or [out_size, C] when both are shared."""
+    if x.dim() not in (2, 3) or y.dim() not in (2, 3) or x.shape[-1] != y.shape[-1]:
+        raise ValueError(f"sparse mul (bilinear): x {tuple(x.shape)} and y {tuple(y.shape)} are not [N, M, C] or "
+                         f"shared [M, C] with one C")
+    size1, size2 = x.shape[-2], y.shape[-2]
+    if matrix.shape != (size1 * size2, out_size):
+        raise ValueError(f"sparse mul (bilinear): coefficients {tuple(matrix.shape)}, expected "
+                         f"({size1 * size2}, {out_size})")
+    if min(size1, size2) > MAX_HELD:
+        raise ValueError(f"sparse mul (bilinear): operands of {size1} and {size2} rows; one must have at most "
+                         f"{MAX_HELD}")
+    if matrix.numel() > INT32_MAX:
+        raise ValueError(f"sparse mul (bilinear): {matrix.numel()} coefficients, over 2**31 - 1")
+    x, y = compact_channels(x, 1), compact_channels(y, 1)
+    (n_x, s_xn, s_xm, s_xc), (n_y, s_yn, s_ym, s_yc) = _strides(x), _strides(y)
+    if None not in (n_x, n_y) and n_x != n_y:
+        raise ValueError(f"sparse mul (bilinear): batches {n_x} and {n_y} differ")
+    batch = n_x if n_x is not None else n_y
+    channels = x.shape[-1]
+    z = new_output((out_size, channels) if batch is None else (batch, out_size, channels), x.dtype, x.device)
+    if z.numel() == 0:
+        return z
+    if size1 == 0 or size2 == 0:
+        return z.zero_()
+    zv = z.unsqueeze(0) if batch is None else z
+    # hold the operand with fewer rows; A's index for (looped row i, held row j) follows
+    if size2 <= size1:
+        looped, held = (x, s_xn, s_xm, s_xc), (y, s_yn, s_ym, s_yc)
+        s_ai, s_aj = size2 * out_size, out_size
+    else:
+        looped, held = (y, s_yn, s_ym, s_yc), (x, s_xn, s_xm, s_xc)
+        s_ai, s_aj = out_size, size2 * out_size
+    p_loop, p_held = looped[0].shape[-2], held[0].shape[-2]
+    n = batch or 1
+    block_o = min(MAX_BLOCK_O, max(16, next_pow2(out_size)))
+    if x.dtype in (torch.float16, torch.bfloat16):
+        a_hi, a_lo = coefficients if coefficients is not None else split_coefficients(matrix, x.dtype)
+    else:
+        a_hi = a_lo = matrix
+    with on_device(z):
+        bilinear_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]), cdiv(channels, meta["BLOCK_C"]),
+                                      cdiv(out_size, block_o))](
+            looped[0], held[0], a_hi, a_lo, zv, n, channels, p_loop, p_held, out_size, len(str(n)) - 1,
+            *looped[1:], *held[1:], zv.stride(0), zv.stride(1), zv.stride(2), s_ai, s_aj,
+            SPLIT_A=x.dtype in (torch.float16, torch.bfloat16), DOT_PRECISION=bilinear_dot_precision(x.dtype),
+            ACC_DTYPE=accumulator_dtype(x.dtype), BLOCK_O=block_o, BLOCK_J=max(16, next_pow2(p_held)))
+    return z

@@ -1,0 +1,245 @@
+"""mul's bilinear route (kernels/sparse_bilinear.py: dense coefficient blocks on the matrix units) on the
+interpreter: values against the float64 reference and the segment kernel it replaces, every sharing, both held
+operands, output rows past one row tile, odd sizes and strides; first and second derivatives (mul is closed under
+differentiation, so the backward takes the route too); where the route does not apply the segment kernel runs;
+bad arguments fail with clear errors. A counting spy on the route's launcher says which ran. Tiny sizes:
+interpreter launches cost ~0.05 s.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from attnbench.kernels import sparse_bilinear
+from attnbench.sparse import (product_infos, random_product_infos, sparse_product, sparse_product_reference,
+                              triton_ops, use_implementation)
+from attnbench.sparse.tensor_product import cg_product_infos
+
+pytestmark = pytest.mark.interpreter
+
+SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True),
+           "shared_both": (True, True)}
+
+
+@pytest.fixture
+def routed(monkeypatch):
+    """The route's launches: a list with one entry (the held operand's rows) a launch."""
+    calls = []
+    launch = triton_ops.bilinear_launch
+
+    def spy(x, y, *args):
+        calls.append(min(x.shape[-2], y.shape[-2]))
+        return launch(x, y, *args)
+
+    monkeypatch.setattr(triton_ops, "bilinear_launch", spy)
+    return calls
+
+
+def structures():
+    """(name, infos): Clebsch-Gordan L 1 x 2 -> 2 (x the smaller: x held), L 2 x 1 -> 2 (y held); random CSR with
+    rows without terms, repeated terms and gather_index backward infos, 70 output rows (two row tiles of 64), ~29
+    terms a row (fp32 takes the route from FP32_MIN_TERMS_PER_ROW)."""
+    return [("cg_1x2", cg_product_infos(1, 2, 2)), ("cg_2x1", cg_product_infos(2, 1, 2)),
+            ("random_70_out", random_product_infos(5, 7, 70, 2000, torch.Generator().manual_seed(5)))]
+
+
+STRUCTURES = dict(structures())
+
+
+def inputs(infos, sharing, batch=3, channels=5, dtype=torch.float64, seed=0, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    shared_x, shared_y = SHARING[sharing]
+
+    def tensor(shared, size):
+        shape = (() if shared else (batch,)) + (size, channels)
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype).requires_grad_(requires_grad)
+
+    return tensor(shared_x, infos[0].size1), tensor(shared_y, infos[0].size2)
+
+
+def _triton(x, y, infos, out_accumulated=False):
+    with use_implementation("triton"):
+        return sparse_product("mul", x, y, infos, out_accumulated)
+
+
+@pytest.mark.parametrize("sharing", list(SHARING))
+@pytest.mark.parametrize("name", list(STRUCTURES))
+def test_matches_reference_and_segment_kernel(name, sharing, routed):
+    infos = STRUCTURES[name]
+    x, y = inputs(infos, sharing)
+    z = _triton(x, y, infos)
+    assert routed == [min(infos[0].size1, infos[0].size2)]
+    with triton_ops.bilinear_route(False):
+        segment = _triton(x, y, infos)
+    assert len(routed) == 1
+    expected = sparse_product_reference("mul", x, y, infos[0])
+    assert z.shape == expected.shape == segment.shape and z.dtype == torch.float64
+    torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(z, segment, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("batch,channels", [(1, 1), (5, 17), (2, 33)])
+def test_odd_sizes_and_strides(batch, channels, routed):
+    """Batches and channels that are no block's multiple (the interpreter's blocks: 2 samples x 16 channels), and
+    operands that are strided views (channels not innermost, a sliced batch)."""
+    infos = STRUCTURES["random_70_out"]
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(channels, 2 * batch, infos[0].size1, generator=generator, dtype=torch.float64)
+    x = x.permute(1, 2, 0)[::2]  # [batch, size1, channels], channel stride size1 * 2 * batch
+    y = torch.randn(batch, infos[0].size2, channels + 3, generator=generator, dtype=torch.float64)[..., 3:]
+    z = _triton(x, y, infos)
+    assert routed
+    torch.testing.assert_close(z, sparse_product_reference("mul", x, y, infos[0]), rtol=1e-12, atol=1e-12)
+
+
+def test_empty_batch_and_channels(routed):
+    infos = STRUCTURES["cg_1x2"]
+    for batch, channels in ((0, 4), (3, 0)):
+        x, y = inputs(infos, "batched", batch=batch, channels=channels)
+        z = _triton(x, y, infos)
+        assert z.shape == (batch, infos[0].out_size, channels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision(dtype):
+    """Error bound, not a measured tolerance: the output rounds once to ``dtype`` (eps/2 of sum|terms|) after fp32
+    sums along a chain of at most P2 (the dot) + P1 (the rows of x) + 2 roundings, each at most eps32 of
+    sum|terms|. bf16 runs as an fp32 upcast on the interpreter (tf32x3 as fp32 there too): the GPU tests hold the
+    tensor cores' products to the same bound."""
+    infos = STRUCTURES["random_70_out"]
+    info = infos[0]
+    x, y = inputs(infos, "batched", dtype=dtype, seed=2)
+    z = _triton(x, y, infos)
+    assert z.dtype == dtype
+    expected = sparse_product_reference("mul", x.double(), y.double(), info)
+    magnitude = sparse_product_reference("mul", x.double().abs(), y.double().abs(),
+                                         dataclasses.replace(info, scale=info.scale.abs()))
+    chain = info.size1 + info.size2 + 2
+    bound = (torch.finfo(dtype).eps / 2 + chain * torch.finfo(torch.float32).eps) * magnitude
+    assert ((z.double() - expected).abs() <= bound + 1e-30).all()
+
+
+def test_gradcheck_and_gradgradcheck(routed, triton_only):
+    """First and second derivatives through the route (gx is a mul of (gz, y), gy one of (gz, x)): every launch of
+    the derivatives' forwards takes it. Triton stays forced while autograd runs the backward (``triton_only``)."""
+    infos = random_product_infos(3, 4, 5, 30, torch.Generator().manual_seed(3))
+    x, y = inputs(infos, "batched", batch=2, channels=2, requires_grad=True)
+    z = _triton(x, y, infos)
+    assert len(routed) == 1
+    torch.autograd.grad(z.sum(), (x, y))
+    assert len(routed) == 3  # the forward, gx and gy
+    assert torch.autograd.gradcheck(lambda a, b: sparse_product("mul", a, b, infos), (x, y), fast_mode=True)
+    assert torch.autograd.gradgradcheck(lambda a, b: sparse_product("mul", a, b, infos), (x, y), fast_mode=True)
+
+
+def test_shared_input_gradient_keeps_the_segment_kernel(routed):
+    """A shared x's gradient is summed over the batch (out_accumulated): the segment kernel's batch split runs it,
+    the forward and the batched y's gradient take the route."""
+    infos = STRUCTURES["cg_1x2"]
+    x, y = inputs(infos, "shared_x", requires_grad=True)
+    with use_implementation("triton"):
+        z = sparse_product("mul", x, y, infos)
+        gx, gy = torch.autograd.grad(z, (x, y), torch.ones_like(z))
+    assert len(routed) == 2
+    with use_implementation("split"):
+        z_ref = sparse_product("mul", x, y, infos)
+        ex, ey = torch.autograd.grad(z_ref, (x, y), torch.ones_like(z_ref))
+    torch.testing.assert_close(gx, ex, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gy, ey, rtol=1e-12, atol=1e-12)
+
+
+def test_batch_sum_keeps_the_segment_kernel(routed):
+    infos = STRUCTURES["cg_1x2"]
+    x, y = inputs(infos, "batched")
+    z = _triton(x, y, infos, out_accumulated=True)
+    assert not routed
+    torch.testing.assert_close(z, sparse_product_reference("mul", x, y, infos[0], True), rtol=1e-12, atol=1e-12)
+
+
+def test_fp16_keeps_the_segment_kernel_where_its_split_loses_precision(routed):
+    """A coefficient in fp16's subnormals (its halves would keep a few bits of it): the fp16 split is not made, fp16
+    mul runs on the segment kernel (fp32 scales), correctly; fp64 takes the route."""
+    i = torch.arange(24)
+    scale = torch.linspace(-2.0, 2.0, 24, dtype=torch.float64)
+    scale[5] = 1e-6
+    infos = product_infos(i % 3, i // 12, i % 4, scale, 3, 2, 4)  # 24 distinct terms: dense enough for the route
+    assert torch.float16 not in infos[0].dense_rows["gram"].splits
+    x, y = inputs(infos, "batched", dtype=torch.float16, seed=6)
+    z = _triton(x, y, infos)
+    assert not routed
+    expected = sparse_product_reference("mul", x.double(), y.double(), infos[0])
+    torch.testing.assert_close(z.double(), expected, rtol=2e-3, atol=0)  # one fp16 rounding of the output
+    _triton(x.double(), y.double(), infos)
+    assert routed
+
+
+def test_route_rules():
+    """The route needs the gram table's matrix form, one operand of at most MAX_HELD rows and terms at least
+    MIN_BILINEAR_DENSITY of its multiply-adds, and for fp32 FP32_MIN_TERMS_PER_ROW terms an output row; mul only,
+    and not summed over the batch."""
+    x3, y3 = torch.zeros(2, 5, 3), torch.zeros(2, 7, 3)
+    infos = STRUCTURES["random_70_out"]
+    assert triton_ops._bilinear_table("mul", x3, y3, infos[0], False) is infos[0].dense_rows["gram"]
+    assert triton_ops._bilinear_table("mul", x3, y3, infos[0], True) is None
+    assert triton_ops._bilinear_table("mul", x3[0], y3[0], infos[0], True) is not None  # both shared: no batch sum
+    with triton_ops.bilinear_route(False):
+        assert triton_ops._bilinear_table("mul", x3, y3, infos[0], False) is None
+    # 5 terms of a 1 x 100 -> 1 structure: 16 x 100 x 16 multiply-adds as tl.dot pads it, 1/5120 of them terms
+    zero = torch.zeros(5, dtype=torch.int64)
+    thin = product_infos(zero, torch.arange(5) * 20, zero, None, 1, 100, 1)
+    assert thin[0].dense_rows["gram"].matrix is not None
+    assert triton_ops._bilinear_table("mul", torch.zeros(2, 1, 3), torch.zeros(2, 100, 3), thin[0], False) is None
+    # fp32 from FP32_MIN_TERMS_PER_ROW terms a row (CG L 2: 15; L 3: 38); bf16 and fp64 at any count
+    for l_max, fp32 in ((2, False), (3, True)):
+        cg_info = cg_product_infos(l_max, l_max, l_max)[0]
+        size_l = (l_max + 1) ** 2
+        for dtype, routed in ((torch.float32, fp32), (torch.bfloat16, True), (torch.float64, True)):
+            a = torch.zeros(2, size_l, 3, dtype=dtype)
+            assert (triton_ops._bilinear_table("mul", a, a, cg_info, False) is not None) == routed, (l_max, dtype)
+    size = sparse_bilinear.MAX_HELD + 1
+    wide = random_product_infos(size, size, 4, 1100, torch.Generator().manual_seed(1))  # no operand fits the held tile
+    assert wide[0].dense_rows["gram"].matrix is not None
+    x, y = torch.zeros(2, size, 3), torch.zeros(2, size, 3)
+    assert triton_ops._bilinear_table("mul", x, y, wide[0], False) is None
+
+
+def test_bad_arguments_fail_clearly():
+    matrix = torch.zeros(6, 4)
+    with pytest.raises(ValueError, match="coefficients"):
+        sparse_bilinear.bilinear_launch(torch.zeros(2, 2, 3), torch.zeros(2, 4, 3), matrix, 4)
+    with pytest.raises(ValueError, match="batches 2 and 3"):
+        sparse_bilinear.bilinear_launch(torch.zeros(2, 2, 3), torch.zeros(3, 3, 3), matrix, 4)
+    with pytest.raises(ValueError, match="one C"):
+        sparse_bilinear.bilinear_launch(torch.zeros(2, 2, 3), torch.zeros(2, 3, 4), matrix, 4)
+    big = sparse_bilinear.MAX_HELD + 1
+    with pytest.raises(ValueError, match="at most"):
+        sparse_bilinear.bilinear_launch(torch.zeros(1, big, 1), torch.zeros(1, big, 1), torch.zeros(big * big, 1), 1)
+
+
+def test_coefficient_splits():
+    """16-bit inputs' coefficients in two halves of their dtype that miss at most 2**-16 of each (fp16 too, within
+    its normal range), made once per gram table; a dtype whose halves would miss more gets none."""
+    generator = torch.Generator().manual_seed(0)
+    magnitudes = 10.0 ** torch.arange(-1, 3).repeat(250)  # |values| in [0.05, 100]: within fp16's normal range
+    signs = torch.randint(0, 2, (1000,), generator=generator) * 2 - 1
+    values = (signs * (0.5 + 0.5 * torch.rand(1000, generator=generator)) * magnitudes).float()
+    for dtype in (torch.bfloat16, torch.float16):
+        hi, lo = sparse_bilinear.split_coefficients(values, dtype)
+        assert hi.dtype == lo.dtype == dtype
+        error = (hi.double() + lo.double() - values.double()).abs()
+        assert (error <= 2.0 ** -16 * values.double().abs()).all(), dtype
+    assert set(sparse_bilinear.coefficient_splits(values)) == {torch.bfloat16, torch.float16}
+    # past fp16's range, or in its subnormals: no fp16 split, so fp16 inputs keep the segment kernel
+    for outside in (1e5, 1e-6):
+        assert set(sparse_bilinear.coefficient_splits(torch.tensor([1.0, outside]))) == {torch.bfloat16}
+    table = STRUCTURES["cg_1x2"][0].dense_rows["gram"]
+    assert set(table.splits) == {torch.bfloat16, torch.float16}
+    assert all(torch.equal(h, sparse_bilinear.split_coefficients(table.matrix32, d)[0])
+               for d, (h, _) in table.splits.items())
+
+
+def test_bitwise_deterministic(routed):
+    infos = STRUCTURES["random_70_out"]
+    x, y = inputs(infos, "batched", dtype=torch.float32, seed=4)
+    assert torch.equal(_triton(x, y, infos), _triton(x, y, infos))
+    assert len(routed) == 2
