@@ -14,14 +14,14 @@ A[o, i, j] (the info's "gram" table stored dense: ``matrix[i * size2 + j, o]``),
 
 where a column is one (sample, channel) pair: a program holds Y for BLOCK_N samples x BLOCK_C channels in
 registers, walks the rows i of x once, and writes its [P_out, columns] tile of z once. Every input byte is read
-once (A from L2: P1 P2 P_out coefficients a program), at the price of P_out P1 P2 multiply-adds a column on the
-matrix units (4096 at L 3, against 611 terms) and P_out P1 on the FMA units. mul is closed under differentiation
-(gx is a mul of (gz, y), gy of (gz, x)), so the derivatives take this route too.
+once (once per 64 output rows past 64; A from L2: P1 P2 P_out coefficients a program), at the price of P_out P1 P2
+multiply-adds a column on the matrix units (4096 at L 3, against 611 terms) and P_out P1 on the FMA units. mul is
+closed under differentiation (gx is a mul of (gz, y), gy of (gz, x)), so the derivatives take this route too.
 
 Precision: fp32 inputs run as three TF32 products (Triton's tf32x3: hi * hi + hi * lo + lo * hi); each misses at
 most about 5 x 2**-22 of itself (the low parts cut to TF32 by the tensor cores, the dropped lo * lo), 20 fp32 unit
 roundoffs, which tests/test_gpu_sparse.py's fp32 bound counts. (Splitting A on the host and the held tile once a
-program into TF32 parts rounded to nearest measured 6-18% slower on the H100 than tf32x3: results/gpu/nvidia-h100/
+program into TF32 parts rounded to nearest measured 6-25% slower on the H100 than tf32x3: results/gpu/nvidia-h100/
 sparse-bilinear-route-*.) 16-bit inputs meet A as two 16-bit halves (hi + lo, split once per table on the host) on
 the tensor cores, as small_matmul does, so that the coefficients are not rounded to 16 bits; fp64 (the gradcheck
 path) in fp64.
@@ -29,6 +29,11 @@ Accumulation in fp32 (fp64 for fp64). No atomics, one summation order: determini
 
 Either operand may be shared by every sample (no batch dim). The operand with fewer rows is held (the dot's B):
 at most MAX_HELD rows, the route's limit; A's rows P_out span several programs past BLOCK_O's 64.
+
+Non-finite inputs: every x row and held y row meets its whole coefficient block, zeros included, so an inf or NaN in
+one entry (n, i, c) makes NaN of the outputs of its column (n, c) that the block reaches (0 x inf), where the segment
+kernel keeps it to the outputs whose terms read it; as on the dense route (sparse_dense.py), a non-finite entry an
+output reads never yields a finite value.
 """
 import torch
 import triton
@@ -38,7 +43,7 @@ from .launch import on_device
 from .offsets import INT32_MAX
 from .outputs import new_output
 from .precision import accumulator_dtype
-from .sparse_segment import compact_channels
+from .sparse_segment import compact_channels, grid_channel_tiles
 from .tuning import autotune, cdiv, cfg, config_list, next_pow2, tile_pruner
 
 __all__ = ["MAX_HELD", "bilinear_launch", "bilinear_kernel", "coefficient_splits", "split_coefficients"]
@@ -79,8 +84,10 @@ def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BA
     offs_o = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
     offs_j = tl.arange(0, BLOCK_J)
     held_mask = (offs_j[:, None] < P_HELD) & live[None, :]
-    held = tl.load(HELD + n64[None, :] * s_hn + offs_j[:, None] * s_hm + c[None, :] * s_hc, mask=held_mask,
-                   other=0.0)
+    # row offsets in int64 (a [M, N, C] tensor seen as [N, M, C] has a row stride of N C); channel offsets in int32
+    # (compact_channels copies where they would not fit)
+    held = tl.load(HELD + n64[None, :] * s_hn + offs_j.to(tl.int64)[:, None] * s_hm + c[None, :] * s_hc,
+                   mask=held_mask, other=0.0)
     a_offsets = offs_j[None, :] * s_aj + offs_o[:, None]
     a_mask = (offs_o[:, None] < P_OUT) & (offs_j[None, :] < P_HELD)
     looped = LOOPED + n64 * s_ln + c * s_lc
@@ -93,15 +100,16 @@ def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BA
             v = tl.dot(a_lo, held, v, out_dtype=ACC_DTYPE)
         else:
             v = tl.dot(a_hi, held, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-        x_i = tl.load(looped + i * s_lm, mask=live, other=0.0).to(ACC_DTYPE)
+        row = i + tl.zeros([], dtype=tl.int64)  # int64 row offset (the interpreter's loop index is a Python int)
+        x_i = tl.load(looped + row * s_lm, mask=live, other=0.0).to(ACC_DTYPE)
         acc += x_i[None, :] * v
     out = Z + n64[None, :] * s_zn + offs_o[:, None] * s_zm + c[None, :] * s_zc
     tl.store(out, acc.to(Z.dtype.element_ty), mask=(offs_o[:, None] < P_OUT) & live[None, :])
 
 
 def split_coefficients(matrix32, dtype):
-    """(hi, lo): the fp32 coefficients in two halves of the 16-bit ``dtype`` (hi + lo keeps 16 of fp32's 24 bits,
-    so that the coefficients are not rounded to 16 bits)."""
+    """(hi, lo): the fp32 coefficients in two halves of the 16-bit ``dtype`` (hi + lo keeps 16 of fp32's 24 bits in
+    bf16, 22 in fp16 within its normal range, so that the coefficients are not rounded to 16 bits)."""
     hi = matrix32.to(dtype)
     return hi, (matrix32 - hi.float()).to(dtype)
 
@@ -138,8 +146,9 @@ def _strides(t):
 def bilinear_launch(x, y, matrix, out_size, coefficients=None):
     """z of mul (not accumulated over the batch) from the dense coefficients ``matrix`` [size1 * size2, out_size]
     (row i1 * size2 + i2; the info's gram table: fp64 for fp64 inputs, else fp32), in x's dtype; ``coefficients``:
-    16-bit inputs' ``split_coefficients`` where the caller keeps them (else split here). x: [N, size1, C] or shared [size1, C]; y the same
-    with size2; one of them at most MAX_HELD rows. Output [N, out_size, C], or [out_size, C] when both are shared."""
+    16-bit inputs' ``split_coefficients`` where the caller keeps them (else split here). x: [N, size1, C] or shared
+    [size1, C]; y the same with size2; one of them at most MAX_HELD rows. Output [N, out_size, C], or [out_size, C]
+    when both are shared."""
     if x.dim() not in (2, 3) or y.dim() not in (2, 3) or x.shape[-1] != y.shape[-1]:
         raise ValueError(f"sparse mul (bilinear): x {tuple(x.shape)} and y {tuple(y.shape)} are not [N, M, C] or "
                          f"shared [M, C] with one C")
@@ -152,6 +161,11 @@ def bilinear_launch(x, y, matrix, out_size, coefficients=None):
                          f"{MAX_HELD}")
     if matrix.numel() > INT32_MAX:
         raise ValueError(f"sparse mul (bilinear): {matrix.numel()} coefficients, over 2**31 - 1")
+    wanted = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if matrix.dtype != wanted or matrix.device != x.device or y.device != x.device or y.dtype != x.dtype:
+        raise ValueError(f"sparse mul (bilinear): x {x.dtype} on {x.device}, y {y.dtype} on {y.device}, coefficients "
+                         f"{matrix.dtype} on {matrix.device}; wanted one device, one input dtype and {wanted} "
+                         f"coefficients")
     x, y = compact_channels(x, 1), compact_channels(y, 1)
     (n_x, s_xn, s_xm, s_xc), (n_y, s_yn, s_ym, s_yc) = _strides(x), _strides(y)
     if None not in (n_x, n_y) and n_x != n_y:
@@ -178,9 +192,12 @@ def bilinear_launch(x, y, matrix, out_size, coefficients=None):
         a_hi, a_lo = coefficients if coefficients is not None else split_coefficients(matrix, x.dtype)
     else:
         a_hi = a_lo = matrix
+    def grid(meta):
+        tiles = grid_channel_tiles(channels, meta["BLOCK_C"], f"sparse mul (bilinear): {channels} channels")
+        return cdiv(n, meta["BLOCK_N"]), tiles, cdiv(out_size, block_o)
+
     with on_device(z):
-        bilinear_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]), cdiv(channels, meta["BLOCK_C"]),
-                                      cdiv(out_size, block_o))](
+        bilinear_kernel[grid](
             looped[0], held[0], a_hi, a_lo, zv, n, channels, p_loop, p_held, out_size, len(str(n)) - 1,
             *looped[1:], *held[1:], zv.stride(0), zv.stride(1), zv.stride(2), s_ai, s_aj,
             SPLIT_A=x.dtype in (torch.float16, torch.bfloat16), DOT_PRECISION=bilinear_dot_precision(x.dtype),

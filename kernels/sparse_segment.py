@@ -41,9 +41,11 @@ weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
 Walking all the rows of a batch block in one program was first measured on the H200 for vecsca (L 6, N 1e4: 0.49x-
 1.43x, not kept), and taking several terms of a segment at a time (for loads in flight) 0.80x-1.27x (results/gpu/
 nvidia-h200/sparse-notes.md); for mul at N 1e4-1e6 on the H100 it gains 1.0x-2.8x and is kept for mul alone
-(``ALL_ROWS``), where mul does not take its bilinear route (kernels/sparse_bilinear.py: fp32 with few terms a row,
-thin structures, batch sums). Grid axes 1 and 2 are capped at 65535 programs by CUDA: one row a program launches rows in chunks
-(ROW0, ROWS), channel tiles never come close for the channel sizes this operator sees (the launcher checks).
+(``ALL_ROWS``), where mul does not take its bilinear route (kernels/sparse_bilinear.py; triton_ops._bilinear_table
+says where it does not: batch sums, structures without a dense matrix form or too thin for it, both operands past 64
+rows, fp32 with few terms a row, 16-bit coefficients whose split would lose precision). Grid axes 1 and 2 are capped
+at 65535 programs by CUDA: one row a program launches rows in chunks (ROW0, ROWS), channel tiles never come close for
+the channel sizes this operator sees (the launcher checks).
 """
 import math
 

@@ -111,14 +111,16 @@ def error_factor(dtype, m, roundings, exact=False):
 
 
 def matrix_unit_chain(case, dtype, m):
-    """m of the bound where mul's bilinear route (kernels/sparse_bilinear.py) runs fp32 on the tensor cores: their
-    fp32 accumulation may truncate instead of rounding (up to 2u an add: each rounding counted twice), and tf32x3's
-    three TF32 products leave up to 5 x 2^-22 = 20 u32 of each product (the two low parts cut to TF32, the dropped
-    lo x lo). The route's chain itself is no longer than the segment kernel's: a term's path has the
-    nonzero j of its (o, i) in the dot and the nonzero i of o in the row loop, at most k + 1 together."""
-    if dtype != torch.float32 or not getattr(case, "bilinear", lambda dtype: False)(dtype):
+    """m of the bound where mul's bilinear route (kernels/sparse_bilinear.py) runs on the tensor cores: their fp32
+    accumulation may truncate instead of rounding (up to 2u an add: each rounding counted twice); fp32's tf32x3
+    products leave up to 5 x 2^-22 = 20 u32 of each product (the two low parts cut to TF32, the dropped lo x lo), and
+    16-bit inputs' coefficients in two halves up to 2^-16 = 256 u32 of each. The route's chain is otherwise no
+    longer than the segment kernel's: a term's path has the nonzero j of its (o, i) in the dot and the nonzero i of o
+    in the row loop, at most k + 1 together (tf32x3's two low-part dots, chained into the same accumulator, add two
+    roundings of products 2^-10 the size)."""
+    if not getattr(case, "bilinear", lambda dtype: False)(dtype):
         return m
-    return 2 * m + 20
+    return 2 * m + 2 + (20 if dtype == torch.float32 else 256)
 
 
 def longest_segment(infos):
@@ -302,10 +304,16 @@ class ProductCase:
         return self.sharing != "batched" or self.out_accumulated
 
     def bilinear(self, dtype):
-        """Whether mul's forward in ``dtype`` takes the bilinear route (kernels/sparse_bilinear.py: tensor cores)."""
-        x, y, _ = (torch.empty(shape, device="meta", dtype=dtype) for shape in self.shapes())
-        return self.op == "mul" and triton_ops._bilinear_table("mul", x, y, self.infos()[0],
-                                                               self.out_accumulated) is not None
+        """Whether mul's forward, or the mul of one of its derivatives, in ``dtype`` takes the bilinear route
+        (kernels/sparse_bilinear.py: tensor cores); each info as if both operands were batched."""
+        if self.op != "mul":
+            return False
+
+        def meta(size):
+            return torch.empty((2, size, 1), device="meta", dtype=dtype)
+
+        return any(triton_ops._bilinear_table("mul", meta(info.size1), meta(info.size2), info, False) is not None
+                   for info in self.infos())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -500,15 +508,19 @@ BILINEAR_CASES = sized([
 ])
 
 
-@pytest.mark.parametrize("case,dtype", [(c, d) for c in BILINEAR_CASES for d in DTYPES],
+@pytest.mark.parametrize("case,dtype", [(c, d) for c in BILINEAR_CASES for d in DTYPES + (torch.float16,)],
                          ids=lambda v: v.label if hasattr(v, "label") else str(v)[6:])
 def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only, monkeypatch):
     """Every derivative of mul is a mul: forward, backward and double backward all take the route (a spy counts
     its launches), each held to the float64 bound (fp32: with the tensor cores' terms, matrix_unit_chain)."""
     routed = case.bilinear(dtype)
-    # fp32 CG L 2 (15 terms a row) stays on the segment kernel (triton_ops.FP32_MIN_TERMS_PER_ROW); the dry run's
-    # tiny random structure is too thin for the route
-    assert routed == (dtype != torch.float32 or case.structure != cg(2)) or DRYRUN, case.label
+    # fp32 CG L 2 (15 terms a row) stays on the segment kernel (triton_ops.FP32_MIN_TERMS_PER_ROW), and fp16 where a
+    # coefficient sinks below fp16's normal range (no fp16 split: the random structure's N(0, 1) scales); the dry
+    # run's tiny random structure is too thin for the route
+    expected = not (dtype == torch.float32 and case.structure == cg(2))
+    if dtype == torch.float16:
+        expected = expected and all(torch.float16 in info.dense_rows["gram"].splits for info in case.infos())
+    assert routed == expected or DRYRUN, case.label
     launches = []
     launch = triton_ops.bilinear_launch
     monkeypatch.setattr(triton_ops, "bilinear_launch", lambda *a: launches.append(1) or launch(*a))
@@ -516,15 +528,35 @@ def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only
     assert len(launches) >= 5 if routed else not launches  # z, gx, gy, and the double backward's
 
 
+def test_bilinear_route_row_offsets_past_int32(triton_only):
+    """Operands seen as [N, M, C] but stored [M, N, C] (row stride N C = 1.5e8 at N 1.2e6, C 128: row 15's offset
+    passes 2**31): the route's row offsets are int64, so the result equals the same call on compact copies,
+    bitwise (the same arithmetic in the same order), held and looped operand alike. The dry run: tiny, no overflow."""
+    batch, channels = (3, 3) if DRYRUN else (1_200_000, 128)
+    infos = cg_product_infos(2 if DRYRUN else 3, 2 if DRYRUN else 3, 2 if DRYRUN else 3, device=DEVICE)
+    size = infos[0].size1
+    generator = torch.Generator(device=DEVICE).manual_seed(3)
+    x = torch.randn(size, batch, channels, device=DEVICE, generator=generator).to(torch.bfloat16).transpose(0, 1)
+    y = torch.randn(size, batch, channels, device=DEVICE, generator=generator).to(torch.bfloat16).transpose(0, 1)
+    assert triton_ops._bilinear_table("mul", x, y, infos[0], False) is not None
+    for strided in ((x, y.contiguous()), (x.contiguous(), y)):
+        z = sparse_product("mul", *strided, infos)
+        assert torch.equal(z, sparse_product("mul", x.contiguous(), y.contiguous(), infos))
+        del z
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # shared inputs and batch-summed outputs (exact integer arithmetic)
 
 SMALL_RANDOM = rand(24, 20, 28, 400)  # ~20 terms a segment, up to ~35
+# ~32 terms an output row and a dense matrix form: mul takes the bilinear route in fp32 too (triton_ops._bilinear_table)
+DENSER_RANDOM = rand(24, 20, 28, 900)
 # Every sharing and out_accumulated, spread over the ops (the FC layer's shared weight: vecmat's y, mat_t_vec's x).
 # N = 2048 keeps the partial sums of the contracting ops below 2**24 (N k R |x y| <= 2048 * 35 * 32 * 4).
 SHARED_CASES = sized([
     ProductCase("mul", SMALL_RANDOM, 2048, (32,), (32,), "shared_y", integer=True),
     ProductCase("mul", SMALL_RANDOM, 2048, (32,), (32,), out_accumulated=True, integer=True),
+    ProductCase("mul", DENSER_RANDOM, 2048, (32,), (32,), "shared_y", integer=True),  # on the bilinear route
     ProductCase("outer", SMALL_RANDOM, 512, (16,), (8,), "shared_x", True, integer=True),
     # both batched: the FC layer's weight gradient, on matrix units (kernels/sparse_outer_sum.py)
     ProductCase("outer", SMALL_RANDOM, 2048, (128,), (64,), out_accumulated=True, integer=True),
@@ -552,6 +584,7 @@ def test_shared_inputs_and_batch_sums(case, dtype, triton_only):
 
 ODD_CASES = sized([
     ProductCase("mul", SMALL_RANDOM, 1009, (48,), (48,), integer=True),  # N prime: a masked batch block
+    ProductCase("mul", DENSER_RANDOM, 1009, (48,), (48,), integer=True),  # the same on the bilinear route
     ProductCase("outer", SMALL_RANDOM, 37, (1,), (80,), integer=True),  # C1 = 1: z's c = a C2 + b with one a
     ProductCase("outer", SMALL_RANDOM, 1009, (37,), (5,), out_accumulated=True, integer=True),  # masked tiles
     ProductCase("inner", SMALL_RANDOM, 1009, (37,), (37,), integer=True),  # R = 37: a masked contraction chunk

@@ -163,8 +163,8 @@ class GatherRows:
     (``GATHER_MATRIX_PER_TERM``), is the same sparse matrix stored dense and transposed, [gathered size, rows] in
     float64 (repeated terms summed once, exactly rounded), so that out = in @ matrix is one GEMM, and
     ``matrix32`` the same rounded to fp32 (for fp32 and 16-bit inputs: no cast a call); else both None. ``splits``,
-    for the gram table with a matrix form, maps fp32, bf16 and fp16 to mul's bilinear-route coefficients (matrix32
-    split in two parts: ``kernels.sparse_bilinear.coefficient_splits``, which leaves out a dtype whose split would
+    for the gram table with a matrix form, maps bf16 and fp16 to mul's bilinear-route coefficients (matrix32
+    split in two halves: ``kernels.sparse_bilinear.coefficient_splits``, which leaves out a dtype whose split would
     lose precision), made once here rather than on every call."""
 
     bounds: Tensor

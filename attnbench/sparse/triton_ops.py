@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
+from ..kernels.offsets import INT32_MAX
 from ..kernels.sparse_bilinear import MAX_HELD, bilinear_launch
 from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
 from ..kernels.sparse_fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
@@ -67,8 +68,9 @@ FOLD_MAX_ENTRIES = 2 ** 27  # 512 MiB in fp32 (L 6 C 128: 39.3M entries)
 BILINEAR_ROUTE = {"enabled": True}
 MIN_BILINEAR_DENSITY = 1 / 64
 # fp32 (three TF32 products a dot) takes the route from this many terms an output row: measured against the segment
-# kernel on the H100 (results/gpu/nvidia-h100/sparse-bilinear-route-*), Clebsch-Gordan L 2 (15 terms a row) ran
-# 0.76x-1.12x, L 3 (38) 1.9x-4.4x, L 4 (82) and L 6 (243) 1.9x-3.6x; bf16 (two bf16 products) won from L 2 (1.5x-1.9x).
+# kernel on the H100 (results/gpu/nvidia-h100/sparse-bilinear-route*), Clebsch-Gordan L 2 (15 terms a row) ran
+# 0.76x-1.12x, L 3 (38) 2.1x-5.0x, L 4 (82) 1.9x-3.2x, L 6 (243) 2.8x-4.7x; bf16 (two bf16 products) won from L 2
+# (1.5x-1.9x).
 FP32_MIN_TERMS_PER_ROW = 24
 
 
@@ -250,7 +252,8 @@ def _bilinear_table(op, x, y, info, out_accumulated):
     if out_accumulated and 3 in (x.dim(), y.dim()):  # a batch sum
         return None
     table = getattr(info, "dense_rows", {}).get("gram")
-    if table is None or table.matrix is None or min(info.size1, info.size2) > MAX_HELD:
+    if table is None or table.matrix is None or min(info.size1, info.size2) > MAX_HELD or \
+            table.matrix.numel() > INT32_MAX:
         return None
     if x.dtype in (torch.float16, torch.bfloat16) and x.dtype not in table.splits:  # the split would lose precision
         return None
