@@ -53,10 +53,13 @@ MAX_HELD = 64
 # A's row tile (P_out): up to 64 rows a program, more rows take more programs
 MAX_BLOCK_O = 64
 
-# (warps, stages, samples, channels) a program; columns = samples x channels. Default (ATTNBENCH_AUTOTUNE=0) first:
-# 64 columns, whose [64, 64] accumulator and held tile fit 4 warps' registers at every size the route takes.
-_SHAPES = [(4, 1, 2, 32), (4, 2, 2, 32), (4, 1, 4, 32), (8, 1, 8, 32), (4, 1, 8, 16), (4, 1, 1, 64),
-           (8, 1, 2, 64), (8, 2, 4, 32)]
+# (warps, stages, samples, channels) a program; columns = samples x channels. Chosen on the H100 from 17 candidates
+# (scripts/gpu_dev_bilinear_configs.py, results/gpu/nvidia-h100/sparse-bilinear-configs.md: CG L 3, 4, 6, C 32 and 128,
+# N 1e5, fp32 and bf16): each is the fastest at some of those or within 1% of it, but 16-channel tiles (for channel
+# counts of 16, not measured); 8 warps ran 2x slower at L 6, 4 warps 1.2x-1.5x at L 4, and the autotuner's best of
+# this list was 1.06x-1.15x faster than of the first list's (deeper pipelines at L 3 bf16 and L 4 fp32). Default
+# (ATTNBENCH_AUTOTUNE=0) first: 128 columns at 4 warps, the fastest at L 6 and within 1.5x everywhere.
+_SHAPES = [(4, 1, 4, 32), (4, 3, 4, 32), (8, 3, 8, 32), (8, 1, 8, 32), (8, 2, 8, 32), (4, 1, 8, 16), (8, 1, 4, 64)]
 _CONFIGS = config_list(
     [cfg(w, st, BLOCK_N=n, BLOCK_C=c) for w, st, n, c in _SHAPES],
     cfg(1, 1, BLOCK_N=2, BLOCK_C=16),  # the interpreter: tiny batches still span several programs
