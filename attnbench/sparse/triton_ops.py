@@ -62,9 +62,8 @@ FOLD_MAX_ENTRIES = 2 ** 27  # 512 MiB in fp32 (L 6 C 128: 39.3M entries)
 
 # mul as dense bilinear forms on the matrix units (kernels/sparse_bilinear.py) where the info's gram table has its
 # matrix form (and its split for the dtype), one operand has at most MAX_HELD rows, the output is not summed over a
-# batch and the terms are at least
-# MIN_BILINEAR_DENSITY of the route's multiply-adds on the matrix units (P_out P1 P2, the dims as the kernel pads
-# them); tests turn it off to check the segment kernel on the same cases.
+# batch and the terms are at least MIN_BILINEAR_DENSITY of the route's multiply-adds on the matrix units (P_out P1 P2,
+# the dims as the kernel pads them); tests turn it off to check the segment kernel on the same cases.
 BILINEAR_ROUTE = {"enabled": True}
 MIN_BILINEAR_DENSITY = 1 / 64
 # fp32 (three TF32 products a dot) takes the route from this many terms an output row: measured against the segment
@@ -277,9 +276,8 @@ def _outer_sum(op, x, y, out_accumulated):
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
     """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the fold route (kernels/sparse_fold.py)
     for vecmat with a shared y and mat_t_vec with a shared x, mul's bilinear route (kernels/sparse_bilinear.py), the
-    dense route (kernels/sparse_dense.py) for vecsca,
-    scavec and inner, where they apply; outer summed over the batch on kernels/sparse_outer_sum.py, else the segment
-    kernel."""
+    dense route (kernels/sparse_dense.py) for vecsca, scavec and inner, where they apply; outer summed over the batch
+    on kernels/sparse_outer_sum.py, else the segment kernel."""
     route = {}
     if (table := _fold_table(op, x, y, info, out_accumulated)) is not None:
         route = {"fold_matrix": table.matrix if x.dtype == torch.float64 else table.matrix32}
