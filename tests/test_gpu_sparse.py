@@ -42,7 +42,7 @@ import attnbench
 from attnbench import verify
 from attnbench.verify import gamma
 from attnbench.kernels import outputs as kernel_outputs
-from attnbench.kernels import sparse_segment
+from attnbench.kernels import sparse_bilinear, sparse_segment
 from attnbench.kernels.sparse_outer_sum import outer_sum_kernel
 from attnbench.kernels.sparse_segment import product_out_shape
 from attnbench.operators.sparse import SparseCase, peers
@@ -510,7 +510,7 @@ BILINEAR_CASES = sized([
 
 @pytest.mark.parametrize("case,dtype", [(c, d) for c in BILINEAR_CASES for d in DTYPES + (torch.float16,)],
                          ids=lambda v: v.label if hasattr(v, "label") else str(v)[6:])
-def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only, monkeypatch):
+def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only, spy_kernel):
     """Every derivative of mul is a mul: forward, backward and double backward all take the route (a spy counts
     its launches), each held to the float64 bound (fp32: with the tensor cores' terms, matrix_unit_chain)."""
     routed = case.bilinear(dtype)
@@ -521,11 +521,9 @@ def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only
     if dtype == torch.float16:
         expected = expected and all(torch.float16 in info.dense_rows["gram"].splits for info in case.infos())
     assert routed == expected or DRYRUN, case.label
-    launches = []
-    launch = triton_ops.bilinear_launch
-    monkeypatch.setattr(triton_ops, "bilinear_launch", lambda *a: launches.append(1) or launch(*a))
+    launches = spy_kernel(sparse_bilinear, "bilinear_kernel")
     check_against_oracle(case, dtype, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
-    assert len(launches) >= 5 if routed else not launches  # z, gx, gy, and the double backward's
+    assert launches.launches >= 5 if routed else not launches.launches  # z, gx, gy, and the double backward's
 
 
 def test_bilinear_route_row_offsets_past_int32(triton_only):

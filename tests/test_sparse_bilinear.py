@@ -22,17 +22,9 @@ SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (Fa
 
 
 @pytest.fixture
-def routed(monkeypatch):
-    """The route's launches: a list with one entry (the held operand's rows) a launch."""
-    calls = []
-    launch = triton_ops.bilinear_launch
-
-    def spy(x, y, *args):
-        calls.append(min(x.shape[-2], y.shape[-2]))
-        return launch(x, y, *args)
-
-    monkeypatch.setattr(triton_ops, "bilinear_launch", spy)
-    return calls
+def routed(spy_kernel):
+    """The route's kernel launches (conftest's LaunchSpy): each launch's positional arguments, P_HELD at 8."""
+    return spy_kernel(sparse_bilinear, "bilinear_kernel").args
 
 
 def structures():
@@ -68,7 +60,7 @@ def test_matches_reference_and_segment_kernel(name, sharing, routed):
     infos = STRUCTURES[name]
     x, y = inputs(infos, sharing)
     z = _triton(x, y, infos)
-    assert routed == [min(infos[0].size1, infos[0].size2)]
+    assert [args[8] for args in routed] == [min(infos[0].size1, infos[0].size2)]  # the held operand: the fewer rows
     with triton_ops.bilinear_route(False):
         segment = _triton(x, y, infos)
     assert len(routed) == 1
