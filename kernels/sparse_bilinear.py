@@ -17,6 +17,8 @@ registers, walks the rows i of x once, and writes its [P_out, columns] tile of z
 once (once per 64 output rows past 64; A from L2: P1 P2 P_out coefficients a program), at the price of P_out P1 P2
 multiply-adds a column on the matrix units (4096 at L 3, against 611 terms) and P_out P1 on the FMA units. mul is
 closed under differentiation (gx is a mul of (gz, y), gy of (gz, x)), so the derivatives take this route too.
+16-bit inputs run the products transposed (Y^T A_i^T: the columns as the dots' M, so that Hopper's warpgroup
+products apply whatever P_out, with Y in shared memory), fp32 and fp64 as written (ROWS_M_DTYPES says why).
 
 Precision: fp32 inputs run as three TF32 products (Triton's tf32x3: hi * hi + hi * lo + lo * hi); each misses at
 most about 5 x 2**-22 of itself (the low parts cut to TF32 by the tensor cores, the dropped lo * lo), 20 fp32 unit
@@ -68,29 +70,17 @@ _CONFIGS = config_list(
 _prune = tile_pruner({"BLOCK_C": "C"}, 16)
 
 
-@autotune(_CONFIGS, key=["P_LOOP", "P_HELD", "P_OUT", "C", "BATCH_DECADE"],
-          prune_configs_by={"early_config_prune": _prune})
-@triton.jit(do_not_specialize=["BATCH_DECADE"])
-def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BATCH_DECADE,
-                    s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
-                    SPLIT_A: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                    BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Z[n, o, c] = sum_i LOOPED[n, i, c] sum_j A[i * s_ai + j * s_aj + o] HELD[n, j, c] for this program's
-    BLOCK_N samples x BLOCK_C channels (the columns) and BLOCK_O rows o. SPLIT_A: A = A_HI + A_LO, two halves in
-    HELD's 16-bit dtype (split on the host), two dots; else A = A_HI in HELD's dtype, one dot of DOT_PRECISION."""
-    COLS: tl.constexpr = BLOCK_N * BLOCK_C
-    cols = tl.arange(0, COLS)
-    n = tl.program_id(0) * BLOCK_N + cols // BLOCK_C
-    c = tl.program_id(1) * BLOCK_C + cols % BLOCK_C
-    live = (n < N) & (c < C)
-    n64 = n.to(tl.int64)
-    offs_o = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
+@triton.jit
+def _rows_as_m(LOOPED, HELD, A_HI, A_LO, Z, n64, c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+               s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
+               SPLIT_A: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_O: tl.constexpr,
+               BLOCK_J: tl.constexpr, COLS: tl.constexpr):
+    """The tile with A's rows as the dots' M: acc [BLOCK_O, COLS] += x_i * (A_i [BLOCK_O, P_held] @ held)."""
     offs_j = tl.arange(0, BLOCK_J)
-    held_mask = (offs_j[:, None] < P_HELD) & live[None, :]
     # row offsets in int64 (a [M, N, C] tensor seen as [N, M, C] has a row stride of N C); channel offsets in int32
     # (compact_channels copies where they would not fit)
     held = tl.load(HELD + n64[None, :] * s_hn + offs_j.to(tl.int64)[:, None] * s_hm + c[None, :] * s_hc,
-                   mask=held_mask, other=0.0)
+                   mask=(offs_j[:, None] < P_HELD) & live[None, :], other=0.0)
     a_offsets = offs_j[None, :] * s_aj + offs_o[:, None]
     a_mask = (offs_o[:, None] < P_OUT) & (offs_j[None, :] < P_HELD)
     looped = LOOPED + n64 * s_ln + c * s_lc
@@ -108,6 +98,64 @@ def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BA
         acc += x_i[None, :] * v
     out = Z + n64[None, :] * s_zn + offs_o[:, None] * s_zm + c[None, :] * s_zc
     tl.store(out, acc.to(Z.dtype.element_ty), mask=(offs_o[:, None] < P_OUT) & live[None, :])
+
+
+@triton.jit
+def _columns_as_m(LOOPED, HELD, A_HI, A_LO, Z, n64, c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+                  s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
+                  SPLIT_A: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_O: tl.constexpr,
+                  BLOCK_J: tl.constexpr, COLS: tl.constexpr):
+    """_rows_as_m transposed, the columns as the dots' M: acc [COLS, BLOCK_O] += x_i * (held^T @ A_i^T)."""
+    offs_j = tl.arange(0, BLOCK_J)
+    held = tl.load(HELD + n64[:, None] * s_hn + offs_j.to(tl.int64)[None, :] * s_hm + c[:, None] * s_hc,
+                   mask=live[:, None] & (offs_j[None, :] < P_HELD), other=0.0)
+    a_offsets = offs_j[:, None] * s_aj + offs_o[None, :]
+    a_mask = (offs_j[:, None] < P_HELD) & (offs_o[None, :] < P_OUT)
+    looped = LOOPED + n64 * s_ln + c * s_lc
+    acc = tl.zeros([COLS, BLOCK_O], dtype=ACC_DTYPE)
+    for i in range(0, P_LOOP):
+        a_hi = tl.load(A_HI + a_offsets + i * s_ai, mask=a_mask, other=0.0)
+        if SPLIT_A:
+            a_lo = tl.load(A_LO + a_offsets + i * s_ai, mask=a_mask, other=0.0)
+            v = tl.dot(held, a_hi, out_dtype=ACC_DTYPE)
+            v = tl.dot(held, a_lo, v, out_dtype=ACC_DTYPE)
+        else:
+            v = tl.dot(held, a_hi, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        row = i + tl.zeros([], dtype=tl.int64)
+        x_i = tl.load(looped + row * s_lm, mask=live, other=0.0).to(ACC_DTYPE)
+        acc += x_i[:, None] * v
+    out = Z + n64[:, None] * s_zn + offs_o[None, :] * s_zm + c[:, None] * s_zc
+    tl.store(out, acc.to(Z.dtype.element_ty), mask=live[:, None] & (offs_o[None, :] < P_OUT))
+
+
+@autotune(_CONFIGS, key=["P_LOOP", "P_HELD", "P_OUT", "C", "BATCH_DECADE"],
+          prune_configs_by={"early_config_prune": _prune})
+@triton.jit(do_not_specialize=["BATCH_DECADE"])
+def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BATCH_DECADE,
+                    s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
+                    SPLIT_A: tl.constexpr, COLUMNS_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    ACC_DTYPE: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_C: tl.constexpr):
+    """Z[n, o, c] = sum_i LOOPED[n, i, c] sum_j A[i * s_ai + j * s_aj + o] HELD[n, j, c] for this program's
+    BLOCK_N samples x BLOCK_C channels (the columns) and BLOCK_O rows o. SPLIT_A: A = A_HI + A_LO, two halves in
+    HELD's 16-bit dtype (split on the host), two dots; else A = A_HI in HELD's dtype, one dot of DOT_PRECISION.
+    COLUMNS_M: the columns are the dots' M ([COLS, P_held] @ [P_held, P_out]), so that M is 128-256 whatever P_out and
+    Hopper's warpgroup products apply (they need M >= 64; P_out is 16 at L 3); else A's rows are M
+    ([P_out, P_held] @ [P_held, COLS]), which tf32x3 runs faster (ROWS_M_DTYPES)."""
+    COLS: tl.constexpr = BLOCK_N * BLOCK_C
+    cols = tl.arange(0, COLS)
+    n = tl.program_id(0) * BLOCK_N + cols // BLOCK_C
+    c = tl.program_id(1) * BLOCK_C + cols % BLOCK_C
+    live = (n < N) & (c < C)
+    offs_o = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
+    if COLUMNS_M:
+        _columns_as_m(LOOPED, HELD, A_HI, A_LO, Z, n.to(tl.int64), c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+                      s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
+                      SPLIT_A, DOT_PRECISION, ACC_DTYPE, BLOCK_O, BLOCK_J, COLS)
+    else:
+        _rows_as_m(LOOPED, HELD, A_HI, A_LO, Z, n.to(tl.int64), c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+                   s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
+                   SPLIT_A, DOT_PRECISION, ACC_DTYPE, BLOCK_O, BLOCK_J, COLS)
 
 
 def split_coefficients(matrix32, dtype):
@@ -132,6 +180,14 @@ def coefficient_splits(matrix32):
         if bool((error <= SPLIT_ACCURACY * matrix32.double().abs()).all()):
             splits[dtype] = (hi, lo)
     return splits
+
+
+# The dtypes whose dots take A's rows as M, measured on the H100 against A's rows as M for every dtype (the kernel
+# before; results/gpu/nvidia-h100/sparse-bilinear-columns-m*): with the columns as M, bf16 ran 1.34x-1.39x at L 6,
+# 1.06x-1.09x at L 4, 0.92x-1.04x at L 2-3; fp32 on tf32x3 0.81x-0.87x at L 3, 0.53x-0.56x at L 6 (1.04x-1.09x at L 4),
+# on TF32 parts split by hand 0.84x-0.91x and 0.75x; one body with fp32 through tl.trans 0.92x-0.99x. fp64 (the
+# interpreter's gradcheck) keeps the kernel it was checked on.
+ROWS_M_DTYPES = (torch.float32, torch.float64)
 
 
 def bilinear_dot_precision(dtype: torch.dtype) -> str:
@@ -203,6 +259,7 @@ def bilinear_launch(x, y, matrix, out_size, coefficients=None):
         bilinear_kernel[grid](
             looped[0], held[0], a_hi, a_lo, zv, n, channels, p_loop, p_held, out_size, len(str(n)) - 1,
             *looped[1:], *held[1:], zv.stride(0), zv.stride(1), zv.stride(2), s_ai, s_aj,
-            SPLIT_A=x.dtype in (torch.float16, torch.bfloat16), DOT_PRECISION=bilinear_dot_precision(x.dtype),
+            SPLIT_A=x.dtype in (torch.float16, torch.bfloat16), COLUMNS_M=x.dtype not in ROWS_M_DTYPES,
+            DOT_PRECISION=bilinear_dot_precision(x.dtype),
             ACC_DTYPE=accumulator_dtype(x.dtype), BLOCK_O=block_o, BLOCK_J=max(16, next_pow2(p_held)))
     return z

@@ -8,6 +8,7 @@
     python3 scripts/gpu_dev_sparse_kernels.py --fold-route [--json OUT.json] [--quick] [--no-peers]
     python3 scripts/gpu_dev_sparse_kernels.py --fold-split [--json OUT.json] [--quick] [--no-peers]
     python3 scripts/gpu_dev_sparse_kernels.py --bilinear-route [--json OUT.json] [--quick] [--old-every-size]
+    python3 scripts/gpu_dev_sparse_kernels.py --bilinear-baseline FILE [--json OUT.json] [--quick]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
@@ -30,7 +31,9 @@ fp32 outputs (``old``), over the vecmat anchors in bf16 (fp32 does not split). `
 its bilinear route (``new``: kernels/sparse_bilinear.py) with the segment kernel (``old``: the route off, ALL_ROWS as
 by default) over mul's anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) and L 2-3 C 32 at N 1e6, old where N is 1e4 or
 L at most 3 unless ``--old-every-size``, errors against float64 at N 1e4 up to L 4 (L 6's dense float64 einsum
-takes tens of GB; tests/test_gpu_sparse.py checks L 6). ``--match REGEX`` keeps the
+takes tens of GB; tests/test_gpu_sparse.py checks L 6). ``--bilinear-baseline FILE`` compares the bilinear route on
+this tree (``new``) with the same route on an earlier ``kernels/sparse_bilinear.py`` (``old``), over the same cases
+at every size. ``--match REGEX`` keeps the
 cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
 --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
@@ -113,14 +116,17 @@ ROUTES_OFF = {"segment": triton_ops.dense_route, "outer-segment": triton_ops.out
 
 def timed(case, x, mode, variant, launchers=None):
     """Median ms and outputs of a variant; ``launchers``: FILE's segment launchers swapped in, an earlier dense
-    route's launcher (a function), "segment" for the dense route turned off, "outer-segment" for the batch sum
-    of outer products on the segment kernel, "fold-off" for the fold route of the shared-weight products off, or
-    "split-off" for its 16-bit products on the cuBLAS pair (ROUTES_OFF)."""
-    saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch)
+    route's launcher (a function), ("bilinear", an earlier bilinear launcher), "segment" for the dense route turned
+    off, "outer-segment" for the batch sum of outer products on the segment kernel, "fold-off" for the fold route of
+    the shared-weight products off, or "split-off" for its 16-bit products on the cuBLAS pair (ROUTES_OFF)."""
+    saved = (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch,
+             triton_ops.bilinear_launch)
     switched = isinstance(launchers, str) and launchers in ROUTES_OFF
     route = ROUTES_OFF[launchers](False) if switched else contextlib.nullcontext()
     if callable(launchers):
         triton_ops.dense_product_launch = launchers
+    elif isinstance(launchers, tuple) and launchers[0] == "bilinear":
+        triton_ops.bilinear_launch = launchers[1]
     elif launchers and not switched:
         triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch = launchers
     try:
@@ -130,7 +136,8 @@ def timed(case, x, mode, variant, launchers=None):
             timing = measure(fn, "cuda")
             return timing.median_ms, outputs
     finally:
-        triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch = saved
+        (triton_ops.sparse_product_launch, triton_ops.sparse_scale_launch, triton_ops.dense_product_launch,
+         triton_ops.bilinear_launch) = saved
         torch.cuda.empty_cache()
 
 
@@ -143,6 +150,7 @@ def main():
     parser.add_argument("--fold-route", action="store_true")
     parser.add_argument("--fold-split", action="store_true")
     parser.add_argument("--bilinear-route", action="store_true")
+    parser.add_argument("--bilinear-baseline")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--segment-ops", action="store_true",
                         help="with --baseline: mul at N 1e4-1e6 (the product kernel's cases), ALL_ROWS at any batch")
@@ -154,12 +162,13 @@ def main():
                         help="--dense-route, --outer-sum-route: time the segment kernel at N 1e5 too (slow)")
     args = parser.parse_args()
     comparisons = (args.dense_route, args.outer_sum_route, args.fold_route, args.fold_split, args.baseline,
-                   args.dense_baseline, args.bilinear_route)
+                   args.dense_baseline, args.bilinear_route, args.bilinear_baseline)
     if sum(bool(c) for c in comparisons) != 1:
         parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route, "
-                     "--fold-route, --fold-split and --bilinear-route")
-    if args.bilinear_route:
-        old_launchers = "bilinear-off"
+                     "--fold-route, --fold-split, --bilinear-route and --bilinear-baseline FILE")
+    if args.bilinear_route or args.bilinear_baseline:
+        old_launchers = ("bilinear", load_baseline(args.bilinear_baseline, "sparse_bilinear").bilinear_launch
+                         ) if args.bilinear_baseline else "bilinear-off"
         case_list = anchor_cases("mul", args.quick) + [SparseCase("mul", l_max, 1_000_000, 32, dtype)
                                                        for dtype in ("float32", "bfloat16") for l_max in (2, 3)]
     elif args.fold_split:
@@ -198,8 +207,9 @@ def main():
         oracle = None
         # the float64 einsum reference, every mode's outputs
         checked = (args.dense_route or args.dense_baseline or args.outer_sum_route or args.fold_route or args.fold_split
-                   or args.bilinear_route)
-        if checked and case.batch <= 10_000 and not (args.bilinear_route and case.l_max > 4):  # L 6: GPU tests
+                   or args.bilinear_route or args.bilinear_baseline)
+        bilinear = args.bilinear_route or args.bilinear_baseline
+        if checked and case.batch <= 10_000 and not (bilinear and case.l_max > 4):  # L 6: GPU tests
             try:
                 oracle = OP.oracle(case, x)
             except torch.OutOfMemoryError:
@@ -213,7 +223,7 @@ def main():
                 others = not (args.dense_route or args.outer_sum_route) or case.batch <= 10_000 or args.old_every_size
                 if args.bilinear_route:  # the segment kernel at L 4-6 N 1e5 runs for seconds
                     others = case.batch <= 10_000 or case.l_max <= 3 or args.old_every_size
-                if others or args.dense_baseline:
+                if others or args.dense_baseline or args.bilinear_baseline:
                     row["old_ms"], old_out = timed(case, x, mode, "triton", old_launchers)
                     try:  # in float64: at N 1e6 C 2048 the outputs' copies may not fit where the kernels did
                         row["error_vs_old"] = max(verify.relative_error(new_out[k], old_out[k]) for k in new_out)
@@ -222,7 +232,7 @@ def main():
                         torch.cuda.empty_cache()
                     del old_out
                 del new_out
-                for peer in ("split", "e3nn") if others and not args.no_peers and not args.bilinear_route else ():
+                for peer in ("split", "e3nn") if others and not args.no_peers and not bilinear else ():
                     if peer in OP.variants and OP.variants[peer].unavailable_reason(torch.device("cuda")) is None:
                         try:
                             row[f"{peer}_ms"], _ = timed(case, x, mode, peer)
