@@ -25,7 +25,8 @@ most about 5 x 2**-22 of itself (the low parts cut to TF32 by the tensor cores, 
 roundoffs, which tests/test_gpu_sparse.py's fp32 bound counts. (Splitting A on the host and the held tile once a
 program into TF32 parts rounded to nearest measured 6-25% slower on the H100 than tf32x3: results/gpu/nvidia-h100/
 sparse-bilinear-route-*.) 16-bit inputs meet A as two 16-bit halves (hi + lo, split once per table on the host) on
-the tensor cores, as small_matmul does, so that the coefficients are not rounded to 16 bits; fp64 (the gradcheck
+the tensor cores, as small_matmul does, so that the coefficients are not rounded to 16 bits (fp16's scaled by a power
+of two into its range: kernels/split_matmul.split_fp32, the result scaled back exactly); fp64 (the gradcheck
 path) in fp64.
 Accumulation in fp32 (fp64 for fp64). No atomics, one summation order: deterministic.
 
@@ -46,9 +47,10 @@ from .offsets import INT32_MAX
 from .outputs import new_output
 from .precision import accumulator_dtype
 from .sparse_segment import compact_channels, grid_channel_tiles
+from .split_matmul import split_fp32
 from .tuning import autotune, cdiv, cfg, config_list, next_pow2, tile_pruner
 
-__all__ = ["MAX_HELD", "bilinear_launch", "bilinear_kernel", "coefficient_splits", "split_coefficients"]
+__all__ = ["MAX_HELD", "bilinear_launch", "bilinear_kernel", "coefficient_splits"]
 
 # rows of the held operand (the dot's inner dim, one tile): 49 at L 6
 MAX_HELD = 64
@@ -71,10 +73,10 @@ _prune = tile_pruner({"BLOCK_C": "C"}, 16)
 
 
 @triton.jit
-def _rows_as_m(LOOPED, HELD, A_HI, A_LO, Z, n64, c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+def _rows_as_m(LOOPED, HELD, A_HI, A_LO, SCALE, Z, n64, c, live, offs_o, P_LOOP, P_HELD, P_OUT,
                s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
-               SPLIT_A: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_O: tl.constexpr,
-               BLOCK_J: tl.constexpr, COLS: tl.constexpr):
+               SPLIT_A: tl.constexpr, SCALED: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr,
+               BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr, COLS: tl.constexpr):
     """The tile with A's rows as the dots' M: acc [BLOCK_O, COLS] += x_i * (A_i [BLOCK_O, P_held] @ held)."""
     offs_j = tl.arange(0, BLOCK_J)
     # row offsets in int64 (a [M, N, C] tensor seen as [N, M, C] has a row stride of N C); channel offsets in int32
@@ -96,15 +98,17 @@ def _rows_as_m(LOOPED, HELD, A_HI, A_LO, Z, n64, c, live, offs_o, P_LOOP, P_HELD
         row = i + tl.zeros([], dtype=tl.int64)  # int64 row offset (the interpreter's loop index is a Python int)
         x_i = tl.load(looped + row * s_lm, mask=live, other=0.0).to(ACC_DTYPE)
         acc += x_i[None, :] * v
+    if SCALED:  # A = SCALE (A_HI + A_LO), a power of two: exact
+        acc = acc * tl.load(SCALE)
     out = Z + n64[None, :] * s_zn + offs_o[:, None] * s_zm + c[None, :] * s_zc
     tl.store(out, acc.to(Z.dtype.element_ty), mask=(offs_o[:, None] < P_OUT) & live[None, :])
 
 
 @triton.jit
-def _columns_as_m(LOOPED, HELD, A_HI, A_LO, Z, n64, c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+def _columns_as_m(LOOPED, HELD, A_HI, A_LO, SCALE, Z, n64, c, live, offs_o, P_LOOP, P_HELD, P_OUT,
                   s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
-                  SPLIT_A: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_O: tl.constexpr,
-                  BLOCK_J: tl.constexpr, COLS: tl.constexpr):
+                  SPLIT_A: tl.constexpr, SCALED: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                  BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr, COLS: tl.constexpr):
     """_rows_as_m transposed, the columns as the dots' M: acc [COLS, BLOCK_O] += x_i * (held^T @ A_i^T)."""
     offs_j = tl.arange(0, BLOCK_J)
     held = tl.load(HELD + n64[:, None] * s_hn + offs_j.to(tl.int64)[None, :] * s_hm + c[:, None] * s_hc,
@@ -124,6 +128,8 @@ def _columns_as_m(LOOPED, HELD, A_HI, A_LO, Z, n64, c, live, offs_o, P_LOOP, P_H
         row = i + tl.zeros([], dtype=tl.int64)
         x_i = tl.load(looped + row * s_lm, mask=live, other=0.0).to(ACC_DTYPE)
         acc += x_i[:, None] * v
+    if SCALED:
+        acc = acc * tl.load(SCALE)
     out = Z + n64[:, None] * s_zn + offs_o[None, :] * s_zm + c[:, None] * s_zc
     tl.store(out, acc.to(Z.dtype.element_ty), mask=live[:, None] & (offs_o[None, :] < P_OUT))
 
@@ -131,17 +137,17 @@ def _columns_as_m(LOOPED, HELD, A_HI, A_LO, Z, n64, c, live, offs_o, P_LOOP, P_H
 @autotune(_CONFIGS, key=["P_LOOP", "P_HELD", "P_OUT", "C", "BATCH_DECADE"],
           prune_configs_by={"early_config_prune": _prune})
 @triton.jit(do_not_specialize=["BATCH_DECADE"])
-def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BATCH_DECADE,
+def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, SCALE, Z, N, C, P_LOOP, P_HELD, P_OUT, BATCH_DECADE,
                     s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
-                    SPLIT_A: tl.constexpr, COLUMNS_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    SPLIT_A: tl.constexpr, SCALED: tl.constexpr, COLUMNS_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     ACC_DTYPE: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_C: tl.constexpr):
     """Z[n, o, c] = sum_i LOOPED[n, i, c] sum_j A[i * s_ai + j * s_aj + o] HELD[n, j, c] for this program's
     BLOCK_N samples x BLOCK_C channels (the columns) and BLOCK_O rows o. SPLIT_A: A = A_HI + A_LO, two halves in
-    HELD's 16-bit dtype (split on the host), two dots; else A = A_HI in HELD's dtype, one dot of DOT_PRECISION.
-    COLUMNS_M: the columns are the dots' M ([COLS, P_held] @ [P_held, P_out]), so that M is 128-256 whatever P_out and
-    Hopper's warpgroup products apply (they need M >= 64; P_out is 16 at L 3); else A's rows are M
-    ([P_out, P_held] @ [P_held, COLS]), which tf32x3 runs faster (ROWS_M_DTYPES)."""
+    HELD's 16-bit dtype (split on the host), two dots, times SCALE[0] where SCALED (fp16); else A = A_HI in HELD's
+    dtype, one dot of DOT_PRECISION. COLUMNS_M: the columns are the dots' M ([COLS, P_held] @ [P_held, P_out]), so
+    that M is 128-256 whatever P_out and Hopper's warpgroup products apply (they need M >= 64; P_out is 16 at L 3);
+    else A's rows are M ([P_out, P_held] @ [P_held, COLS]), which tf32x3 runs faster (ROWS_M_DTYPES)."""
     COLS: tl.constexpr = BLOCK_N * BLOCK_C
     cols = tl.arange(0, COLS)
     n = tl.program_id(0) * BLOCK_N + cols // BLOCK_C
@@ -149,36 +155,32 @@ def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, Z, N, C, P_LOOP, P_HELD, P_OUT, BA
     live = (n < N) & (c < C)
     offs_o = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
     if COLUMNS_M:
-        _columns_as_m(LOOPED, HELD, A_HI, A_LO, Z, n.to(tl.int64), c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+        _columns_as_m(LOOPED, HELD, A_HI, A_LO, SCALE, Z, n.to(tl.int64), c, live, offs_o, P_LOOP, P_HELD, P_OUT,
                       s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
-                      SPLIT_A, DOT_PRECISION, ACC_DTYPE, BLOCK_O, BLOCK_J, COLS)
+                      SPLIT_A, SCALED, DOT_PRECISION, ACC_DTYPE, BLOCK_O, BLOCK_J, COLS)
     else:
-        _rows_as_m(LOOPED, HELD, A_HI, A_LO, Z, n.to(tl.int64), c, live, offs_o, P_LOOP, P_HELD, P_OUT,
+        _rows_as_m(LOOPED, HELD, A_HI, A_LO, SCALE, Z, n.to(tl.int64), c, live, offs_o, P_LOOP, P_HELD, P_OUT,
                    s_ln, s_lm, s_lc, s_hn, s_hm, s_hc, s_zn, s_zm, s_zc, s_ai, s_aj,
-                   SPLIT_A, DOT_PRECISION, ACC_DTYPE, BLOCK_O, BLOCK_J, COLS)
-
-
-def split_coefficients(matrix32, dtype):
-    """(hi, lo): the fp32 coefficients in two halves of the 16-bit ``dtype`` (hi + lo keeps 16 of fp32's 24 bits in
-    bf16, 22 in fp16 within its normal range, so that the coefficients are not rounded to 16 bits)."""
-    hi = matrix32.to(dtype)
-    return hi, (matrix32 - hi.float()).to(dtype)
+                   SPLIT_A, SCALED, DOT_PRECISION, ACC_DTYPE, BLOCK_O, BLOCK_J, COLS)
 
 
 # How much of each coefficient its two 16-bit halves may miss: 2**-16 (bf16's two 8-bit mantissas), which fp16's
-# halves also meet unless a coefficient passes fp16's range or sinks into its subnormals.
+# halves, scaled into fp16's range by a power of two (split_fp32), also meet unless the coefficients span more than
+# 2**22 (a low half below fp16's normal range).
 SPLIT_ACCURACY = 2.0 ** -16
 
 
 def coefficient_splits(matrix32):
-    """{dtype: split_coefficients(matrix32, dtype)} for bf16 and fp16 where the split holds every coefficient to
-    SPLIT_ACCURACY (a dtype left out keeps mul off the route: no silent loss of precision)."""
+    """{dtype: (hi, lo, scale)} for bf16 and fp16 (``split_matmul.split_fp32``: matrix32 = scale (hi + lo); scale None
+    for bf16, a one-element power of two for fp16) where the split holds every coefficient to SPLIT_ACCURACY (a dtype
+    left out, as for non-finite coefficients, keeps mul off the route: no silent loss of precision)."""
     splits = {}
+    exact = matrix32.double()
     for dtype in (torch.bfloat16, torch.float16):
-        hi, lo = split_coefficients(matrix32, dtype)
-        error = (hi.double() + lo.double() - matrix32.double()).abs()
-        if bool((error <= SPLIT_ACCURACY * matrix32.double().abs()).all()):
-            splits[dtype] = (hi, lo)
+        hi, lo, scale = split_fp32(matrix32, dtype)
+        error = ((hi.double() + lo.double()) * (1.0 if scale is None else scale.double()) - exact).abs()
+        if bool((error <= SPLIT_ACCURACY * exact.abs()).all()):
+            splits[dtype] = (hi, lo, scale)
     return splits
 
 
@@ -205,9 +207,9 @@ def _strides(t):
 def bilinear_launch(x, y, matrix, out_size, coefficients=None):
     """z of mul (not accumulated over the batch) from the dense coefficients ``matrix`` [size1 * size2, out_size]
     (row i1 * size2 + i2; the info's gram table: fp64 for fp64 inputs, else fp32), in x's dtype; ``coefficients``:
-    16-bit inputs' ``split_coefficients`` where the caller keeps them (else split here). x: [N, size1, C] or shared
-    [size1, C]; y the same with size2; one of them at most MAX_HELD rows. Output [N, out_size, C], or [out_size, C]
-    when both are shared."""
+    16-bit inputs' (hi, lo, scale) of ``coefficient_splits`` where the caller keeps them (else split here). x:
+    [N, size1, C] or shared [size1, C]; y the same with size2; one of them at most MAX_HELD rows. Output
+    [N, out_size, C], or [out_size, C] when both are shared."""
     if x.dim() not in (2, 3) or y.dim() not in (2, 3) or x.shape[-1] != y.shape[-1]:
         raise ValueError(f"sparse mul (bilinear): x {tuple(x.shape)} and y {tuple(y.shape)} are not [N, M, C] or "
                          f"shared [M, C] with one C")
@@ -248,18 +250,19 @@ def bilinear_launch(x, y, matrix, out_size, coefficients=None):
     n = batch or 1
     block_o = min(MAX_BLOCK_O, max(16, next_pow2(out_size)))
     if x.dtype in (torch.float16, torch.bfloat16):
-        a_hi, a_lo = coefficients if coefficients is not None else split_coefficients(matrix, x.dtype)
+        a_hi, a_lo, scale = coefficients if coefficients is not None else split_fp32(matrix, x.dtype)
     else:
         a_hi = a_lo = matrix
+        scale = None
     def grid(meta):
         tiles = grid_channel_tiles(channels, meta["BLOCK_C"], f"sparse mul (bilinear): {channels} channels")
         return cdiv(n, meta["BLOCK_N"]), tiles, cdiv(out_size, block_o)
 
     with on_device(z):
         bilinear_kernel[grid](
-            looped[0], held[0], a_hi, a_lo, zv, n, channels, p_loop, p_held, out_size, len(str(n)) - 1,
-            *looped[1:], *held[1:], zv.stride(0), zv.stride(1), zv.stride(2), s_ai, s_aj,
-            SPLIT_A=x.dtype in (torch.float16, torch.bfloat16), COLUMNS_M=x.dtype not in ROWS_M_DTYPES,
-            DOT_PRECISION=bilinear_dot_precision(x.dtype),
+            looped[0], held[0], a_hi, a_lo, a_hi if scale is None else scale, zv, n, channels, p_loop, p_held,
+            out_size, len(str(n)) - 1, *looped[1:], *held[1:], zv.stride(0), zv.stride(1), zv.stride(2), s_ai, s_aj,
+            SPLIT_A=x.dtype in (torch.float16, torch.bfloat16), SCALED=scale is not None,
+            COLUMNS_M=x.dtype not in ROWS_M_DTYPES, DOT_PRECISION=bilinear_dot_precision(x.dtype),
             ACC_DTYPE=accumulator_dtype(x.dtype), BLOCK_O=block_o, BLOCK_J=max(16, next_pow2(p_held)))
     return z

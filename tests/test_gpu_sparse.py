@@ -514,9 +514,9 @@ def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only
     """Every derivative of mul is a mul: forward, backward and double backward all take the route (a spy counts
     its launches), each held to the float64 bound (fp32: with the tensor cores' terms, matrix_unit_chain)."""
     routed = case.bilinear(dtype)
-    # fp32 CG L 2 (15 terms a row) stays on the segment kernel (triton_ops.FP32_MIN_TERMS_PER_ROW), and fp16 where a
-    # coefficient sinks below fp16's normal range (no fp16 split: the random structure's N(0, 1) scales); the dry
-    # run's tiny random structure is too thin for the route
+    # fp32 CG L 2 (15 terms a row) stays on the segment kernel (triton_ops.FP32_MIN_TERMS_PER_ROW), and fp16 where its
+    # scaled halves would miss more than 2^-16 of a coefficient (coefficients spanning more than 2^22: no fp16 split);
+    # the dry run's tiny random structure is too thin for the route
     expected = not (dtype == torch.float32 and case.structure == cg(2))
     if dtype == torch.float16:
         expected = expected and all(torch.float16 in info.dense_rows["gram"].splits for info in case.infos())

@@ -6,6 +6,7 @@ bad arguments fail with clear errors. A counting spy on the route's launcher say
 interpreter launches cost ~0.05 s.
 """
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ def orientation(request, monkeypatch):
 
 @pytest.fixture
 def routed(spy_kernel):
-    """The route's kernel launches (conftest's LaunchSpy): each launch's positional arguments, P_HELD at 8."""
+    """The route's kernel launches (conftest's LaunchSpy): each launch's positional arguments, P_HELD at 9."""
     return spy_kernel(sparse_bilinear, "bilinear_kernel").args
 
 
@@ -69,7 +70,7 @@ def test_matches_reference_and_segment_kernel(name, sharing, routed, orientation
     infos = STRUCTURES[name]
     x, y = inputs(infos, sharing)
     z = _triton(x, y, infos)
-    assert [args[8] for args in routed] == [min(infos[0].size1, infos[0].size2)]  # the held operand: the fewer rows
+    assert [args[9] for args in routed] == [min(infos[0].size1, infos[0].size2)]  # the held operand: the fewer rows
     expected = sparse_product_reference("mul", x, y, infos[0])
     assert z.shape == expected.shape and z.dtype == torch.float64
     torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12)
@@ -106,9 +107,9 @@ def test_empty_batch_and_channels(routed):
 def test_low_precision(dtype, routed):
     """Error bound, not a measured tolerance: the output rounds once to ``dtype`` (eps/2 of sum|terms|) after fp32
     sums along a chain of at most P2 (the dot) + P1 (the rows of x) + 2 roundings, each at most eps32 of
-    sum|terms|, plus for fp16 the coefficients' two fp16 halves (the kernel's split path: fp16 is not upcast on the
-    interpreter), which miss at most 2**-16 of each. bf16 runs as an fp32 upcast on the interpreter and tf32x3 as
-    fp32: tests/test_gpu_sparse.py bounds the tensor cores' products (matrix_unit_chain)."""
+    sum|terms|, plus for fp16 the coefficients' two scaled fp16 halves (the kernel's split path: fp16 is not upcast on
+    the interpreter), which miss at most 2**-16 of each. bf16 runs as an fp32 upcast on the interpreter
+    and tf32x3 as fp32: tests/test_gpu_sparse.py bounds the tensor cores' products (matrix_unit_chain)."""
     infos = STRUCTURES["random_70_out"]
     info = infos[0]
     x, y = inputs(infos, "batched", dtype=dtype, seed=2)
@@ -118,7 +119,7 @@ def test_low_precision(dtype, routed):
     magnitude = sparse_product_reference("mul", x.double().abs(), y.double().abs(),
                                          dataclasses.replace(info, scale=info.scale.abs()))
     chain = info.size1 + info.size2 + 2
-    split = 2.0 ** -16 if dtype == torch.float16 else 0.0
+    split = sparse_bilinear.SPLIT_ACCURACY if dtype == torch.float16 else 0.0
     bound = (torch.finfo(dtype).eps / 2 + chain * torch.finfo(torch.float32).eps + split) * magnitude
     assert ((z.double() - expected).abs() <= bound + 1e-30).all()
 
@@ -160,21 +161,28 @@ def test_batch_sum_keeps_the_segment_kernel(routed):
     torch.testing.assert_close(z, sparse_product_reference("mul", x, y, infos[0], True), rtol=1e-12, atol=1e-12)
 
 
-def test_fp16_keeps_the_segment_kernel_where_its_split_loses_precision(routed):
-    """A coefficient in fp16's subnormals (its halves would keep a few bits of it): the fp16 split is not made, fp16
-    mul runs on the segment kernel (fp32 scales), correctly; fp64 takes the route."""
+def test_fp16_takes_the_route_with_coefficients_out_of_its_range(routed):
+    """Coefficients that fp16 cannot hold as they are (1e-6 in its subnormals, 1e5 past 65504) among +-2: the split
+    scales them by a power of two into range (kernels/split_matmul.split_fp32), fp16 mul takes the route, and the
+    result is the float64 one to within an fp16 rounding of the output, the fp32 chain and the split's 2**-16."""
     i = torch.arange(24)
     scale = torch.linspace(-2.0, 2.0, 24, dtype=torch.float64)
-    scale[5] = 1e-6
-    infos = product_infos(i % 3, i // 12, i % 4, scale, 3, 2, 4)  # 24 distinct terms: dense enough for the route
-    assert torch.float16 not in infos[0].dense_rows["gram"].splits
-    x, y = inputs(infos, "batched", dtype=torch.float16, seed=6)
-    z = _triton(x, y, infos)
-    assert not routed
-    expected = sparse_product_reference("mul", x.double(), y.double(), infos[0])
-    torch.testing.assert_close(z.double(), expected, rtol=2e-3, atol=0)  # one fp16 rounding of the output
-    _triton(x.double(), y.double(), infos)
-    assert routed
+    for odd, inputs_scale in ((1e-6, 1.0), (1e5, 2.0 ** -6)):  # (the inputs scaled down so that z fits fp16)
+        scale[5] = odd
+        infos = product_infos(i % 3, i // 12, i % 4, scale, 3, 2, 4)  # 24 distinct terms: dense enough for the route
+        _, _, split_scale = infos[0].dense_rows["gram"].splits[torch.float16]
+        assert float(split_scale) == 2.0 ** (int(torch.frexp(scale.abs().max())[1]) - 15)
+        x, y = (t * inputs_scale for t in inputs(infos, "batched", dtype=torch.float16, seed=6))
+        routed.clear()
+        z = _triton(x, y, infos)
+        assert len(routed) == 1 and z.dtype == torch.float16
+        expected = sparse_product_reference("mul", x.double(), y.double(), infos[0])
+        magnitude = sparse_product_reference("mul", x.double().abs(), y.double().abs(),
+                                             dataclasses.replace(infos[0], scale=infos[0].scale.abs()))
+        chain = infos[0].size1 + infos[0].size2 + 2  # as in test_low_precision
+        bound = (torch.finfo(torch.float16).eps / 2 + chain * torch.finfo(torch.float32).eps + 2.0 ** -16) * magnitude
+        subnormal = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps / 2  # small outputs
+        assert ((z.double() - expected).abs() <= bound + subnormal).all(), odd
 
 
 def test_route_rules():
@@ -225,25 +233,28 @@ def test_bad_arguments_fail_clearly():
 
 
 def test_coefficient_splits():
-    """16-bit inputs' coefficients in two halves of their dtype that miss at most 2**-16 of each (fp16 too, within
-    its normal range), made once per gram table; a dtype whose halves would miss more gets none."""
+    """16-bit inputs' coefficients as scale (hi + lo) in their dtype (kernels/split_matmul.split_fp32), missing at most
+    2**-16 of each (fp16 scaled into its range by a power of two, bf16 unscaled), made once per gram table; where
+    fp16's halves would miss more (coefficients spanning more than 2**22) or a coefficient is not finite, no split."""
     generator = torch.Generator().manual_seed(0)
-    magnitudes = 10.0 ** torch.arange(-1, 3).repeat(250)  # |values| in [0.05, 100]: within fp16's normal range
-    signs = torch.randint(0, 2, (1000,), generator=generator) * 2 - 1
-    values = (signs * (0.5 + 0.5 * torch.rand(1000, generator=generator)) * magnitudes).float()
-    for dtype in (torch.bfloat16, torch.float16):
-        hi, lo = sparse_bilinear.split_coefficients(values, dtype)
-        assert hi.dtype == lo.dtype == dtype
-        error = (hi.double() + lo.double() - values.double()).abs()
-        assert (error <= 2.0 ** -16 * values.double().abs()).all(), dtype
-    assert set(sparse_bilinear.coefficient_splits(values)) == {torch.bfloat16, torch.float16}
-    # past fp16's range, or in its subnormals: no fp16 split, so fp16 inputs keep the segment kernel
-    for outside in (1e5, 1e-6):
-        assert set(sparse_bilinear.coefficient_splits(torch.tensor([1.0, outside]))) == {torch.bfloat16}
+    for low, high, dtypes in ((-1, 5, {torch.bfloat16, torch.float16}), (-7, 7, {torch.bfloat16})):
+        magnitudes = 10.0 ** torch.arange(low, high).repeat(100)  # [0.05, 1e5] past fp16's 65504; then 5e-8 to 1e6
+        signs = torch.randint(0, 2, (magnitudes.numel(),), generator=generator) * 2 - 1
+        values = (signs * (0.5 + 0.5 * torch.rand(magnitudes.numel(), generator=generator)) * magnitudes).float()
+        splits = sparse_bilinear.coefficient_splits(values)
+        assert set(splits) == dtypes
+        for dtype, (hi, lo, scale) in splits.items():
+            assert hi.dtype == lo.dtype == dtype and (scale is None) == (dtype == torch.bfloat16)
+            factor = 1.0 if scale is None else float(scale)
+            assert factor == 2.0 ** round(math.log2(factor))  # a power of two: exact
+            error = ((hi.double() + lo.double()) * factor - values.double()).abs()
+            assert (error <= 2.0 ** -16 * values.double().abs()).all(), dtype
+    for bad in (float("inf"), float("nan")):
+        assert sparse_bilinear.coefficient_splits(torch.tensor([1.0, bad])) == {}
     table = STRUCTURES["cg_1x2"][0].dense_rows["gram"]
     assert set(table.splits) == {torch.bfloat16, torch.float16}
-    assert all(torch.equal(h, sparse_bilinear.split_coefficients(table.matrix32, d)[0])
-               for d, (h, _) in table.splits.items())
+    assert all(torch.equal(h, sparse_bilinear.coefficient_splits(table.matrix32)[d][0])
+               for d, (h, _, _) in table.splits.items())
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy's 0 x inf, the point here

@@ -144,15 +144,16 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       dense_rows: int = 0, dense_max_len: int = 0,
                       dense_matrix: Optional[Tensor] = None, outer_by_dot: bool = False,
                       fold_matrix: Optional[Tensor] = None, bilinear_matrix: Optional[Tensor] = None,
-                      bilinear_hi: Optional[Tensor] = None, bilinear_lo: Optional[Tensor] = None) -> Tensor:
+                      bilinear_hi: Optional[Tensor] = None, bilinear_lo: Optional[Tensor] = None,
+                      bilinear_scale: Optional[Tensor] = None) -> Tensor:
     info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
                            gather_index=gather_index, out_size=out_size)
-    if bilinear_matrix is not None:  # sparse_product_triton decided; hi and lo: 16-bit inputs' halves
-        def bilinear(a, b, hi, lo):  # (an interpreter's bf16 upcast runs in fp32 on the fp32 matrix)
-            halves = (hi, lo) if a.dtype in (torch.float16, torch.bfloat16) else None
-            return bilinear_launch(a, b, bilinear_matrix, out_size, halves)
+    if bilinear_matrix is not None:  # sparse_product_triton decided; hi, lo, scale: 16-bit inputs' split
+        def bilinear(a, b, hi, lo, split_scale):  # (an interpreter's bf16 upcast runs in fp32 on the fp32 matrix)
+            split = (hi, lo, split_scale) if a.dtype in (torch.float16, torch.bfloat16) else None
+            return bilinear_launch(a, b, bilinear_matrix, out_size, split)
 
-        return _launch(bilinear, x, y, bilinear_hi, bilinear_lo)
+        return _launch(bilinear, x, y, bilinear_hi, bilinear_lo, bilinear_scale)
     if fold_matrix is not None and op == "outer":  # sparse_product_triton decided
         return _launch(lambda a, b: fold_outer_sum_launch(a, b, fold_matrix, out_size), x, y)
     if fold_matrix is not None:
@@ -171,7 +172,7 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
 @sparse_product_op.register_fake
 def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
       dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None, outer_by_dot=False,
-      fold_matrix=None, bilinear_matrix=None, bilinear_hi=None, bilinear_lo=None):
+      fold_matrix=None, bilinear_matrix=None, bilinear_hi=None, bilinear_lo=None, bilinear_scale=None):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -282,9 +283,9 @@ def sparse_product_triton(op, x, y, info, out_accumulated=False):
     if (table := _fold_table(op, x, y, info, out_accumulated)) is not None:
         route = {"fold_matrix": table.matrix if x.dtype == torch.float64 else table.matrix32}
     elif (table := _bilinear_table(op, x, y, info, out_accumulated)) is not None:
-        hi, lo = table.splits.get(x.dtype, (None, None))
+        hi, lo, split_scale = table.splits.get(x.dtype, (None, None, None))
         route = {"bilinear_matrix": table.matrix if x.dtype == torch.float64 else table.matrix32, "bilinear_hi": hi,
-                 "bilinear_lo": lo}
+                 "bilinear_lo": lo, "bilinear_scale": split_scale}
     elif _outer_sum(op, x, y, out_accumulated):
         route = {"outer_by_dot": True}
     elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None:
