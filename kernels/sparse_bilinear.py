@@ -12,11 +12,12 @@ A[o, i, j] (the info's "gram" table stored dense: ``matrix[i * size2 + j, o]``),
     V_i = A[:, i, :] @ Y        [P_out, P2] @ [P2, columns]     (a tensor-core product)
     z  += x_i * V_i             x_i = x[n, i, c] along the columns, i = 0 .. P1 - 1
 
-where a column is one (sample, channel) pair: a program holds Y for BLOCK_N samples x BLOCK_C channels in
-registers, walks the rows i of x once, and writes its [P_out, columns] tile of z once. Every input byte is read
-once (once per 64 output rows past 64; A from L2: P1 P2 P_out coefficients a program), at the price of P_out P1 P2
-multiply-adds a column on the matrix units (4096 at L 3, against 611 terms) and P_out P1 on the FMA units. mul is
-closed under differentiation (gx is a mul of (gz, y), gy of (gz, x)), so the derivatives take this route too.
+where a column is one (sample, channel) pair: a program holds Y for BLOCK_N samples x BLOCK_C channels (in
+registers, or in shared memory as the transposed products' operand), walks the rows i of x once, and writes its
+[P_out, columns] tile of z once. Every input byte is read once (once per 64 output rows past 64; A from L2: P1 P2
+P_out coefficients a program), at the price of P_out P1 P2 multiply-adds a column on the matrix units (4096 at L 3,
+against 611 terms) and P_out P1 on the FMA units. mul is closed under differentiation (gx is a mul of (gz, y), gy
+of (gz, x)), so the derivatives take this route too.
 16-bit inputs run the products transposed (Y^T A_i^T: the columns as the dots' M, so that Hopper's warpgroup
 products apply whatever P_out, with Y in shared memory), fp32 and fp64 as written (ROWS_M_DTYPES says why).
 
@@ -30,7 +31,7 @@ of two into its range: kernels/split_matmul.split_fp32, the result scaled back e
 path) in fp64.
 Accumulation in fp32 (fp64 for fp64). No atomics, one summation order: deterministic.
 
-Either operand may be shared by every sample (no batch dim). The operand with fewer rows is held (the dot's B):
+Either operand may be shared by every sample (no batch dim). The operand with fewer rows is held (Y above):
 at most MAX_HELD rows, the route's limit; A's rows P_out span several programs past BLOCK_O's 64.
 
 Non-finite inputs: every x row and held y row meets its whole coefficient block, zeros included, so an inf or NaN in
@@ -165,8 +166,8 @@ def bilinear_kernel(LOOPED, HELD, A_HI, A_LO, SCALE, Z, N, C, P_LOOP, P_HELD, P_
 
 
 # How much of each coefficient its two 16-bit halves may miss: 2**-16 (bf16's two 8-bit mantissas), which fp16's
-# halves, scaled into fp16's range by a power of two (split_fp32), also meet unless the coefficients span more than
-# 2**22 (a low half below fp16's normal range).
+# halves, scaled into fp16's range by a power of two (split_fp32), are sure to meet where the coefficients span at
+# most 2**22 (past that a low half may fall below fp16's normal range: the check per coefficient decides).
 SPLIT_ACCURACY = 2.0 ** -16
 
 
@@ -250,7 +251,12 @@ def bilinear_launch(x, y, matrix, out_size, coefficients=None):
     n = batch or 1
     block_o = min(MAX_BLOCK_O, max(16, next_pow2(out_size)))
     if x.dtype in (torch.float16, torch.bfloat16):
-        a_hi, a_lo, scale = coefficients if coefficients is not None else split_fp32(matrix, x.dtype)
+        if coefficients is None:  # a direct call: the same precision check as the route's
+            coefficients = coefficient_splits(matrix).get(x.dtype)
+            if coefficients is None:
+                raise ValueError(f"sparse mul (bilinear): {x.dtype} halves of these coefficients would miss more than "
+                                 f"2**-16 of one (or one is not finite); use the segment kernel")
+        a_hi, a_lo, scale = coefficients
     else:
         a_hi = a_lo = matrix
         scale = None

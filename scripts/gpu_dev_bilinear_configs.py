@@ -31,13 +31,13 @@ for dtype in (torch.float32, torch.bfloat16):
             n = 100_000
             x = torch.randn(n, info.size1, channels, device="cuda", generator=g).to(dtype)
             y = torch.randn(n, info.size2, channels, device="cuda", generator=g).to(dtype)
-            halves = table.splits.get(dtype)
+            split = table.splits.get(dtype)
             ms = []
             for w, s, bn, bc in CANDIDATES:
                 kernel.configs = [triton.Config({"BLOCK_N": bn, "BLOCK_C": bc}, num_warps=w, num_stages=s)]
                 kernel.cache = {}
                 try:
-                    fn = lambda x=x, y=y: sb.bilinear_launch(x, y, table.matrix32, info.out_size, halves)  # noqa: E731
+                    fn = lambda x=x, y=y: sb.bilinear_launch(x, y, table.matrix32, info.out_size, split)  # noqa: E731
                     fn()
                     ms.append(measure(fn, "cuda").median_ms)
                 except Exception:  # out of resources

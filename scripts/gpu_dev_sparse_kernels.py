@@ -32,8 +32,8 @@ its bilinear route (``new``: kernels/sparse_bilinear.py) with the segment kernel
 by default) over mul's anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) and L 2-3 C 32 at N 1e6, old where N is 1e4 or
 L at most 3 unless ``--old-every-size``, errors against float64 at N 1e4 up to L 4 (L 6's dense float64 einsum
 takes tens of GB; tests/test_gpu_sparse.py checks L 6). ``--bilinear-baseline FILE`` compares the bilinear route on
-this tree (``new``) with the same route on an earlier ``kernels/sparse_bilinear.py`` (``old``), over the same cases
-at every size. ``--match REGEX`` keeps the
+this tree (``new``) with the same route on an earlier ``kernels/sparse_bilinear.py`` (``old``; one from before the
+scaled fp16 split through baseline_bilinear), over the same cases at every size. ``--match REGEX`` keeps the
 cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
 --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
@@ -65,6 +65,21 @@ def load_baseline(path, name="sparse_segment"):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def baseline_bilinear(path):
+    """FILE's bilinear launcher, taking this tree's (hi, lo, scale) splits: a file from before the scaled fp16 split
+    (07b2fe4: it had split_coefficients and took (hi, lo)) gets the halves where the scale is None (bf16) and splits
+    fp16 itself, unscaled, as it did."""
+    module = load_baseline(path, "sparse_bilinear")
+    if not hasattr(module, "split_coefficients"):
+        return module.bilinear_launch
+
+    def launch(x, y, matrix, out_size, coefficients=None):
+        halves = coefficients[:2] if coefficients is not None and coefficients[2] is None else None
+        return module.bilinear_launch(x, y, matrix, out_size, halves)
+
+    return launch
 
 
 def cases(quick):
@@ -167,8 +182,8 @@ def main():
         parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route, "
                      "--fold-route, --fold-split, --bilinear-route and --bilinear-baseline FILE")
     if args.bilinear_route or args.bilinear_baseline:
-        old_launchers = ("bilinear", load_baseline(args.bilinear_baseline, "sparse_bilinear").bilinear_launch
-                         ) if args.bilinear_baseline else "bilinear-off"
+        old_launchers = ("bilinear", baseline_bilinear(args.bilinear_baseline)) if args.bilinear_baseline \
+            else "bilinear-off"
         case_list = anchor_cases("mul", args.quick) + [SparseCase("mul", l_max, 1_000_000, 32, dtype)
                                                        for dtype in ("float32", "bfloat16") for l_max in (2, 3)]
     elif args.fold_split:

@@ -185,6 +185,24 @@ def test_fp16_takes_the_route_with_coefficients_out_of_its_range(routed):
         assert ((z.double() - expected).abs() <= bound + subnormal).all(), odd
 
 
+def test_fp16_keeps_the_segment_kernel_where_its_halves_lose_precision(routed):
+    """Coefficients spanning more than fp16's scaled halves can hold (1.2e-9 among +-2: the low half of the smallest
+    falls below fp16's subnormals): no fp16 split, so fp16 mul runs on the segment kernel (fp32 scales), correctly;
+    bf16 and fp64 take the route."""
+    i = torch.arange(24)
+    scale = torch.linspace(-2.0, 2.0, 24, dtype=torch.float64)
+    scale[5] = 1.2345678e-9
+    infos = product_infos(i % 3, i // 12, i % 4, scale, 3, 2, 4)
+    assert set(infos[0].dense_rows["gram"].splits) == {torch.bfloat16}
+    x, y = inputs(infos, "batched", dtype=torch.float16, seed=6)
+    z = _triton(x, y, infos)
+    assert not routed
+    expected = sparse_product_reference("mul", x.double(), y.double(), infos[0])
+    torch.testing.assert_close(z.double(), expected, rtol=2e-3, atol=0)  # one fp16 rounding of the output
+    _triton(x.double(), y.double(), infos)
+    assert routed
+
+
 def test_route_rules():
     """The route needs the gram table's matrix form, one operand of at most MAX_HELD rows and terms at least
     MIN_BILINEAR_DENSITY of its multiply-adds, and for fp32 FP32_MIN_TERMS_PER_ROW terms an output row; mul only,
@@ -237,8 +255,8 @@ def test_coefficient_splits():
     2**-16 of each (fp16 scaled into its range by a power of two, bf16 unscaled), made once per gram table; where
     fp16's halves would miss more (coefficients spanning more than 2**22) or a coefficient is not finite, no split."""
     generator = torch.Generator().manual_seed(0)
-    for low, high, dtypes in ((-1, 5, {torch.bfloat16, torch.float16}), (-7, 7, {torch.bfloat16})):
-        magnitudes = 10.0 ** torch.arange(low, high).repeat(100)  # [0.05, 1e5] past fp16's 65504; then 5e-8 to 1e6
+    for low, high, dtypes in ((-1, 6, {torch.bfloat16, torch.float16}), (-7, 7, {torch.bfloat16})):
+        magnitudes = 10.0 ** torch.arange(low, high).repeat(100)  # [0.05, 1e5) past fp16's 65504; then [5e-8, 1e6)
         signs = torch.randint(0, 2, (magnitudes.numel(),), generator=generator) * 2 - 1
         values = (signs * (0.5 + 0.5 * torch.rand(magnitudes.numel(), generator=generator)) * magnitudes).float()
         splits = sparse_bilinear.coefficient_splits(values)
@@ -249,8 +267,12 @@ def test_coefficient_splits():
             assert factor == 2.0 ** round(math.log2(factor))  # a power of two: exact
             error = ((hi.double() + lo.double()) * factor - values.double()).abs()
             assert (error <= 2.0 ** -16 * values.double().abs()).all(), dtype
+    assert values.abs().max() > 65504
     for bad in (float("inf"), float("nan")):
         assert sparse_bilinear.coefficient_splits(torch.tensor([1.0, bad])) == {}
+    with pytest.raises(ValueError, match="would miss more than"):  # a direct call checks too
+        ones = torch.ones(1, 1, 1, dtype=torch.float16)
+        sparse_bilinear.bilinear_launch(ones, ones.expand(1, 2, 1), torch.tensor([[1.0], [1e-9]]), 1)
     table = STRUCTURES["cg_1x2"][0].dense_rows["gram"]
     assert set(table.splits) == {torch.bfloat16, torch.float16}
     assert all(torch.equal(h, sparse_bilinear.coefficient_splits(table.matrix32)[d][0])
