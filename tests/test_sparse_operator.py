@@ -11,7 +11,7 @@ import attnbench
 from attnbench import runner
 from attnbench.cli import main
 from attnbench.operators.sparse import (ANCHOR_C, ANCHOR_L, ANCHOR_N, OPS, SWEEP_BYTE_CAP, SparseCase, num_terms,
-                                        peers)
+                                        peers, work_terms)
 from attnbench.registry import Unsupported
 
 OP = attnbench.get("sparse")
@@ -71,7 +71,21 @@ def test_cost_model(case):
     else:
         assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") == 4 * forward
         matrix_operand = case.op in ("outer", "vecmat", "mat_t_vec")  # C x C channel work per term
-        assert forward == 2 * num_terms(case) * case.batch * case.channels ** (2 if matrix_operand else 1)
+        assert forward == 2 * work_terms(case) * case.batch * case.channels ** (2 if matrix_operand else 1)
+
+
+def test_cost_model_counts_a_shared_weight_by_its_folded_pairs():
+    """vecmat with y shared (mat_t_vec with x shared) folds the terms of each (output row, batched row) pair into one
+    C x C block of the weight: CG L 6 has 11896 terms in 2401 pairs (49 x 49), L 2 137 in 81; unshared, or with the
+    vector operand shared, every term counts."""
+    for op, shared in (("vecmat", "y"), ("mat_t_vec", "x")):
+        for l_max, terms, pairs in ((2, 137, 81), (6, 11896, 2401)):
+            case = SparseCase(op, l_max, 10, 4, "float32", shared)
+            assert num_terms(case) == terms and work_terms(case) == pairs
+            assert OP.flops(case, "fwd") == 2 * pairs * 16 * 10
+    for op, shared in (("vecmat", ""), ("vecmat", "x"), ("mat_t_vec", "y"), ("outer", "")):
+        case = SparseCase(op, 6, 10, 4, "float32", shared)
+        assert work_terms(case) == num_terms(case) == 11896
 
 
 def test_cost_model_numbers():

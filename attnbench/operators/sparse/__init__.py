@@ -12,7 +12,10 @@ Modes, each timed alone (what it needs beforehand is built in prepare, untimed):
               ggrad_g = S h_x: grad_x = S^T g does not depend on x, so its x-derivative is identically zero.
 
 Cost model. A product term does ``w`` multiply-adds of channel work (C for mul, inner, vecsca, scavec; C^2 for outer,
-vecmat, mat_t_vec), so fwd = 2 T w N FLOPs (T terms; a shared operand does not change the work). bwd = 2 x fwd:
+vecmat, mat_t_vec), so fwd = 2 T w N FLOPs (T terms), with one exception: where the matrix operand is shared (the FC
+layer's weight: vecmat shared-y, mat_t_vec shared-x), the terms of one (output row, batched row) pair fold into one
+C x C block of the weight (kernels/sparse_fold.py), so T counts those pairs where they are fewer (CG L 6: 2401
+against 11896 terms; without this the fold route ran at up to 198% of a roofline of the terms' work). bwd = 2 x fwd:
 grad_x and grad_y are each one product over the same T terms with the same channel work (the Functions' rotated
 infos). double_bwd = 4 x fwd: the backward of grad_x = Bx(y, g) gives two products (w.r.t. y and g), that of
 grad_y = By(g, x) two more (w.r.t. g and x). Scale: fwd = 2 nnz W (W the row width), bwd one S^T product, double_bwd
@@ -132,6 +135,29 @@ def num_terms(case):
 
 
 _CG_TERMS = {}
+
+
+def _cg_pairs(l_max, batched):
+    """Distinct (output row, row of the batched operand ``batched``: "x" or "y") pairs of the CG structure."""
+    key = (l_max, batched)
+    if key not in _CG_PAIRS:
+        from ...sparse import so3
+        coo = so3.tensor_product_coo(l_max, l_max, l_max)
+        rows = torch.as_tensor(coo["i1" if batched == "x" else "i2"])
+        _CG_PAIRS[key] = len(set(zip(torch.as_tensor(coo["i3"]).tolist(), rows.tolist())))
+    return _CG_PAIRS[key]
+
+
+_CG_PAIRS = {}
+
+
+def work_terms(case):
+    """The T of the cost model (see the module): the terms, or for a shared matrix operand the (output row, batched
+    row) pairs its terms fold into, where fewer."""
+    folded = {"vecmat": "y", "mat_t_vec": "x"}.get(case.op)
+    if case.is_scale or folded is None or case.shared != folded:
+        return num_terms(case)
+    return min(num_terms(case), _cg_pairs(case.l_max, "x" if folded == "y" else "y"))
 
 
 def _cg_terms(l_max):
@@ -342,7 +368,7 @@ class SparseOperator(Operator):
         self.check_mode(mode)
         if case.is_scale:
             return 2.0 * num_terms(case) * case.width
-        forward = 2.0 * num_terms(case) * case.channels ** CHANNEL_WORK[case.op] * case.batch
+        forward = 2.0 * work_terms(case) * case.channels ** CHANNEL_WORK[case.op] * case.batch
         return forward * PRODUCTS_PER_MODE[mode]
 
     def bytes(self, case, mode):
