@@ -103,6 +103,26 @@ def test_empty_batch_and_channels(routed):
         assert z.shape == (batch, infos[0].out_size, channels)
 
 
+def error_and_bound(z, x, y, info):
+    """|z - the float64 result| and its bound (see test_low_precision): the output's rounding to z's dtype and the fp32
+    chain of at most P2 + P1 + 2 roundings, of sum|terms|, plus fp16's split halves' 2**-16 of each coefficient."""
+    expected = sparse_product_reference("mul", x.double(), y.double(), info)
+    magnitude = sparse_product_reference("mul", x.double().abs(), y.double().abs(),
+                                         dataclasses.replace(info, scale=info.scale.abs()))
+    chain = info.size1 + info.size2 + 2
+    split = sparse_bilinear.SPLIT_ACCURACY if z.dtype == torch.float16 else 0.0
+    bound = (torch.finfo(z.dtype).eps / 2 + chain * torch.finfo(torch.float32).eps + split) * magnitude
+    return (z.double() - expected).abs(), bound
+
+
+def one_odd_coefficient(odd):
+    """24 distinct terms of 3 x 2 -> 4 (dense enough for the route), scales in [-2, 2] but one ``odd``."""
+    i = torch.arange(24)
+    scale = torch.linspace(-2.0, 2.0, 24, dtype=torch.float64)
+    scale[5] = odd
+    return product_infos(i % 3, i // 12, i % 4, scale, 3, 2, 4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_low_precision(dtype, routed):
     """Error bound, not a measured tolerance: the output rounds once to ``dtype`` (eps/2 of sum|terms|) after fp32
@@ -115,13 +135,8 @@ def test_low_precision(dtype, routed):
     x, y = inputs(infos, "batched", dtype=dtype, seed=2)
     z = _triton(x, y, infos)
     assert z.dtype == dtype and routed
-    expected = sparse_product_reference("mul", x.double(), y.double(), info)
-    magnitude = sparse_product_reference("mul", x.double().abs(), y.double().abs(),
-                                         dataclasses.replace(info, scale=info.scale.abs()))
-    chain = info.size1 + info.size2 + 2
-    split = sparse_bilinear.SPLIT_ACCURACY if dtype == torch.float16 else 0.0
-    bound = (torch.finfo(dtype).eps / 2 + chain * torch.finfo(torch.float32).eps + split) * magnitude
-    assert ((z.double() - expected).abs() <= bound + 1e-30).all()
+    error, bound = error_and_bound(z, x, y, info)
+    assert (error <= bound + 1e-30).all()
 
 
 def test_gradcheck_and_gradgradcheck(routed, triton_only, orientation):
@@ -165,34 +180,24 @@ def test_fp16_takes_the_route_with_coefficients_out_of_its_range(routed):
     """Coefficients that fp16 cannot hold as they are (1e-6 in its subnormals, 1e5 past 65504) among +-2: the split
     scales them by a power of two into range (kernels/split_matmul.split_fp32), fp16 mul takes the route, and the
     result is the float64 one to within an fp16 rounding of the output, the fp32 chain and the split's 2**-16."""
-    i = torch.arange(24)
-    scale = torch.linspace(-2.0, 2.0, 24, dtype=torch.float64)
     for odd, inputs_scale in ((1e-6, 1.0), (1e5, 2.0 ** -6)):  # (the inputs scaled down so that z fits fp16)
-        scale[5] = odd
-        infos = product_infos(i % 3, i // 12, i % 4, scale, 3, 2, 4)  # 24 distinct terms: dense enough for the route
+        infos = one_odd_coefficient(odd)
         _, _, split_scale = infos[0].dense_rows["gram"].splits[torch.float16]
-        assert float(split_scale) == 2.0 ** (int(torch.frexp(scale.abs().max())[1]) - 15)
+        assert float(split_scale) == 2.0 ** (int(torch.frexp(infos[0].scale.abs().max())[1]) - 15)
         x, y = (t * inputs_scale for t in inputs(infos, "batched", dtype=torch.float16, seed=6))
         routed.clear()
         z = _triton(x, y, infos)
         assert len(routed) == 1 and z.dtype == torch.float16
-        expected = sparse_product_reference("mul", x.double(), y.double(), infos[0])
-        magnitude = sparse_product_reference("mul", x.double().abs(), y.double().abs(),
-                                             dataclasses.replace(infos[0], scale=infos[0].scale.abs()))
-        chain = infos[0].size1 + infos[0].size2 + 2  # as in test_low_precision
-        bound = (torch.finfo(torch.float16).eps / 2 + chain * torch.finfo(torch.float32).eps + 2.0 ** -16) * magnitude
+        error, bound = error_and_bound(z, x, y, infos[0])
         subnormal = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps / 2  # small outputs
-        assert ((z.double() - expected).abs() <= bound + subnormal).all(), odd
+        assert (error <= bound + subnormal).all(), odd
 
 
 def test_fp16_keeps_the_segment_kernel_where_its_halves_lose_precision(routed):
     """Coefficients spanning more than fp16's scaled halves can hold (1.2e-9 among +-2: the low half of the smallest
     falls below fp16's subnormals): no fp16 split, so fp16 mul runs on the segment kernel (fp32 scales), correctly;
     bf16 and fp64 take the route."""
-    i = torch.arange(24)
-    scale = torch.linspace(-2.0, 2.0, 24, dtype=torch.float64)
-    scale[5] = 1.2345678e-9
-    infos = product_infos(i % 3, i // 12, i % 4, scale, 3, 2, 4)
+    infos = one_odd_coefficient(1.2345678e-9)
     assert set(infos[0].dense_rows["gram"].splits) == {torch.bfloat16}
     x, y = inputs(infos, "batched", dtype=torch.float16, seed=6)
     z = _triton(x, y, infos)

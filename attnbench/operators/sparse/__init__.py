@@ -40,6 +40,7 @@ fully connected layer; "scale-rand": a random CSR):
 The split implementation materializes [N, T, C...] terms (T = 11896 at L 6), so it runs out of memory on the
 largest cases; the runner records those rows as skipped ("out of memory").
 """
+import functools
 import math
 from dataclasses import dataclass
 
@@ -134,37 +135,34 @@ def num_terms(case):
     return case.batch if case.is_scale else _cg_terms(case.l_max)
 
 
-_CG_TERMS = {}
+@functools.lru_cache(maxsize=None)
+def _cg_coo(l_max):
+    from ...sparse import so3
+    return so3.tensor_product_coo(l_max, l_max, l_max)
 
 
-def _cg_pairs(l_max, batched):
-    """Distinct (output row, row of the batched operand ``batched``: "x" or "y") pairs of the CG structure."""
-    key = (l_max, batched)
-    if key not in _CG_PAIRS:
-        from ...sparse import so3
-        coo = so3.tensor_product_coo(l_max, l_max, l_max)
-        rows = torch.as_tensor(coo["i1" if batched == "x" else "i2"])
-        _CG_PAIRS[key] = len(set(zip(torch.as_tensor(coo["i3"]).tolist(), rows.tolist())))
-    return _CG_PAIRS[key]
+def _cg_terms(l_max):
+    return len(_cg_coo(l_max)["i1"])
 
 
-_CG_PAIRS = {}
+# the matrix operand whose sharing folds the terms, and the batched operand's row index, by op
+_FOLDED = {"vecmat": ("y", "i1"), "mat_t_vec": ("x", "i2")}
 
 
 def work_terms(case):
     """The T of the cost model (see the module): the terms, or for a shared matrix operand the (output row, batched
     row) pairs its terms fold into, where fewer."""
-    folded = {"vecmat": "y", "mat_t_vec": "x"}.get(case.op)
-    if case.is_scale or folded is None or case.shared != folded:
+    shared, row = _FOLDED.get(case.op, (None, None))
+    if case.is_scale or shared is None or case.shared != shared:
         return num_terms(case)
-    return min(num_terms(case), _cg_pairs(case.l_max, "x" if folded == "y" else "y"))
+    return min(num_terms(case), _cg_pairs(case.l_max, row))
 
 
-def _cg_terms(l_max):
-    if l_max not in _CG_TERMS:
-        from ...sparse import so3
-        _CG_TERMS[l_max] = len(so3.tensor_product_coo(l_max, l_max, l_max)["i1"])
-    return _CG_TERMS[l_max]
+@functools.lru_cache(maxsize=None)
+def _cg_pairs(l_max, row):
+    """Distinct (output row, ``row``: "i1" or "i2") pairs of the CG structure."""
+    coo = _cg_coo(l_max)
+    return len(set(zip(torch.as_tensor(coo["i3"]).tolist(), torch.as_tensor(coo[row]).tolist())))
 
 
 # The CPU gate: every product and both scale structures, shared operands both ways, outer's rank-2 output.
