@@ -10,7 +10,9 @@ A row that sees no key at all (bottom-right causal with Nq > Nk) gets O = 0 and 
 non-finite input gives NaN, never that pair (softmax_rows.finish_rows). The key-block step is
 key_block.attend_key_block. Few query rows (decode) go to flash_decode.py instead.
 
-On Hopper (and the interpreter, when forced) the same tiles may read K and V through tensor
+On sm_90 the forward at head dims 64 and 128 in fp16/bf16 is flash_fwd_hopper.py's Gluon kernel
+(asynchronous wgmma with the softmax beside the P V product; 1.08x-1.25x these tiles on an H100).
+On Hopper (and the interpreter, when forced) the same tiles may also read K and V through tensor
 descriptors (``flash_fwd_tma_kernel``: TMA copies, optionally a warp-specialized key loop); the
 pointer kernel is the fallback wherever descriptors do not apply (older GPUs, strides that are not
 multiples of 16 bytes, fp32/fp64 on a GPU). ``forward_route`` forces a route.
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .flash_decode import decode_applies, flash_decode_launch
+from .flash_fwd_hopper import HOPPER_HEAD_DIMS, flash_fwd_hopper_launch, hopper_applies
 from .key_block import attend_key_block, attend_key_block_tma, head_columns
 from .launch import descriptor_scratch, descriptors_apply
 from .outputs import new_output
@@ -168,17 +171,22 @@ def flash_fwd_tma_kernel(Q, K, V, O, LSE,
                      acc, acc2, l_i, m_i, causal_offset, BLOCK_D2, CAUSAL, ACC_DTYPE)
 
 
-ROUTES = ("tiles", "tma", "decode")
+ROUTES = ("tiles", "tma", "hopper", "decode")
 _ROUTE = RouteSwitch(ROUTES, "forward route")
 # Whether the query tiles read K and V through tensor descriptors where they apply; set from the
 # side-by-side measurement on an H200 (results/gpu/nvidia-h200/flash-tma-*).
 TMA_BY_DEFAULT = False
+# Whether the Gluon wgmma kernel (flash_fwd_hopper.py) takes the shapes it applies to on sm_90: it
+# does, 1.08x-1.25x the pointer tiles at the issue's D 64 / D 128 anchors on an H100
+# (results/gpu/nvidia-h100/flash-hopper-*).
+HOPPER_BY_DEFAULT = True
 
 
 def forward_route(route):
     """Send every forward in the block to one route (None: by shape and device): "tiles" (FA2's
     query tiles through pointers), "tma" (the same tiles through tensor descriptors; raises where
-    they do not apply) or "decode" (split-KV), e.g. to test or time a route at any shape:
+    they do not apply), "hopper" (the Gluon kernel with asynchronous wgmma, sm_90 only; raises where
+    it does not apply) or "decode" (split-KV), e.g. to test or time a route at any shape:
     ``with forward_route("tiles"):``."""
     return _ROUTE(route)
 
@@ -188,6 +196,8 @@ def _route(q, k, v):
         return _ROUTE.forced
     if decode_applies(q.shape[2]):
         return "decode"
+    if HOPPER_BY_DEFAULT and hopper_applies(q, k, v):
+        return "hopper"
     return "tma" if TMA_BY_DEFAULT and descriptors_apply((k, v), gpu_dtypes=True) else "tiles"
 
 
@@ -206,6 +216,12 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     heads_kv, n_k = k.shape[1], k.shape[2]
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    if route == "hopper":
+        if not hopper_applies(q, k, v):
+            raise ValueError("forward route 'hopper' needs an sm_90 GPU, fp16/bf16 inputs with a head dim in "
+                             f"{HOPPER_HEAD_DIMS}, 16-byte aligned pointers and strides, and Triton's Gluon")
+        flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale, causal_offset)
+        return o, lse
     block_d, block_d2 = head_dim_blocks(head_dim)
 
     def grid(meta):

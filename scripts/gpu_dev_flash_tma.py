@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""flash's forward query tiles through pointers and through tensor descriptors (TMA), side by side.
+"""flash's forward routes side by side: the query tiles through pointers, through tensor descriptors
+(TMA), and the Gluon wgmma kernel (flash_fwd_hopper.py).
 
-    python3 scripts/gpu_dev_flash_tma.py [--json OUT.json] [--dims 64,128] [--configs]
+    python3 scripts/gpu_dev_flash_tma.py [--json OUT] [--dims 64,128] [--routes tiles,hopper] [--configs]
 
-For each case (the Hopper issue's anchors and large head dims): the forward by each tiles route as
-shipped (autotuned; ``forward_route("tiles")`` and ``forward_route("tma")``), SDPA FLASH's and cuDNN's,
-in TF/s on the true head dim, and the TMA route's error against float64. With --configs also both
-kernels at every candidate configuration (the TMA kernel with and without a warp-specialized key
-loop), each output checked against the pointer route's; a configuration the compiler rejects reports
-why. Medians of CUDA-event samples, L2 flushed (kernels/gpu_time.py).
+For each case (the Hopper issue's anchors and large head dims): the forward by each route named in
+--routes as shipped (``forward_route(route)``; the last one is the candidate the others are compared
+with), SDPA FLASH's and cuDNN's, in TF/s on the true head dim, and every route's error against float64.
+With --configs also both pointer-style kernels at every candidate configuration (the TMA kernel with
+and without a warp-specialized key loop), each output checked against the pointer route's; a
+configuration the compiler rejects reports why. Medians of CUDA-event samples, L2 flushed (kernels/gpu_time.py).
 """
 import argparse
 import functools
@@ -72,9 +73,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--dims", default="", help="only cases of these head dims (comma-separated)")
+    ap.add_argument("--routes", default="tiles,tma", help="forward routes to time; the last is the candidate")
     ap.add_argument("--configs", action="store_true", help="also time both kernels at every candidate config")
     args = ap.parse_args()
     dims = {int(d) for d in args.dims.split(",") if d}
+    routes = args.routes.split(",")
+    new = routes[-1]
     device = torch.device("cuda")
     doc = {"machine": machine_info(device), "cases": []}
     for b, hq, hkv, n, d, causal in CASES:
@@ -85,7 +89,7 @@ def main():
         flops = 4.0 * case.batch * case.heads_q * case.visible_pairs * case.head_dim
         oracle = OP.oracle(case, x)
         entry = {"case": case.label, "ms": {}, "configs": []}
-        for route in ("tiles", "tma"):
+        for route in routes:
             with forward_route(route):
                 fn = OP.variants["triton"].prepare(case, x, "fwd")
                 out = fn()
@@ -97,11 +101,11 @@ def main():
             except Exception as exc:  # a peer that cannot run the case: say why
                 entry["ms"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
         ms = entry["ms"]
-        peers = "  ".join(f"{p} {ms[p] / ms['tma']:.2f}x" for p in ("tiles", "sdpa_flash", "sdpa_cudnn")
+        peers = "  ".join(f"{p} {ms[p] / ms[new]:.2f}x" for p in routes[:-1] + ["sdpa_flash", "sdpa_cudnn"]
                           if isinstance(ms.get(p), float))
-        print(f"{case.label:34s} fwd: tma {ms['tma']:.3f} ms ({flops / ms['tma'] / 1e9:.0f} TF/s, error "
-              f"{entry['tma_error']:.1e})  tiles {ms['tiles']:.3f} ms ({flops / ms['tiles'] / 1e9:.0f} TF/s)  "
-              f"over tma: {peers}", flush=True)
+        times = "  ".join(f"{r} {ms[r]:.3f} ms ({flops / ms[r] / 1e9:.0f} TF/s, error {entry[r + '_error']:.1e})"
+                          for r in routes)
+        print(f"{case.label:34s} fwd: {times}  over {new}: {peers}", flush=True)
         if args.configs:
             with forward_route("tiles"):
                 reference = OP.variants["triton"].prepare(case, x, "fwd")()

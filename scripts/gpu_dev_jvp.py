@@ -191,7 +191,8 @@ def main():
 def sanitize(tma=True):
     """One launch of every new kernel path on odd shapes (lengths off the block size, GQA, head dims
     in one and in two column blocks: 24, 80 = 64 + 16, 160 = 128 + 32); flash's forward by every route
-(tensor descriptors too: their zero fill past N_K and D stands in for load masks)."""
+(tensor descriptors too: their zero fill past N_K and D stands in for load masks; the Gluon kernel on
+sm_90 at its head dims)."""
     torch.manual_seed(0)
     for dtype in (torch.float16,):  # memcheck is slow: each kernel specialization once, on odd shapes
         for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 80, None), (2, 2, 1, 70, 41, 24, "bottom_right"),
@@ -211,6 +212,16 @@ def sanitize(tma=True):
                     o_tma, _ = flash_fwd(q, k, v, causal=causal)
             torch.cuda.synchronize()
             assert all(torch.isfinite(t).all() for t in (o, ot, *dq_t, *grads, o_tiles, o_tma)), (dtype, b, hq, nq, d)
+    if tma and torch.cuda.get_device_capability() == (9, 0):  # the Gluon forward: its head dims, odd lengths
+        for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 64, None), (2, 2, 1, 130, 97, 128, "top_left"),
+                                               (1, 2, 2, 200, 300, 64, "bottom_right"),
+                                               (1, 2, 1, 129, 385, 128, None)]:
+            q = torch.randn(b, hq, nq, d, device=DEV, dtype=torch.bfloat16)
+            k, v = (torch.randn(b, hk, nk, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+            with forward_route("hopper"):
+                o_hopper, _ = flash_fwd(q, k, v, causal=causal)
+            torch.cuda.synchronize()
+            assert torch.isfinite(o_hopper).all(), (b, hq, nq, nk, d)
     print("sanitize: all paths ran")
 
 

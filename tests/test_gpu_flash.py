@@ -65,27 +65,91 @@ def test_atomic_dq_route_matches_the_oracle_on_its_first_call_after_tuning(flash
     assert result.passed, [o for o in result.outputs if not o.passed]
 
 
-@pytest.mark.parametrize("case", gpu_cases(), ids=lambda c: c.label)
-def test_tma_route_matches_oracle_repeats_bitwise_and_agrees_with_the_tiles(flash, oracles, case):
-    """The query tiles through tensor descriptors (forward_route("tma"), Hopper): the forward and the
-    backward that reads its (O, LSE) against float64, bit-for-bit repeats, and the pointer tiles' answer
-    to the dtype's bound, at every GPU shape (odd lengths, GQA, D 80/96/160/192 in two column blocks)."""
+def hopper_cases():
+    """The GPU cases the Gluon forward takes (D 64 and 128), and shapes that stress its key ring:
+    many key blocks, keys ending one past a block, GQA with odd lengths, blind rows."""
+    from attnbench.kernels.flash_fwd_hopper import HOPPER_HEAD_DIMS
+
+    return [c for c in gpu_cases() if c.head_dim in HOPPER_HEAD_DIMS] + [
+        FlashCase(1, 4, 4, 4096, 4096, 128, None, "bfloat16"),
+        FlashCase(1, 4, 4, 4096, 4096, 128, "top_left", "float16"),
+        FlashCase(2, 4, 1, 130, 129, 64, None, "bfloat16"),
+        FlashCase(1, 6, 3, 257, 1029, 64, "top_left", "float16"),
+        FlashCase(1, 4, 2, 1500, 1000, 64, "bottom_right", "bfloat16")]
+
+
+def _needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon forward runs on sm_90 only")
+
+
+ROUTE_CASES = [("tma", c) for c in gpu_cases()] + [("hopper", c) for c in hopper_cases()]
+
+
+@pytest.mark.parametrize("route,case", ROUTE_CASES, ids=lambda x: x if isinstance(x, str) else x.label)
+def test_forward_route_matches_oracle_repeats_bitwise_and_agrees_with_the_tiles(flash, oracles, route, case):
+    """A Hopper forward route: the query tiles through tensor descriptors ("tma", every GPU shape: odd
+    lengths, GQA, D 80/96/160/192 in two column blocks) or the Gluon wgmma kernel ("hopper", its head
+    dims): the forward and the backward that reads its (O, LSE) against float64, bit-for-bit repeats,
+    and the pointer tiles' answer to the dtype's bound."""
     from attnbench.kernels.flash_fwd import forward_route
 
-    if torch.cuda.get_device_capability()[0] < 9:
+    if route == "hopper":
+        _needs_sm90()
+    elif torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors (TMA) need compute capability 9.0")
     x, oracle, lowp = oracles(case)
-    with forward_route("tma"):
+    with forward_route(route):
         for mode in ("fwd", "fwd_bwd"):
             result = verify.check_variant(flash, "triton", case, mode, x, oracle, lowp)
             assert result.passed, (mode, [o for o in result.outputs if not o.passed])
         fn = flash.variants["triton"].prepare(case, x, "fwd")
         assert verify.bitwise_equal_runs(fn, runs=3)
-        tma = fn()
+        ours = fn()
     with forward_route("tiles"):
         tiles = flash.variants["triton"].prepare(case, x, "fwd")()
     for name in ("o", "lse"):
-        assert verify.relative_error(tma[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
+        assert verify.relative_error(ours[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
+
+
+def test_hopper_route_reads_any_aligned_strides_and_keeps_nan_and_blind_rows_apart():
+    """[B, N, H, D] storage seen as [B, H, N, D] (strided heads) gives the contiguous answer; a NaN
+    key makes the rows that see it NaN while rows that see no key stay (O = 0, LSE = -inf)."""
+    from attnbench.attention import flash_fwd
+    from attnbench.kernels.flash_fwd import forward_route
+
+    _needs_sm90()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, n, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+               for n, h in ((300, 8), (200, 2), (200, 2)))
+    with forward_route("hopper"):
+        o, lse = flash_fwd(q, k, v, causal="bottom_right")
+    with forward_route("tiles"):
+        o_ref, lse_ref = flash_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal="bottom_right")
+    assert verify.relative_error(o, o_ref) < verify.BOUNDS[torch.bfloat16]
+    blind = torch.arange(300, device="cuda") < 100  # bottom-right: row i sees keys j <= i - 100
+    assert torch.all(o[:, :, blind] == 0) and torch.all(lse[:, :, blind] == float("-inf"))
+    k = k.clone()
+    k[0, 0, 5, 0] = float("nan")  # key 5 of batch 0, KV head 0: seen by query heads 0-3 from row 105
+    with forward_route("hopper"):
+        o, lse = flash_fwd(q, k, v, causal="bottom_right")
+    assert torch.all(torch.isnan(lse[0, :4, 105:])) and torch.all(torch.isnan(o[0, :4, 105:]))
+    assert torch.all(lse[0, :4, :100] == float("-inf")) and torch.all(torch.isfinite(lse[0, 4:, 100:]))
+
+
+def test_hopper_route_refuses_what_it_does_not_take():
+    """D 96, fp32 and a 16-byte-misaligned base: the forced route says so before any kernel runs."""
+    from attnbench.attention import flash_fwd
+    from attnbench.kernels.flash_fwd import forward_route
+
+    _needs_sm90()
+    bad = [torch.randn(1, 2, 100, 96, device="cuda", dtype=torch.bfloat16),
+           torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float32),
+           torch.randn(1, 2, 100, 64 * 2 + 4, device="cuda", dtype=torch.bfloat16)[..., 4:68]]
+    for q in bad:
+        with pytest.raises(ValueError, match="route 'hopper'"):
+            with forward_route("hopper"):
+                flash_fwd(q, q, q)
 
 
 def test_tma_route_refuses_strides_the_copy_engine_cannot_take():

@@ -1,0 +1,257 @@
+"""FlashAttention forward for Hopper (sm_90) in Gluon: explicit warpgroup MMA (wgmma) and TMA.
+
+Why a second kernel: Triton 3.6 lowers ``tl.dot`` on Hopper to wgmma but waits for each one before
+the next instruction, so a key block's Q K^T, softmax and P V run one after another inside a
+warpgroup (results/gpu/nvidia-h200/flash-notes.md, "Item 1, first pass"). Here the MMAs are
+issued asynchronously and waited for by hand, as in FlashAttention-3's intra-warpgroup overlap:
+
+    S_j = Q K_j^T        issued
+    O  += P_{j-1} V_{j-1} issued on top of it
+    wait until only the P V is in flight -> softmax of S_j runs while the tensor cores do P V
+    wait for P V, rescale O by this block's alpha
+
+K and V come through TMA into rings of STAGES slots (one mbarrier per slot and operand); a slot is
+refilled once every warp is past the MMA that read it, K's with block j + STAGES once S_j is done,
+V's with block j - 1 + STAGES once P_{j-1} V_{j-1} is. Q is read once, O written through TMA
+(rows past N_Q are clipped by the copy engine), the LSE through pointers.
+
+Same function as flash_fwd_kernel: O, the natural-log LSE, blind rows (O = 0, LSE = -inf), NaN for
+a visible row whose sum is zero or NaN (softmax_rows.py). 16-bit inputs, head dims the MMA takes
+whole (HOPPER_HEAD_DIMS), 16-byte aligned strides, sm_90 only: ``hopper_applies`` says where;
+elsewhere the pointer tiles run. Gluon has no interpreter, so this kernel is proven on the GPU
+(tests/test_gpu_flash.py), with the pointer tiles as the CPU-gated function it must equal.
+"""
+import math
+
+import torch
+
+from .precision import LN2
+
+HOPPER_HEAD_DIMS = (64, 128)
+HOPPER_DTYPES = (torch.float16, torch.bfloat16)
+# (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers) per (head dim, causal): one warpgroup of 64
+# rows a program and two or three programs an SM, so that one's softmax runs beside another's MMAs.
+# Measured on an H100 (results/gpu/nvidia-h100/flash-hopper-tiles.*, -qregs.*): two warpgroups a
+# program (M 128) ran 0.66x-0.95x the pointer tiles; these 1.08x-1.25x. Q in registers (each S
+# wgmma then reads only K from shared memory) paid at D 128 without a mask (+8%), not with one (-5%).
+_TILES = {(64, False): (64, 128, 2, 4, False), (64, True): (64, 128, 2, 4, False),
+          (128, False): (64, 64, 3, 4, True), (128, True): (64, 64, 3, 4, False)}
+
+
+try:  # Gluon's Hopper language (Triton 3.5+); without it the pointer tiles run everywhere
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    GLUON = True
+except Exception:  # ImportError, or an older Gluon without these names
+    GLUON = False
+
+
+def _aligned(t) -> bool:
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * size) % 16 == 0 for s in t.stride()[:-1]))
+
+
+def hopper_applies(q, k, v) -> bool:
+    """Whether the Gluon forward takes these (checked) inputs: an sm_90 GPU, fp16/bf16, a head dim
+    in HOPPER_HEAD_DIMS, and tensors TMA can address (16-byte base and strides)."""
+    return (q.is_cuda and q.dtype in HOPPER_DTYPES and q.shape[-1] in HOPPER_HEAD_DIMS
+            and torch.cuda.get_device_capability(q.device) == (9, 0)
+            and all(_aligned(t) for t in (q, k, v)) and GLUON)
+
+
+if GLUON:
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, n0, offs_m, N_K, causal_offset, qk_scale_log2,
+                      MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+        # key_block.key_weights in Gluon: the row max on raw scores, one FMA a score before exp2.
+        if MASKED:
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+            keep = gl.expand_dims(offs_n, 0) < N_K
+            if CAUSAL:
+                keep = keep & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1) + causal_offset)
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
+        p = gl.exp2(s * qk_scale_log2 - gl.expand_dims(m_new, 1))
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, l_i, m_new
+
+    @gluon.jit
+    def _scores(s, m_i, l_i, n0, full_hi, offs_m, N_K, causal_offset, qk_scale_log2,
+                CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+        # Blocks inside [0, full_hi) are visible to every row of the tile: no mask arithmetic.
+        if n0 + BLOCK_N <= full_hi:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, n0, offs_m, N_K, causal_offset, qk_scale_log2,
+                                               False, CAUSAL, BLOCK_N)
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, n0, offs_m, N_K, causal_offset, qk_scale_log2,
+                                               True, CAUSAL, BLOCK_N)
+        return p, alpha, l_i, m_i
+
+    @gluon.jit
+    def _refill(desc, bars, smem, block, STAGES: gl.constexpr, b, hk, n_blocks, BLOCK_N: gl.constexpr,
+                nbytes: gl.constexpr):
+        # Slot block % STAGES, just read by block `block`, takes block + STAGES (if there is one).
+        slot = block % STAGES
+        nxt = block + STAGES
+        mbarrier.expect(bars.index(slot), nbytes, pred=nxt < n_blocks)
+        tma.async_copy_global_to_shared(desc, [b, hk, nxt * BLOCK_N, 0], bars.index(slot), smem.index(slot),
+                                        pred=nxt < n_blocks)
+
+    @gluon.jit
+    def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE,
+                                N_Q, N_K, H_Q, GROUP, causal_offset, qk_scale_log2,
+                                CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr,
+                                num_warps: gl.constexpr):
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+        dtype: gl.constexpr = q_desc.dtype
+
+        pid_m = gl.program_id(0)
+        if CAUSAL:  # longest rows first, for a better tail (tiling.query_tile)
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        hk = h // GROUP
+        m0 = pid_m * BLOCK_M
+
+        # tiling.visible_keys: keys [0, full_hi) need no mask, none at or past hi is visible.
+        if CAUSAL:
+            hi = gl.minimum(gl.maximum(m0 + BLOCK_M + causal_offset, 0), N_K)
+            full_hi = gl.minimum(gl.maximum(m0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
+        else:
+            hi = N_K
+            full_hi = N_K // BLOCK_N * BLOCK_N
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+        q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+        mbarrier.expect(q_bar, BLOCK_M * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            mbarrier.expect(k_bars.index(i), kv_bytes, pred=i < n_blocks)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i),
+                                            pred=i < n_blocks)
+            mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_blocks)
+            tma.async_copy_global_to_shared(v_desc, [b, hk, i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i),
+                                            pred=i < n_blocks)
+
+        q_tile = q_smem._reinterpret(dtype, [BLOCK_M, HEAD_DIM], tile_layout)
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
+        m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(q_bar, 0)
+        if Q_IN_REGS:  # Q as the register operand: each S wgmma then reads only K from shared memory
+            q_op = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        else:
+            q_op = q_tile
+
+        if n_blocks > 0:
+            # Block 0: its scores alone (nothing to overlap with yet).
+            mbarrier.wait(k_bars.index(0), 0)
+            k_tile = k_smem.index(0)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+            s = warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False)
+            gl.thread_barrier()
+            _refill(k_desc, k_bars, k_smem, 0, STAGES, b, hk, n_blocks, BLOCK_N, kv_bytes)
+            p, alpha, l_i, m_i = _scores(s, m_i, l_i, 0, full_hi, offs_m, N_K, causal_offset, qk_scale_log2,
+                                         CAUSAL, BLOCK_N)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, n_blocks):
+                slot = j % STAGES
+                prev = (j - 1) % STAGES  # the V slot of block j - 1
+                mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+                k_tile = k_smem.index(slot)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+                s_token = warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+                v_tile = v_smem.index(prev)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+                o_token = warpgroup_mma(p_op, v_tile, o, is_async=True)
+                # S_j was issued first, so one group left in flight is P_{j-1} V_{j-1}.
+                s = warpgroup_mma_wait(1, deps=(s_token, ))
+                p, alpha, l_i, m_i = _scores(s, m_i, l_i, j * BLOCK_N, full_hi, offs_m, N_K, causal_offset,
+                                             qk_scale_log2, CAUSAL, BLOCK_N)
+                o = warpgroup_mma_wait(0, deps=(o_token, ))
+                # Every warp is past S_j (K slot j % STAGES) and P V of block j - 1 (its V slot): refill
+                # both, each a whole iteration ahead of its use.
+                gl.thread_barrier()
+                _refill(k_desc, k_bars, k_smem, j, STAGES, b, hk, n_blocks, BLOCK_N, kv_bytes)
+                _refill(v_desc, v_bars, v_smem, j - 1, STAGES, b, hk, n_blocks, BLOCK_N, kv_bytes)
+                o = o * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            last = (n_blocks - 1) % STAGES
+            mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // STAGES) & 1)
+            v_tile = v_smem.index(last)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+            o = warpgroup_mma(p_op, v_tile, o)
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+
+        # softmax_rows.finish_rows: blind rows O = 0, LSE = -inf; a zero or NaN sum elsewhere: NaN.
+        if CAUSAL:
+            blind = offs_m + causal_offset < 0
+        else:
+            blind = offs_m < 0
+        l_safe = gl.where(blind, 1.0, l_i)
+        inv_l = gl.where(blind, 0.0, 1.0 / l_safe)
+        lse = gl.where(blind, float("-inf"), gl.where(l_i > 0.0, (m_i + gl.log2(l_safe)) * LN2, float("nan")))
+        o = o * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1)
+
+        # Q's tile is read by now (every wgmma waited for): O goes out through the same shared memory.
+        gl.thread_barrier()
+        q_tile.store(o.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], q_smem)
+        gl.store(LSE + (b * H_Q + h).to(gl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+        tma.store_wait(0)
+
+
+
+def _descriptor(t, block_rows):
+    block = [1, 1, block_rows, t.shape[-1]]
+    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale: float, causal_offset, tiles=None):
+    """Write O and the LSE of checked inputs into ``o`` [B, Hq, Nq, D] and ``lse`` [B, Hq, Nq]
+    (fp32, contiguous); ``causal_offset`` None means no mask, else row i sees keys j <= i + offset.
+    ``tiles``: (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers) instead of the head dim's (scripts
+    measure them); BLOCK_M is 64 rows a warpgroup."""
+    batch, heads_q, n_q, head_dim = q.shape
+    block_m, block_n, stages, num_warps, q_in_regs = tiles or _TILES[head_dim, causal_offset is not None]
+    grid = (-(-n_q // block_m), heads_q, batch)
+    flash_fwd_hopper_kernel[grid](
+        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, block_m), lse,
+        n_q, k.shape[2], heads_q, heads_q // k.shape[1], 0 if causal_offset is None else int(causal_offset),
+        float(sm_scale) * math.log2(math.e),
+        CAUSAL=causal_offset is not None, STAGES=stages, Q_IN_REGS=q_in_regs, num_warps=num_warps)
