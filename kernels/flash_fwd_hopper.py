@@ -29,13 +29,15 @@ from .precision import LN2
 
 HOPPER_HEAD_DIMS = (64, 128)
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
-# (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers) per (head dim, causal): one warpgroup of 64
-# rows a program and two or three programs an SM, so that one's softmax runs beside another's MMAs.
-# Measured on an H100 (results/gpu/nvidia-h100/flash-hopper-tiles.*, -qregs.*): two warpgroups a
-# program (M 128) ran 0.66x-0.95x the pointer tiles; these 1.08x-1.25x. Q in registers (each S
-# wgmma then reads only K from shared memory) paid at D 128 without a mask (+8%), not with one (-5%).
+# (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, warp-specialized loader, maxnreg]) per (head
+# dim, causal): one warpgroup of 64 rows a program and two or three programs an SM, so that one's
+# softmax runs beside another's MMAs. Measured on an H100 (results/gpu/nvidia-h100/flash-hopper-*):
+# two warpgroups a program (M 128) ran 0.66x-0.95x the pointer tiles, these 1.13x-1.30x. At D 128 a
+# one-warp TMA loader (24 registers; the compute warps get 232 of maxnreg 128 a thread) and Q as the
+# register operand (each S wgmma then reads only K from shared memory) gained 3-7%; at D 64 the
+# loader cost 10%.
 _TILES = {(64, False): (64, 128, 2, 4, False), (64, True): (64, 128, 2, 4, False),
-          (128, False): (64, 64, 3, 4, True), (128, True): (64, 64, 3, 4, False)}
+          (128, False): (64, 64, 2, 4, True, True, 128), (128, True): (64, 64, 2, 4, True, True, 128)}
 
 
 try:  # Gluon's Hopper language (Triton 3.5+); without it the pointer tiles run everywhere
@@ -103,10 +105,92 @@ if GLUON:
                                         pred=nxt < n_blocks)
 
     @gluon.jit
+    def _release(desc, ready, empty, smem, block, STAGES: gl.constexpr, b, hk, n_blocks, BLOCK_N: gl.constexpr,
+                 nbytes: gl.constexpr, WARP_SPECIALIZE: gl.constexpr):
+        # The MMA that read block `block`'s slot is done (in every warp): hand the slot back.
+        if WARP_SPECIALIZE:  # to the loader warp, which waits for it
+            mbarrier.arrive(empty.index(block % STAGES), count=1)
+        else:  # refill it here
+            _refill(desc, ready, smem, block, STAGES, b, hk, n_blocks, BLOCK_N, nbytes)
+
+    @gluon.jit
+    def _load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, hk, n_blocks,
+                   STAGES: gl.constexpr, BLOCK_N: gl.constexpr, nbytes: gl.constexpr):
+        # The loader warp: block i into slot i % STAGES once the consumers have released the slot
+        # (a new mbarrier counts as released: the first STAGES waits pass at parity 1).
+        for i in range(n_blocks):
+            slot = i % STAGES
+            parity = ((i // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), parity)
+            mbarrier.expect(k_ready.index(slot), nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, i * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), parity)
+            mbarrier.expect(v_ready.index(slot), nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, hk, i * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+    @gluon.jit
+    def _attend(q_op, o, l_i, m_i, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                b, hk, n_blocks, full_hi, offs_m, N_K, causal_offset, qk_scale_log2,
+                CAUSAL: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr):
+        # The key loop: (o, l, m) over the tile's n_blocks key blocks (at least one).
+        BLOCK_M: gl.constexpr = o.shape[0]
+        HEAD_DIM: gl.constexpr = o.shape[1]
+        BLOCK_N: gl.constexpr = k_smem.shape[3]
+        dtype: gl.constexpr = k_smem.dtype
+        nbytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+        s_layout: gl.constexpr = m_i.type.layout.parent
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o.type.layout, k_width=2)
+        row_o: gl.constexpr = gl.SliceLayout(1, o.type.layout)
+        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+        # Block 0: its scores alone (nothing to overlap with yet).
+        mbarrier.wait(k_ready.index(0), 0)
+        k_tile = k_smem.index(0)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+        s = warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False)
+        if not WARP_SPECIALIZE:
+            gl.thread_barrier()
+        _release(k_desc, k_ready, k_empty, k_smem, 0, STAGES, b, hk, n_blocks, BLOCK_N, nbytes, WARP_SPECIALIZE)
+        p, alpha, l_i, m_i = _scores(s, m_i, l_i, 0, full_hi, offs_m, N_K, causal_offset, qk_scale_log2,
+                                     CAUSAL, BLOCK_N)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES  # the V slot of block j - 1
+            mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+            k_tile = k_smem.index(slot)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+            s_token = warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            v_tile = v_smem.index(prev)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+            o_token = warpgroup_mma(p_op, v_tile, o, is_async=True)
+            # S_j was issued first, so one group left in flight is P_{j-1} V_{j-1}.
+            s = warpgroup_mma_wait(1, deps=(s_token, ))
+            if WARP_SPECIALIZE:
+                _release(k_desc, k_ready, k_empty, k_smem, j, STAGES, b, hk, n_blocks, BLOCK_N, nbytes, True)
+            p, alpha, l_i, m_i = _scores(s, m_i, l_i, j * BLOCK_N, full_hi, offs_m, N_K, causal_offset,
+                                         qk_scale_log2, CAUSAL, BLOCK_N)
+            o = warpgroup_mma_wait(0, deps=(o_token, ))
+            if WARP_SPECIALIZE:
+                _release(v_desc, v_ready, v_empty, v_smem, j - 1, STAGES, b, hk, n_blocks, BLOCK_N, nbytes, True)
+            else:
+                # Every warp is past S_j (K slot j % STAGES) and P V of block j - 1 (its V slot):
+                # refill both, each a whole iteration ahead of its use.
+                gl.thread_barrier()
+                _refill(k_desc, k_ready, k_smem, j, STAGES, b, hk, n_blocks, BLOCK_N, nbytes)
+                _refill(v_desc, v_ready, v_smem, j - 1, STAGES, b, hk, n_blocks, BLOCK_N, nbytes)
+            o = o * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        v_tile = v_smem.index(last)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+        o = warpgroup_mma(p_op, v_tile, o)
+        return o, l_i, m_i
+
+    @gluon.jit
     def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE,
                                 N_Q, N_K, H_Q, GROUP, causal_offset, qk_scale_log2,
                                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr,
-                                num_warps: gl.constexpr):
+                                WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -133,11 +217,9 @@ if GLUON:
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
         q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -145,29 +227,33 @@ if GLUON:
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
         fence_async_shared()
 
         kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
         mbarrier.expect(q_bar, BLOCK_M * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_smem)
-        for i in gl.static_range(STAGES):
-            mbarrier.expect(k_bars.index(i), kv_bytes, pred=i < n_blocks)
-            tma.async_copy_global_to_shared(k_desc, [b, hk, i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i),
-                                            pred=i < n_blocks)
-            mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_blocks)
-            tma.async_copy_global_to_shared(v_desc, [b, hk, i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i),
-                                            pred=i < n_blocks)
+        if not WARP_SPECIALIZE:  # the first STAGES key blocks (the loader warp does its own)
+            for i in gl.static_range(STAGES):
+                mbarrier.expect(k_bars.index(i), kv_bytes, pred=i < n_blocks)
+                tma.async_copy_global_to_shared(k_desc, [b, hk, i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i),
+                                                pred=i < n_blocks)
+                mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_blocks)
+                tma.async_copy_global_to_shared(v_desc, [b, hk, i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i),
+                                                pred=i < n_blocks)
 
         q_tile = q_smem._reinterpret(dtype, [BLOCK_M, HEAD_DIM], tile_layout)
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
         m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_s)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
         o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         mbarrier.wait(q_bar, 0)
         if Q_IN_REGS:  # Q as the register operand: each S wgmma then reads only K from shared memory
             q_op = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
@@ -175,45 +261,25 @@ if GLUON:
             q_op = q_tile
 
         if n_blocks > 0:
-            # Block 0: its scores alone (nothing to overlap with yet).
-            mbarrier.wait(k_bars.index(0), 0)
-            k_tile = k_smem.index(0)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-            s = warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False)
-            gl.thread_barrier()
-            _refill(k_desc, k_bars, k_smem, 0, STAGES, b, hk, n_blocks, BLOCK_N, kv_bytes)
-            p, alpha, l_i, m_i = _scores(s, m_i, l_i, 0, full_hi, offs_m, N_K, causal_offset, qk_scale_log2,
-                                         CAUSAL, BLOCK_N)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(1, n_blocks):
-                slot = j % STAGES
-                prev = (j - 1) % STAGES  # the V slot of block j - 1
-                mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-                k_tile = k_smem.index(slot)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-                s_token = warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-                v_tile = v_smem.index(prev)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-                o_token = warpgroup_mma(p_op, v_tile, o, is_async=True)
-                # S_j was issued first, so one group left in flight is P_{j-1} V_{j-1}.
-                s = warpgroup_mma_wait(1, deps=(s_token, ))
-                p, alpha, l_i, m_i = _scores(s, m_i, l_i, j * BLOCK_N, full_hi, offs_m, N_K, causal_offset,
-                                             qk_scale_log2, CAUSAL, BLOCK_N)
-                o = warpgroup_mma_wait(0, deps=(o_token, ))
-                # Every warp is past S_j (K slot j % STAGES) and P V of block j - 1 (its V slot): refill
-                # both, each a whole iteration ahead of its use.
-                gl.thread_barrier()
-                _refill(k_desc, k_bars, k_smem, j, STAGES, b, hk, n_blocks, BLOCK_N, kv_bytes)
-                _refill(v_desc, v_bars, v_smem, j - 1, STAGES, b, hk, n_blocks, BLOCK_N, kv_bytes)
-                o = o * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-            last = (n_blocks - 1) % STAGES
-            mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // STAGES) & 1)
-            v_tile = v_smem.index(last)._reinterpret(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-            o = warpgroup_mma(p_op, v_tile, o)
+            if WARP_SPECIALIZE:  # these warps compute; one more warp issues the K and V copies
+                o, l_i, m_i = gl.warp_specialize([
+                    (_attend, (q_op, o, l_i, m_i, k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
+                               b, hk, n_blocks, full_hi, offs_m, N_K, causal_offset, qk_scale_log2, CAUSAL, STAGES,
+                               True)),
+                    (_load_keys, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_blocks,
+                                  STAGES, BLOCK_N, kv_bytes)),
+                ], [1], [24])
+            else:
+                o, l_i, m_i = _attend(q_op, o, l_i, m_i, k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty,
+                                      v_empty, b, hk, n_blocks, full_hi, offs_m, N_K, causal_offset, qk_scale_log2,
+                                      CAUSAL, STAGES, False)
 
         mbarrier.invalidate(q_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
+            mbarrier.invalidate(k_empty.index(i))
+            mbarrier.invalidate(v_empty.index(i))
 
         # softmax_rows.finish_rows: blind rows O = 0, LSE = -inf; a zero or NaN sum elsewhere: NaN.
         if CAUSAL:
@@ -245,13 +311,14 @@ def _descriptor(t, block_rows):
 def flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale: float, causal_offset, tiles=None):
     """Write O and the LSE of checked inputs into ``o`` [B, Hq, Nq, D] and ``lse`` [B, Hq, Nq]
     (fp32, contiguous); ``causal_offset`` None means no mask, else row i sees keys j <= i + offset.
-    ``tiles``: (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers) instead of the head dim's (scripts
-    measure them); BLOCK_M is 64 rows a warpgroup."""
+    ``tiles``: a _TILES entry to use instead of the shape's (scripts measure them); BLOCK_M is 64 rows a
+    warpgroup."""
     batch, heads_q, n_q, head_dim = q.shape
-    block_m, block_n, stages, num_warps, q_in_regs = tiles or _TILES[head_dim, causal_offset is not None]
+    block_m, block_n, stages, num_warps, q_in_regs, *ws = tiles or _TILES[head_dim, causal_offset is not None]
     grid = (-(-n_q // block_m), heads_q, batch)
     flash_fwd_hopper_kernel[grid](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, block_m), lse,
         n_q, k.shape[2], heads_q, heads_q // k.shape[1], 0 if causal_offset is None else int(causal_offset),
         float(sm_scale) * math.log2(math.e),
-        CAUSAL=causal_offset is not None, STAGES=stages, Q_IN_REGS=q_in_regs, num_warps=num_warps)
+        CAUSAL=causal_offset is not None, STAGES=stages, Q_IN_REGS=q_in_regs,
+        WARP_SPECIALIZE=bool(ws and ws[0]), num_warps=num_warps, **({"maxnreg": ws[1]} if ws and ws[0] else {}))

@@ -25,9 +25,11 @@ from attnbench.roofline import machine_info
 OP = attnbench.get("flash")
 CASES = [(4, 16, 16, 4096, 64, None), (4, 16, 16, 4096, 64, "top_left"), (2, 16, 16, 8192, 128, None),
          (2, 16, 16, 8192, 128, "top_left"), (8, 32, 32, 2048, 128, "top_left")]
-# (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers); shared memory: Q tile + STAGES x (K + V) blocks
-TILES = {64: [(64, 128, 2, 4, False), (64, 128, 2, 4, True), (64, 64, 2, 4, True), (64, 128, 3, 4, True)],
-         128: [(64, 64, 3, 4, False), (64, 64, 3, 4, True), (64, 64, 2, 4, True), (64, 128, 2, 4, True)]}
+# (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, warp-specialized loader, maxnreg]); shared
+# memory: Q tile + STAGES x (K + V) blocks
+TILES = {64: [(64, 128, 2, 4, False), (64, 128, 2, 4, False, True, 128)],
+         128: [(64, 64, 3, 4, True), (64, 64, 3, 4, False), (64, 64, 3, 4, True, True, 128),
+               (64, 64, 3, 4, False, True, 128), (64, 64, 2, 4, True, True, 128)]}
 median_ms = functools.partial(gpu_time_median_ms, warmup_ms=10.0, rep_ms=40.0)
 
 
@@ -53,7 +55,8 @@ def main():
             entry["ms"][name] = median_ms(OP.variants[name].prepare(case, x, "fwd"))
         q, k, v = x["q"], x["k"], x["v"]
         for tiles in TILES[d]:
-            label = "hopper " + "/".join(map(str, tiles[:4])) + (" q-regs" if tiles[4] else "")
+            label = ("hopper " + "/".join(map(str, tiles[:4])) + (" q-regs" if tiles[4] else "")
+                     + (f" ws r{tiles[6]}" if len(tiles) > 5 and tiles[5] else ""))
             o = torch.empty_like(q)
             lse = torch.empty(q.shape[:3], device=device, dtype=torch.float32)
 
