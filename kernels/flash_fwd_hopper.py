@@ -29,15 +29,19 @@ from .precision import LN2
 
 HOPPER_HEAD_DIMS = (64, 128)
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
-# (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, warp-specialized loader, maxnreg]) per (head
-# dim, causal): one warpgroup of 64 rows a program and two or three programs an SM, so that one's
-# softmax runs beside another's MMAs. Measured on an H100 (results/gpu/nvidia-h100/flash-hopper-*):
-# two warpgroups a program (M 128) ran 0.66x-0.95x the pointer tiles, these 1.13x-1.30x. At D 128 a
-# one-warp TMA loader (24 registers; the compute warps get 232 of maxnreg 128 a thread) and Q as the
-# register operand (each S wgmma then reads only K from shared memory) gained 3-7%; at D 64 the
-# loader cost 10%.
+# Tiles per (head dim, causal): (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, loader warp,
+# maxnreg[, "pair", compute registers]]), 64 query rows a warpgroup. Measured on an H100
+# (results/gpu/nvidia-h100/flash-hopper-*.json, each pick beside the others in one process):
+# - two warpgroups a program in step (M 128, one key loop, barriers between them): 0.66x-0.95x the
+#   pointer tiles; one warpgroup a program, two or three programs an SM: 1.13x-1.16x at D 64;
+# - D 128: a pair of warpgroups a program, each on its own 64 rows, not kept in step, sharing K/V
+#   blocks of 128 keys that a loader warp brings in (each block crosses L2 once per 128 query rows):
+#   1.31x-1.38x the pointer tiles, against 1.14x-1.28x for one warpgroup a program with a loader;
+#   Q as the register operand (each S wgmma then reads only K from shared memory). At D 64 the pair
+#   ran 0.97x-1.01x the pointer tiles and one warpgroup a program is kept.
+_PAIR = (True, 168, "pair", 240)  # 12 warps (one program an SM): maxnreg 168, 240 for the compute warps
 _TILES = {(64, False): (64, 128, 2, 4, False), (64, True): (64, 128, 2, 4, False),
-          (128, False): (64, 64, 2, 4, True, True, 128), (128, True): (64, 64, 2, 4, True, True, 128)}
+          (128, False): (128, 128, 2, 4, True) + _PAIR, (128, True): (128, 128, 2, 4, True) + _PAIR}
 
 
 try:  # Gluon's Hopper language (Triton 3.5+); without it the pointer tiles run everywhere
@@ -187,6 +191,19 @@ if GLUON:
         return o, l_i, m_i
 
     @gluon.jit
+    def _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL: gl.constexpr):
+        # softmax_rows.finish_rows: blind rows O = 0, LSE = -inf; a zero or NaN sum elsewhere: NaN.
+        if CAUSAL:
+            blind = offs_m + causal_offset < 0
+        else:
+            blind = offs_m < 0
+        l_safe = gl.where(blind, 1.0, l_i)
+        inv_l = gl.where(blind, 0.0, 1.0 / l_safe)
+        lse = gl.where(blind, float("-inf"), gl.where(l_i > 0.0, (m_i + gl.log2(l_safe)) * LN2, float("nan")))
+        o = o * gl.expand_dims(gl.convert_layout(inv_l, gl.SliceLayout(1, o.type.layout)), 1)
+        return o, lse
+
+    @gluon.jit
     def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE,
                                 N_Q, N_K, H_Q, GROUP, causal_offset, qk_scale_log2,
                                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr,
@@ -218,7 +235,6 @@ if GLUON:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
 
         q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
@@ -281,15 +297,7 @@ if GLUON:
             mbarrier.invalidate(k_empty.index(i))
             mbarrier.invalidate(v_empty.index(i))
 
-        # softmax_rows.finish_rows: blind rows O = 0, LSE = -inf; a zero or NaN sum elsewhere: NaN.
-        if CAUSAL:
-            blind = offs_m + causal_offset < 0
-        else:
-            blind = offs_m < 0
-        l_safe = gl.where(blind, 1.0, l_i)
-        inv_l = gl.where(blind, 0.0, 1.0 / l_safe)
-        lse = gl.where(blind, float("-inf"), gl.where(l_i > 0.0, (m_i + gl.log2(l_safe)) * LN2, float("nan")))
-        o = o * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1)
+        o, lse = _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL)
 
         # Q's tile is read by now (every wgmma waited for): O goes out through the same shared memory.
         gl.thread_barrier()
@@ -301,6 +309,116 @@ if GLUON:
 
 
 
+    @gluon.jit
+    def _pair_half(HALF: gl.constexpr, q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_bars,
+                   v_bars, k_empty, v_empty, b, h, hk, m0, n_blocks, N_Q, N_K, H_Q, causal_offset, qk_scale_log2,
+                   CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr):
+        # One compute warpgroup of the pair: rows m0 + 64 HALF .. + 63 over the tile's n_blocks key blocks
+        # (the pair's; blocks past this half's own diagonal are masked out), then its O and LSE.
+        ROWS: gl.constexpr = q_smem.shape[3]
+        HEAD_DIM: gl.constexpr = q_smem.shape[4]
+        BLOCK_N: gl.constexpr = k_smem.shape[3]
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+        row0 = m0 + HALF * ROWS
+        q_slot = q_smem.index(HALF)
+        mbarrier.expect(q_bars.index(HALF), ROWS * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(q_desc, [b, h, row0, 0], q_bars.index(HALF), q_slot)
+        if CAUSAL:
+            full_hi = gl.minimum(gl.maximum(row0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
+        else:
+            full_hi = N_K // BLOCK_N * BLOCK_N
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+        m_i = gl.full([ROWS], -1.0e30, gl.float32, layout=row_s)
+        l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
+        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        q_tile = q_slot._reinterpret(dtype, [ROWS, HEAD_DIM], tile_layout)
+        mbarrier.wait(q_bars.index(HALF), 0)
+        if Q_IN_REGS:
+            q_op = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        else:
+            q_op = q_tile
+        if n_blocks > 0:
+            o, l_i, m_i = _attend(q_op, o, l_i, m_i, k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
+                                  b, hk, n_blocks, full_hi, offs_m, N_K, causal_offset, qk_scale_log2, CAUSAL, STAGES,
+                                  True)
+        o, lse = _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL)
+        q_tile.store(o.to(dtype))  # every wgmma that read Q has been waited for
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
+        gl.store(LSE + (b * H_Q + h).to(gl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+        tma.store_wait(0)
+
+    # The partitions' functions (worker partitions share one signature): args as _pair_half's, less the constexprs.
+    @gluon.jit
+    def _pair_first(args, CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr):
+        _pair_half(0, *args, CAUSAL, STAGES, Q_IN_REGS)
+
+    @gluon.jit
+    def _pair_second(args, CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr):
+        _pair_half(1, *args, CAUSAL, STAGES, Q_IN_REGS)
+
+    @gluon.jit
+    def _pair_loader(args, CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr):
+        (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_empty, v_empty,
+         b, h, hk, m0, n_blocks, N_Q, N_K, H_Q, causal_offset, qk_scale_log2) = args
+        BLOCK_N: gl.constexpr = k_smem.shape[3]
+        nbytes: gl.constexpr = BLOCK_N * k_smem.shape[4] * 2
+        _load_keys(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_blocks, STAGES,
+                   BLOCK_N, nbytes)
+
+    @gluon.jit
+    def flash_fwd_hopper_pair_kernel(q_desc, k_desc, v_desc, o_desc, LSE,
+                                     N_Q, N_K, H_Q, GROUP, causal_offset, qk_scale_log2,
+                                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr,
+                                     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """flash_fwd_hopper_kernel with two compute warpgroups a program (64 query rows each) sharing
+        one K/V ring filled by a loader warp: each key block crosses L2 once per 128 rows, not per 64.
+        Each slot is released by both warpgroups (empty barriers count 2); they are not kept in step."""
+        ROWS: gl.constexpr = q_desc.block_type.shape[2]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+        dtype: gl.constexpr = q_desc.dtype
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        hk = h // GROUP
+        m0 = pid_m * (2 * ROWS)
+        if CAUSAL:
+            hi = gl.minimum(gl.maximum(m0 + 2 * ROWS + causal_offset, 0), N_K)
+        else:
+            hi = N_K
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bars.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        fence_async_shared()
+        args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_empty,
+                v_empty, b, h, hk, m0, n_blocks, N_Q, N_K, H_Q, causal_offset, qk_scale_log2)
+        gl.warp_specialize([(_pair_first, (args, CAUSAL, STAGES, Q_IN_REGS)),
+                            (_pair_second, (args, CAUSAL, STAGES, Q_IN_REGS)),
+                            (_pair_loader, (args, CAUSAL, STAGES, Q_IN_REGS))], [4, 1], [CONSUMER_REGS, 24])
+
 def _descriptor(t, block_rows):
     block = [1, 1, block_rows, t.shape[-1]]
     dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
@@ -311,14 +429,22 @@ def _descriptor(t, block_rows):
 def flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale: float, causal_offset, tiles=None):
     """Write O and the LSE of checked inputs into ``o`` [B, Hq, Nq, D] and ``lse`` [B, Hq, Nq]
     (fp32, contiguous); ``causal_offset`` None means no mask, else row i sees keys j <= i + offset.
-    ``tiles``: a _TILES entry to use instead of the shape's (scripts measure them); BLOCK_M is 64 rows a
-    warpgroup."""
+    ``tiles``: a _TILES entry to use instead of the shape's (scripts measure them): (BLOCK_M, BLOCK_N,
+    STAGES, num_warps, Q in registers[, warp-specialized loader, maxnreg[, "pair", compute registers]])
+    with 64 rows a warpgroup; "pair": two compute warpgroups a program (BLOCK_M 128) sharing the keys."""
     batch, heads_q, n_q, head_dim = q.shape
     block_m, block_n, stages, num_warps, q_in_regs, *ws = tiles or _TILES[head_dim, causal_offset is not None]
     grid = (-(-n_q // block_m), heads_q, batch)
-    flash_fwd_hopper_kernel[grid](
-        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, block_m), lse,
-        n_q, k.shape[2], heads_q, heads_q // k.shape[1], 0 if causal_offset is None else int(causal_offset),
-        float(sm_scale) * math.log2(math.e),
-        CAUSAL=causal_offset is not None, STAGES=stages, Q_IN_REGS=q_in_regs,
-        WARP_SPECIALIZE=bool(ws and ws[0]), num_warps=num_warps, **({"maxnreg": ws[1]} if ws and ws[0] else {}))
+    pair = len(ws) > 2 and ws[2] == "pair"
+    rows = block_m // 2 if pair else block_m
+    args = (_descriptor(q, rows), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, rows), lse,
+            n_q, k.shape[2], heads_q, heads_q // k.shape[1], 0 if causal_offset is None else int(causal_offset),
+            float(sm_scale) * math.log2(math.e))
+    causal = causal_offset is not None
+    if pair:
+        flash_fwd_hopper_pair_kernel[grid](*args, CAUSAL=causal, STAGES=stages, Q_IN_REGS=q_in_regs,
+                                           CONSUMER_REGS=ws[3], num_warps=num_warps, maxnreg=ws[1])
+    else:
+        flash_fwd_hopper_kernel[grid](*args, CAUSAL=causal, STAGES=stages, Q_IN_REGS=q_in_regs,
+                                      WARP_SPECIALIZE=bool(ws and ws[0]), num_warps=num_warps,
+                                      **({"maxnreg": ws[1]} if ws and ws[0] else {}))
