@@ -16,8 +16,9 @@ V's with block j - 1 + STAGES once P_{j-1} V_{j-1} is. Q is read once, O written
 (rows past N_Q are clipped by the copy engine), the LSE through pointers.
 
 Same function as flash_fwd_kernel: O, the natural-log LSE, blind rows (O = 0, LSE = -inf), NaN for
-a visible row whose sum is zero or NaN (softmax_rows.py). 16-bit inputs, head dims the MMA takes
-whole (HOPPER_HEAD_DIMS), 16-byte aligned strides, sm_90 only: ``hopper_applies`` says where;
+a visible row whose sum is zero or NaN (softmax_rows.py). 16-bit inputs, the measured head dims
+(HOPPER_HEAD_DIMS; a tile holds the next power of two, the copy engine zero-filling the rest),
+16-byte aligned strides, sm_90 only: ``hopper_applies`` says where;
 elsewhere the pointer tiles run. Gluon has no interpreter, so this kernel is proven on the GPU
 (tests/test_gpu_flash.py), with the pointer tiles as the CPU-gated function it must equal.
 """
@@ -27,7 +28,7 @@ import torch
 
 from .precision import LN2
 
-HOPPER_HEAD_DIMS = (64, 128)
+HOPPER_HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
 # Tiles per (head dim, causal): (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, loader warp,
 # maxnreg[, "pair", compute registers]]), 64 query rows a warpgroup. Measured on an H100
@@ -39,9 +40,13 @@ HOPPER_DTYPES = (torch.float16, torch.bfloat16)
 #   1.31x-1.38x the pointer tiles, against 1.14x-1.28x for one warpgroup a program with a loader;
 #   Q as the register operand (each S wgmma then reads only K from shared memory). At D 64 the pair
 #   ran 0.97x-1.01x the pointer tiles and one warpgroup a program is kept.
+# - 256 columns (D 160-256): the pair on 64-key blocks, Q from shared memory (its registers go to the
+#   64 x 256 accumulator): 1.68x-1.73x the pointer tiles at D 256, 1.01x-1.02x at D 160 and 192, whose
+#   columns past D are zeros the MMAs still multiply (flash-hopper-dims.json); three stages do not fit.
 _PAIR = (True, 168, "pair", 240)  # 12 warps (one program an SM): maxnreg 168, 240 for the compute warps
 _TILES = {(64, False): (64, 128, 2, 4, False), (64, True): (64, 128, 2, 4, False),
-          (128, False): (128, 128, 2, 4, True) + _PAIR, (128, True): (128, 128, 2, 4, True) + _PAIR}
+          (128, False): (128, 128, 2, 4, True) + _PAIR, (128, True): (128, 128, 2, 4, True) + _PAIR,
+          (256, False): (128, 64, 2, 4, False) + _PAIR, (256, True): (128, 64, 2, 4, False) + _PAIR}
 
 
 try:  # Gluon's Hopper language (Triton 3.5+); without it the pointer tiles run everywhere
@@ -419,8 +424,14 @@ if GLUON:
                             (_pair_second, (args, CAUSAL, STAGES, Q_IN_REGS)),
                             (_pair_loader, (args, CAUSAL, STAGES, Q_IN_REGS))], [4, 1], [CONSUMER_REGS, 24])
 
+def head_block(head_dim: int) -> int:
+    """The head-dim columns a tile holds: the next power of two (Triton's tensors and TMA boxes are
+    powers of two); the copy engine zero-fills the columns past D on loads and clips them on stores."""
+    return 1 << (head_dim - 1).bit_length()
+
+
 def _descriptor(t, block_rows):
-    block = [1, 1, block_rows, t.shape[-1]]
+    block = [1, 1, block_rows, head_block(t.shape[-1])]
     dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
@@ -433,7 +444,8 @@ def flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale: float, causal_offset, til
     STAGES, num_warps, Q in registers[, warp-specialized loader, maxnreg[, "pair", compute registers]])
     with 64 rows a warpgroup; "pair": two compute warpgroups a program (BLOCK_M 128) sharing the keys."""
     batch, heads_q, n_q, head_dim = q.shape
-    block_m, block_n, stages, num_warps, q_in_regs, *ws = tiles or _TILES[head_dim, causal_offset is not None]
+    shape_tiles = _TILES.get((head_block(head_dim), causal_offset is not None))
+    block_m, block_n, stages, num_warps, q_in_regs, *ws = tiles or shape_tiles
     grid = (-(-n_q // block_m), heads_q, batch)
     pair = len(ws) > 2 and ws[2] == "pair"
     rows = block_m // 2 if pair else block_m

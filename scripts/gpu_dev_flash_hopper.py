@@ -24,13 +24,17 @@ from attnbench.roofline import machine_info
 
 OP = attnbench.get("flash")
 CASES = [(4, 16, 16, 4096, 64, None), (4, 16, 16, 4096, 64, "top_left"), (2, 16, 16, 8192, 128, None),
-         (2, 16, 16, 8192, 128, "top_left"), (8, 32, 32, 2048, 128, "top_left")]
+         (2, 16, 16, 8192, 128, "top_left"), (8, 32, 32, 2048, 128, "top_left"), (4, 16, 16, 4096, 96, "top_left"),
+         (4, 16, 16, 4096, 80, "top_left"), (2, 8, 8, 4096, 256, "top_left"), (2, 8, 8, 4096, 256, None),
+         (2, 8, 8, 4096, 160, "top_left"), (2, 8, 8, 4096, 192, None)]
 # (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, warp-specialized loader, maxnreg]); shared
 # memory: Q tile + STAGES x (K + V) blocks
 PAIR = (True, 168, "pair", 240)  # a loader warp, maxnreg 168 (12 warps, one program an SM), 240 compute registers
-TILES = {64: [(64, 128, 2, 4, False), (128, 128, 2, 4, True) + PAIR, (128, 64, 3, 4, True) + PAIR],
-         128: [(64, 64, 2, 4, True, True, 128), (128, 128, 2, 4, True) + PAIR, (128, 128, 3, 4, True) + PAIR,
-               (128, 128, 2, 4, False) + PAIR]}
+TILES = {64: [(64, 128, 2, 4, False)], 128: [(128, 128, 2, 4, True) + PAIR],
+         96: [(128, 128, 2, 4, True) + PAIR, (64, 64, 2, 4, True, True, 128)],
+         80: [(128, 128, 2, 4, True) + PAIR],
+         256: [(128, 64, 2, 4, False) + PAIR, (128, 64, 3, 4, False) + PAIR],
+         160: [(128, 64, 2, 4, False) + PAIR], 192: [(128, 64, 2, 4, False) + PAIR]}
 median_ms = functools.partial(gpu_time_median_ms, warmup_ms=10.0, rep_ms=40.0)
 
 

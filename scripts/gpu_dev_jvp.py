@@ -215,7 +215,8 @@ sm_90 at its head dims)."""
     if tma and torch.cuda.get_device_capability() == (9, 0):  # the Gluon forward: its head dims, odd lengths
         for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 64, None), (2, 2, 1, 130, 97, 128, "top_left"),
                                                (1, 2, 2, 200, 300, 64, "bottom_right"),
-                                               (1, 2, 1, 129, 385, 128, None)]:
+                                               (1, 2, 1, 129, 385, 128, None), (1, 2, 2, 77, 200, 96, None),
+                                               (1, 2, 1, 150, 130, 256, "bottom_right")]:
             q = torch.randn(b, hq, nq, d, device=DEV, dtype=torch.bfloat16)
             k, v = (torch.randn(b, hk, nk, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
             with forward_route("hopper"):

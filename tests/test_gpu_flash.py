@@ -66,8 +66,8 @@ def test_atomic_dq_route_matches_the_oracle_on_its_first_call_after_tuning(flash
 
 
 def hopper_cases():
-    """The GPU cases the Gluon forward takes (D 64 and 128), and shapes that stress its key ring:
-    many key blocks, keys ending one past a block, GQA with odd lengths, blind rows."""
+    """The GPU cases the Gluon forward takes (D 64-256 but 24), and shapes that stress its key ring:
+    many key blocks, keys ending one past a block, GQA with odd lengths, blind rows, D past a power of two."""
     from attnbench.kernels.flash_fwd_hopper import HOPPER_HEAD_DIMS
 
     return [c for c in gpu_cases() if c.head_dim in HOPPER_HEAD_DIMS] + [
@@ -75,7 +75,9 @@ def hopper_cases():
         FlashCase(1, 4, 4, 4096, 4096, 128, "top_left", "float16"),
         FlashCase(2, 4, 1, 130, 129, 64, None, "bfloat16"),
         FlashCase(1, 6, 3, 257, 1029, 64, "top_left", "float16"),
-        FlashCase(1, 4, 2, 1500, 1000, 64, "bottom_right", "bfloat16")]
+        FlashCase(1, 4, 2, 1500, 1000, 64, "bottom_right", "bfloat16"),
+        FlashCase(2, 4, 2, 1000, 1300, 256, "top_left", "bfloat16"),
+        FlashCase(1, 4, 4, 700, 900, 96, None, "float16")]
 
 
 def _needs_sm90():
@@ -138,12 +140,12 @@ def test_hopper_route_reads_any_aligned_strides_and_keeps_nan_and_blind_rows_apa
 
 
 def test_hopper_route_refuses_what_it_does_not_take():
-    """D 96, fp32 and a 16-byte-misaligned base: the forced route says so before any kernel runs."""
+    """D 48, fp32 and a 16-byte-misaligned base: the forced route says so before any kernel runs."""
     from attnbench.attention import flash_fwd
     from attnbench.kernels.flash_fwd import forward_route
 
     _needs_sm90()
-    bad = [torch.randn(1, 2, 100, 96, device="cuda", dtype=torch.bfloat16),
+    bad = [torch.randn(1, 2, 100, 48, device="cuda", dtype=torch.bfloat16),
            torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float32),
            torch.randn(1, 2, 100, 64 * 2 + 4, device="cuda", dtype=torch.bfloat16)[..., 4:68]]
     for q in bad:
