@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS, flash_bwd_dkdv_hopper_launch
+from .flash_fwd_hopper import hopper_applies
 from .key_block import head_columns, key_block_mask
 from .outputs import new_output
 from .precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, softmax_scale_log2,
@@ -316,6 +318,31 @@ def dq_route(route):
     return _DQ_ROUTE(route)
 
 
+DKDV_ROUTES = ("tiles", "hopper")
+_DKDV_ROUTE = RouteSwitch(DKDV_ROUTES, "dK/dV route")
+# Whether the Gluon dK/dV pass (flash_bwd_hopper.py) takes the shapes it applies to on sm_90.
+HOPPER_DKDV_BY_DEFAULT = False
+
+
+def dkdv_route(route):
+    """Which kernel forms dK and dV inside the block: "tiles" (the pointer kernel above) or "hopper"
+    (the Gluon kernel, sm_90, fp16/bf16 at HOPPER_DKDV_HEAD_DIMS; raises where it does not apply);
+    None: by device and shape. Both are deterministic. ``with dkdv_route("tiles"):``."""
+    return _DKDV_ROUTE(route)
+
+
+def _hopper_dkdv(do, q, k, v, atomic) -> bool:
+    applies = (not atomic and q.shape[-1] in HOPPER_DKDV_HEAD_DIMS and hopper_applies(q, k, v)
+               and hopper_applies(do, k, v))
+    if _DKDV_ROUTE.forced == "hopper" and not applies:
+        raise ValueError("dK/dV route 'hopper' needs an sm_90 GPU, fp16/bf16 inputs with a head dim in "
+                         f"{HOPPER_DKDV_HEAD_DIMS}, 16-byte aligned pointers and strides (do too), Triton's "
+                         "Gluon, and the recomputing dQ route")
+    if _DKDV_ROUTE.forced is not None:
+        return _DKDV_ROUTE.forced == "hopper"
+    return HOPPER_DKDV_BY_DEFAULT and applies
+
+
 def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None):
     """Run the backward launches on checked inputs; returns (dq, dk, dv) of <do, o> + <dlse, lse>
     (``dlse`` None: the LSE is not differentiated). dQ by ``dq_route`` (default: recompute)."""
@@ -344,12 +371,11 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if atomic else torch.empty(1, dtype=acc, device=q.device)
 
     common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
-    flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, **common)
+    if _hopper_dkdv(do, q, k, v, atomic):
+        flash_bwd_dkdv_hopper_launch(q, k, v, do, lse, delta, dk, dv, sm_scale, causal_offset)
+    else:
+        _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket, atomic,
+                    common)
     if atomic:
         return (dq_acc * sm_scale).to(q.dtype), dk, dv
     dq = new_output(q.shape, q.dtype, q.device)
@@ -360,3 +386,14 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
         dq.stride(0), dq.stride(1), dq.stride(2),
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, **common)
     return dq, dk, dv
+
+
+def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket, atomic, common):
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
+        q, k, v, do, lse, delta, dk, dv, dq_acc,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, **common)

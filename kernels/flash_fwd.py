@@ -10,8 +10,9 @@ A row that sees no key at all (bottom-right causal with Nq > Nk) gets O = 0 and 
 non-finite input gives NaN, never that pair (softmax_rows.finish_rows). The key-block step is
 key_block.attend_key_block. Few query rows (decode) go to flash_decode.py instead.
 
-On sm_90 the forward at head dims 64 and 128 in fp16/bf16 is flash_fwd_hopper.py's Gluon kernel
-(asynchronous wgmma with the softmax beside the P V product; 1.08x-1.25x these tiles on an H100).
+On sm_90 the forward in fp16/bf16 at the head dims it was measured at (64-256 but 24) is
+flash_fwd_hopper.py's Gluon kernel (asynchronous wgmma, the softmax beside the P V product, a loader
+warp; 1.1x-1.7x these tiles on an H100, results/gpu/nvidia-h100/flash-hopper-*).
 On Hopper (and the interpreter, when forced) the same tiles may also read K and V through tensor
 descriptors (``flash_fwd_tma_kernel``: TMA copies, optionally a warp-specialized key loop); the
 pointer kernel is the fallback wherever descriptors do not apply (older GPUs, strides that are not

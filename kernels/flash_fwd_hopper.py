@@ -49,14 +49,19 @@ _TILES = {(64, False): (64, 128, 2, 4, False), (64, True): (64, 128, 2, 4, False
           (256, False): (128, 64, 2, 4, False) + _PAIR, (256, True): (128, 64, 2, 4, False) + _PAIR}
 
 
-try:  # Gluon's Hopper language (Triton 3.5+); without it the pointer tiles run everywhere
+# Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies and dropped
+# shared_memory_descriptor._reinterpret; 3.5 lacks the list form of warp_specialize): these kernels
+# run only on the Triton they were written and measured with; elsewhere the pointer tiles run.
+GLUON_TRITON = "3.6."
+try:
+    import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    GLUON = True
-except Exception:  # ImportError, or an older Gluon without these names
+    GLUON = triton.__version__.startswith(GLUON_TRITON)
+except Exception:  # ImportError, or a Gluon without these names
     GLUON = False
 
 
@@ -68,9 +73,9 @@ def _aligned(t) -> bool:
 
 def hopper_applies(q, k, v) -> bool:
     """Whether the Gluon forward takes these (checked) inputs: an sm_90 GPU, fp16/bf16, a head dim
-    in HOPPER_HEAD_DIMS, and tensors TMA can address (16-byte base and strides)."""
-    return (q.is_cuda and q.dtype in HOPPER_DTYPES and q.shape[-1] in HOPPER_HEAD_DIMS
-            and torch.cuda.get_device_capability(q.device) == (9, 0)
+    in HOPPER_HEAD_DIMS, tensors TMA can address (16-byte base and strides), Triton GLUON_TRITON."""
+    return (q.is_cuda and torch.version.hip is None and q.dtype in HOPPER_DTYPES
+            and q.shape[-1] in HOPPER_HEAD_DIMS and torch.cuda.get_device_capability(q.device) == (9, 0)
             and all(_aligned(t) for t in (q, k, v)) and GLUON)
 
 
@@ -353,7 +358,8 @@ if GLUON:
                                   b, hk, n_blocks, full_hi, offs_m, N_K, causal_offset, qk_scale_log2, CAUSAL, STAGES,
                                   True)
         o, lse = _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL)
-        q_tile.store(o.to(dtype))  # every wgmma that read Q has been waited for
+        gl.thread_barrier()  # every warp of this warpgroup is past the wgmmas that read Q
+        q_tile.store(o.to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
         gl.store(LSE + (b * H_Q + h).to(gl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)

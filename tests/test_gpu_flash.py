@@ -114,6 +114,21 @@ def test_forward_route_matches_oracle_repeats_bitwise_and_agrees_with_the_tiles(
         assert verify.relative_error(ours[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
 
 
+@pytest.mark.parametrize("case", [c for c in hopper_cases() if c.head_dim <= 128 and c.seqlen_q > 1],
+                         ids=lambda c: c.label)
+def test_hopper_dkdv_route_matches_oracle_and_repeats_bitwise(flash, oracles, case):
+    """The Gluon dK/dV pass (dkdv_route("hopper"), not the default): the backward against float64 and
+    bit-for-bit repeats, at the shapes the forward route is tested on (GQA groups, blind rows, odd lengths)."""
+    from attnbench.kernels.flash_bwd import dkdv_route
+
+    _needs_sm90()
+    x, oracle, lowp = oracles(case)
+    with dkdv_route("hopper"):
+        result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
+        assert result.passed, [o for o in result.outputs if not o.passed]
+        assert verify.bitwise_equal_runs(flash.variants["triton"].prepare(case, x, "bwd"), runs=3)
+
+
 def test_hopper_route_reads_any_aligned_strides_and_keeps_nan_and_blind_rows_apart():
     """[B, N, H, D] storage seen as [B, H, N, D] (strided heads) gives the contiguous answer; a NaN
     key makes the rows that see it NaN while rows that see no key stay (O = 0, LSE = -inf)."""
