@@ -20,14 +20,13 @@ import math
 
 import triton.language as tl
 
-from .flash_fwd_hopper import GLUON, head_block
+from .flash_fwd_hopper import GLUON, head_block, tile_descriptor
 
 if GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # (query rows a tile, STAGES, maxnreg, compute registers) per head-dim block: 12 warps, one program
 # an SM. Not 256 columns: dK and dV of 64 keys x 256 would take 256 of the 240 registers; at 128
@@ -174,13 +173,6 @@ if GLUON:
                             (_dkdv_loader, (args, CAUSAL, STAGES))], [4, 1], [CONSUMER_REGS, 24])
 
 
-def _descriptor(t, rows):
-    block = [1, 1, rows, head_block(t.shape[-1])]
-    dtype = gl.bfloat16 if str(t.dtype) == "torch.bfloat16" else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-
-
 def flash_bwd_dkdv_hopper_launch(q, k, v, do, lse, delta, dk, dv, sm_scale: float, causal_offset, tiles=None):
     """dK and dV of checked inputs into ``dk``/``dv`` (shaped like k/v); ``lse`` and ``delta`` [B, Hq, Nq]
     contiguous fp32 (the forward's LSE and flash_bwd.py's delta rows). ``tiles``: a _TILES entry
@@ -190,8 +182,9 @@ def flash_bwd_dkdv_hopper_launch(q, k, v, do, lse, delta, dk, dv, sm_scale: floa
     block_m, stages, maxnreg, consumer_regs = tiles or _TILES[head_block(head_dim)]
     grid = (-(-n_k // (2 * KEYS.value)), heads_kv, batch)
     flash_bwd_dkdv_hopper_kernel[grid](
-        _descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, KEYS.value),
-        _descriptor(v, KEYS.value), _descriptor(dk, KEYS.value), _descriptor(dv, KEYS.value), lse, delta,
+        tile_descriptor(q, block_m), tile_descriptor(do, block_m), tile_descriptor(k, KEYS.value),
+        tile_descriptor(v, KEYS.value), tile_descriptor(dk, KEYS.value), tile_descriptor(dv, KEYS.value),
+        lse, delta,
         n_q, n_k, heads_q, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
         float(sm_scale) * math.log2(math.e), float(sm_scale),
         CAUSAL=causal_offset is not None, STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg)

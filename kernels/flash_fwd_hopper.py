@@ -214,6 +214,20 @@ if GLUON:
         return o, lse
 
     @gluon.jit
+    def _store_rows(o, l_i, m_i, offs_m, q_tile, q_alloc, o_desc, LSE, b, h, row0, N_Q, H_Q, causal_offset,
+                    CAUSAL: gl.constexpr):
+        # Normalize the rows, then O through the shared memory Q came in by (``q_tile``, a 2-D view of
+        # the TMA allocation ``q_alloc``) once every warp is past the wgmmas that read Q; the LSE by
+        # pointers.
+        o, lse = _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL)
+        gl.thread_barrier()
+        q_tile.store(o.to(q_tile.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_alloc)
+        gl.store(LSE + (b * H_Q + h).to(gl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+        tma.store_wait(0)
+
+    @gluon.jit
     def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE,
                                 N_Q, N_K, H_Q, GROUP, causal_offset, qk_scale_log2,
                                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr,
@@ -307,17 +321,7 @@ if GLUON:
             mbarrier.invalidate(k_empty.index(i))
             mbarrier.invalidate(v_empty.index(i))
 
-        o, lse = _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL)
-
-        # Q's tile is read by now (every wgmma waited for): O goes out through the same shared memory.
-        gl.thread_barrier()
-        q_tile.store(o.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], q_smem)
-        gl.store(LSE + (b * H_Q + h).to(gl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
-        tma.store_wait(0)
-
-
+        _store_rows(o, l_i, m_i, offs_m, q_tile, q_smem, o_desc, LSE, b, h, m0, N_Q, H_Q, causal_offset, CAUSAL)
 
     @gluon.jit
     def _pair_half(HALF: gl.constexpr, q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_bars,
@@ -357,13 +361,7 @@ if GLUON:
             o, l_i, m_i = _attend(q_op, o, l_i, m_i, k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
                                   b, hk, n_blocks, full_hi, offs_m, N_K, causal_offset, qk_scale_log2, CAUSAL, STAGES,
                                   True)
-        o, lse = _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL)
-        gl.thread_barrier()  # every warp of this warpgroup is past the wgmmas that read Q
-        q_tile.store(o.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
-        gl.store(LSE + (b * H_Q + h).to(gl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
-        tma.store_wait(0)
+        _store_rows(o, l_i, m_i, offs_m, q_tile, q_slot, o_desc, LSE, b, h, row0, N_Q, H_Q, causal_offset, CAUSAL)
 
     # The partitions' functions (worker partitions share one signature): args as _pair_half's, less the constexprs.
     @gluon.jit
@@ -436,7 +434,9 @@ def head_block(head_dim: int) -> int:
     return 1 << (head_dim - 1).bit_length()
 
 
-def _descriptor(t, block_rows):
+def tile_descriptor(t, block_rows):
+    """A host TMA descriptor of a [B, H, N, D] tensor read or written in tiles of ``block_rows`` rows
+    of one (batch, head), head_block(D) columns wide."""
     block = [1, 1, block_rows, head_block(t.shape[-1])]
     dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
@@ -455,7 +455,8 @@ def flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale: float, causal_offset, til
     grid = (-(-n_q // block_m), heads_q, batch)
     pair = len(ws) > 2 and ws[2] == "pair"
     rows = block_m // 2 if pair else block_m
-    args = (_descriptor(q, rows), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, rows), lse,
+    args = (tile_descriptor(q, rows), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
+            tile_descriptor(o, rows), lse,
             n_q, k.shape[2], heads_q, heads_q // k.shape[1], 0 if causal_offset is None else int(causal_offset),
             float(sm_scale) * math.log2(math.e))
     causal = causal_offset is not None
