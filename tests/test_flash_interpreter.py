@@ -265,3 +265,34 @@ def test_descriptor_scratch_is_set_for_the_launch_only_and_never_over_the_caller
             assert _allocation._allocator.get() is users
     finally:
         _allocation._allocator.reset(token)
+
+
+def test_gluon_routes_refuse_what_they_cannot_run_here_and_the_default_never_picks_them():
+    """The Gluon kernels (sm_90, Triton 3.6 only) have no interpreter: on the CPU a forced "hopper"
+    forward or dK/dV route says why before any kernel runs, and the default routes take the tiles
+    (whose answer the GPU tests hold the Gluon kernels to)."""
+    from attnbench.attention import flash_bwd as bwd
+    from attnbench.attention import flash_fwd as fwd
+    from attnbench.kernels import flash_fwd_hopper as hopper
+    from attnbench.kernels.flash_bwd import dkdv_route
+
+    q, k, v = (torch.randn(1, 2, 70, 64, dtype=torch.float16) for _ in range(3))
+    assert not hopper.hopper_applies(q, k, v)
+    with pytest.raises(ValueError, match="route 'hopper' needs an sm_90 GPU"):
+        with forward_route("hopper"):
+            fwd(q, k, v)
+    o, lse = fwd(q, k, v)
+    with pytest.raises(ValueError, match="dK/dV route 'hopper' needs an sm_90 GPU"):
+        with dkdv_route("hopper"):
+            bwd(torch.randn_like(q), q, k, v, o, lse)
+    with pytest.raises(ValueError, match="dK/dV route"):
+        with dkdv_route("somewhere"):
+            pass
+    # each head dim the route takes has a tile: the next power of two of columns, measured tiles
+    for d in hopper.HOPPER_HEAD_DIMS:
+        block = hopper.head_block(d)
+        assert block >= d and block & (block - 1) == 0 and block // 2 < d
+        assert all((block, causal) in hopper._TILES for causal in (False, True))
+    # only the Triton the kernels were written for runs them (Gluon's API moves between releases)
+    import triton
+    assert hopper.GLUON <= triton.__version__.startswith(hopper.GLUON_TRITON)
