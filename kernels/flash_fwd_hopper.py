@@ -10,17 +10,23 @@ issued asynchronously and waited for by hand, as in FlashAttention-3's intra-war
     wait until only the P V is in flight -> softmax of S_j runs while the tensor cores do P V
     wait for P V, rescale O by this block's alpha
 
-K and V come through TMA into rings of STAGES slots (one mbarrier per slot and operand); a slot is
-refilled once every warp is past the MMA that read it, K's with block j + STAGES once S_j is done,
-V's with block j - 1 + STAGES once P_{j-1} V_{j-1} is. Q is read once, O written through TMA
-(rows past N_Q are clipped by the copy engine), the LSE through pointers.
+K and V come through TMA into rings of STAGES slots (one mbarrier per slot and operand). Two kernels
+(the pick per head dim and mask is _TILES, measured):
+- ``flash_fwd_hopper_kernel``: one warpgroup of 64 query rows a program, two or three programs an SM.
+  The warps refill a slot once all of them are past the MMA that read it (K's with block j + STAGES
+  once S_j is done, V's with block j - 1 + STAGES once P_{j-1} V_{j-1} is), or, with
+  WARP_SPECIALIZE, hand it back through an "empty" mbarrier to a loader warp.
+- ``flash_fwd_hopper_pair_kernel``: two such warpgroups a program (128 rows) sharing one ring that a
+  loader warp fills, each slot released by both; the halves are not kept in step.
+Q is read once, O written through TMA over Q's shared memory (rows past N_Q are clipped by the copy
+engine), the LSE through pointers.
 
 Same function as flash_fwd_kernel: O, the natural-log LSE, blind rows (O = 0, LSE = -inf), NaN for
 a visible row whose sum is zero or NaN (softmax_rows.py). 16-bit inputs, the measured head dims
 (HOPPER_HEAD_DIMS; a tile holds the next power of two, the copy engine zero-filling the rest),
-16-byte aligned strides, sm_90 only: ``hopper_applies`` says where;
-elsewhere the pointer tiles run. Gluon has no interpreter, so this kernel is proven on the GPU
-(tests/test_gpu_flash.py), with the pointer tiles as the CPU-gated function it must equal.
+16-byte aligned strides, sm_90, Triton 3.6: ``hopper_applies`` says where; elsewhere the pointer
+tiles run. Gluon has no interpreter, so these kernels are proven on the GPU (tests/test_gpu_flash.py),
+with the pointer tiles as the CPU-gated function they must equal.
 """
 import math
 
