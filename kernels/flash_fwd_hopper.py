@@ -207,6 +207,33 @@ if GLUON:
         return o, l_i, m_i
 
     @gluon.jit
+    def _visible_keys(m0, N_K, causal_offset, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+        # tiling.visible_keys for rows [m0, m0 + ROWS): keys [0, full_hi) need no mask, none at or
+        # past hi is visible.
+        if CAUSAL:
+            hi = gl.minimum(gl.maximum(m0 + ROWS + causal_offset, 0), N_K)
+            full_hi = gl.minimum(gl.maximum(m0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
+        else:
+            hi = N_K
+            full_hi = N_K // BLOCK_N * BLOCK_N
+        return full_hi, hi
+
+    @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr, RELEASERS: gl.constexpr):
+        # The K and V rings' mbarriers: "ready" (the copy landed) and "empty" (RELEASERS warpgroups
+        # are done with the slot) per slot.
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=RELEASERS)
+            mbarrier.init(v_empty.index(i), count=RELEASERS)
+        return k_bars, v_bars, k_empty, v_empty
+
+    @gluon.jit
     def _finish_rows(o, l_i, m_i, offs_m, causal_offset, CAUSAL: gl.constexpr):
         # softmax_rows.finish_rows: blind rows O = 0, LSE = -inf; a zero or NaN sum elsewhere: NaN.
         if CAUSAL:
@@ -251,13 +278,7 @@ if GLUON:
         hk = h // GROUP
         m0 = pid_m * BLOCK_M
 
-        # tiling.visible_keys: keys [0, full_hi) need no mask, none at or past hi is visible.
-        if CAUSAL:
-            hi = gl.minimum(gl.maximum(m0 + BLOCK_M + causal_offset, 0), N_K)
-            full_hi = gl.minimum(gl.maximum(m0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
-        else:
-            hi = N_K
-            full_hi = N_K // BLOCK_N * BLOCK_N
+        full_hi, hi = _visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
         n_blocks = gl.cdiv(hi, BLOCK_N)
 
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -271,16 +292,8 @@ if GLUON:
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_bars, v_bars, k_empty, v_empty = _ring_barriers(STAGES, 1)
         mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
         fence_async_shared()
 
         kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
@@ -349,10 +362,7 @@ if GLUON:
         q_slot = q_smem.index(HALF)
         mbarrier.expect(q_bars.index(HALF), ROWS * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(q_desc, [b, h, row0, 0], q_bars.index(HALF), q_slot)
-        if CAUSAL:
-            full_hi = gl.minimum(gl.maximum(row0 + 1 + causal_offset, 0), N_K) // BLOCK_N * BLOCK_N
-        else:
-            full_hi = N_K // BLOCK_N * BLOCK_N
+        full_hi, _ = _visible_keys(row0, N_K, causal_offset, CAUSAL, ROWS, BLOCK_N)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         m_i = gl.full([ROWS], -1.0e30, gl.float32, layout=row_s)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
@@ -406,27 +416,16 @@ if GLUON:
         b = gl.program_id(2)
         hk = h // GROUP
         m0 = pid_m * (2 * ROWS)
-        if CAUSAL:
-            hi = gl.minimum(gl.maximum(m0 + 2 * ROWS + causal_offset, 0), N_K)
-        else:
-            hi = N_K
+        _, hi = _visible_keys(m0, N_K, causal_offset, CAUSAL, 2 * ROWS, BLOCK_N)
         n_blocks = gl.cdiv(hi, BLOCK_N)
 
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_bars, v_bars, k_empty, v_empty = _ring_barriers(STAGES, 2)  # both warpgroups release each slot
         for i in gl.static_range(2):
             mbarrier.init(q_bars.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
-            mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
         args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_empty,
                 v_empty, b, h, hk, m0, n_blocks, N_Q, N_K, H_Q, causal_offset, qk_scale_log2)
