@@ -42,26 +42,10 @@ from .tuning import (autotune, cdiv, cfg, config_list, head_dim_blocks, head_wid
 
 
 @triton.jit
-def _add_dq(ptrs, c, mask, DQ_SCALE_head, FLAG_head, offs_m, N_Q, DQ_SUM: tl.constexpr):
-    if DQ_SUM == 1:  # float atomics: the sum's order, and so its last bits, depend on scheduling
-        tl.atomic_add(ptrs, c, mask=mask, sem="relaxed")
-    else:  # fixed point: integers add exactly in any order, so the sum is bitwise deterministic
-        rows = offs_m < N_Q
-        scale = tl.load(DQ_SCALE_head + offs_m, mask=rows, other=0.0)
-        bad = tl.max(((c != c) | (tl.abs(c) == float("inf"))).to(tl.int32), 1)
-        tl.atomic_or(FLAG_head + offs_m, bad, mask=rows & (bad != 0), sem="relaxed")
-        fixed = tl.where(mask, c * scale[:, None], 0.0)
-        if DQ_SUM == 32:
-            tl.atomic_add(ptrs, fixed.to(tl.int32), mask=mask, sem="relaxed")
-        else:
-            tl.atomic_add(ptrs, fixed.to(tl.int64), mask=mask, sem="relaxed")
-
-
-@triton.jit
-def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, DQ_head, DQ_SCALE_head,
-                      FLAG_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
+def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, DQ_head, stride_qn,
+                      stride_don, m0, offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
                       BLOCK_M: tl.constexpr, BLOCK_D2: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, DQ_SUM: tl.constexpr):
+                      DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
     rows = offs_m[:, None] < N_Q
     row_mask = rows & head_columns(offs_d, HEAD_DIM)[None, :]
@@ -88,16 +72,18 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
     dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     if BLOCK_D2 > 0:
         dk2 += tl.dot(ds_t.to(q2.dtype), q2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    if DQ_SUM != 0:  # dQ += dS K for these rows, added by atomics in whatever order programs reach them
+    if ATOMIC_DQ:  # dQ += dS K for these rows, added in whatever order the programs reach them
         # keys past N_K load K = 0, so their P = exp2(0 - lse) overflows for LSE < -88 and inf * 0
         # would be NaN in dS K: they are masked here (dK and dV drop those rows at the store)
         ds = tl.trans(tl.where(offs_n[:, None] < N_K, ds_t, 0.0).to(k.dtype))
         dq_rows = DQ_head + offs_m[:, None] * HEAD_DIM
-        _add_dq(dq_rows + offs_d[None, :], tl.dot(ds, k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE),
-                row_mask, DQ_SCALE_head, FLAG_head, offs_m, N_Q, DQ_SUM)
+        # relaxed: nothing reads dQ before the kernel ends (the default, acq_rel, is an ordered round trip
+        # per element: 0.39-0.45x the recompute route on an H200, against 0.70-0.90x relaxed on an H100)
+        tl.atomic_add(dq_rows + offs_d[None, :], tl.dot(ds, k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE),
+                      mask=row_mask, sem="relaxed")
         if BLOCK_D2 > 0:
-            _add_dq(dq_rows + offs_d2[None, :], tl.dot(ds, k2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE),
-                    row_mask2, DQ_SCALE_head, FLAG_head, offs_m, N_Q, DQ_SUM)
+            tl.atomic_add(dq_rows + offs_d2[None, :], tl.dot(ds, k2, input_precision=DOT_PRECISION,
+                                                             out_dtype=ACC_DTYPE), mask=row_mask2, sem="relaxed")
     return dk, dv, dk2, dv2
 
 
@@ -141,17 +127,17 @@ _DKDV_CONFIGS = config_list(
 
 
 # DQ_ACC is zeroed before each config is timed and after tuning (the atomic route adds into it).
-@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "GROUP", "DQ_SUM"],
+@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "GROUP", "ATOMIC_DQ"],
                  prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes, _dkdv_accumulators_fit)},
-                 reset_to_zero=["DQ_ACC", "DQ_FLAG"])
+                 reset_to_zero=["DQ_ACC"])
 @triton.jit
-def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, DQ_SCALE, DQ_FLAG,
+def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
                           stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                           N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                           BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, DQ_SUM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr):
     n0 = tl.program_id(0) * BLOCK_N
     hk = tl.program_id(1).to(tl.int64)
@@ -191,18 +177,16 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, DQ_SCALE, DQ_
         LSE_head = LSE + (b * H_Q + h) * N_Q
         DELTA_head = DELTA + (b * H_Q + h) * N_Q
         DQ_head = DQ_ACC + (b * H_Q + h) * N_Q * HEAD_DIM  # [B, Hq, Nq, D], contiguous
-        DQ_SCALE_head = DQ_SCALE + (b * H_Q + h) * N_Q
-        FLAG_head = DQ_FLAG + (b * H_Q + h) * N_Q
         for m0 in range(lo, full_lo, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 DQ_head, DQ_SCALE_head, FLAG_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
+                                                 DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
                                                  N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, True,
-                                                 ACC_DTYPE, DOT_PRECISION, DQ_SUM)
+                                                 ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
         for m0 in range(full_lo, N_Q, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 DQ_head, DQ_SCALE_head, FLAG_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
+                                                 DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
                                                  N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, False,
-                                                 ACC_DTYPE, DOT_PRECISION, DQ_SUM)
+                                                 ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
 
     # dS was formed from base-2 scores divided back by log2(e) implicitly: dK = scale * dS^T Q.
     dk_scale = qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE)
@@ -321,9 +305,8 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
         tl.store(dq_rows + offs_d2[None, :], (dq2 * dq_scale).to(DQ.dtype.element_ty), mask=row_mask2)
 
 
-DQ_ROUTES = ("recompute", "atomic", "fixed32", "fixed64")
+DQ_ROUTES = ("recompute", "atomic")
 _DQ_ROUTE = RouteSwitch(DQ_ROUTES, "dQ route")
-_DQ_SUM = {"recompute": 0, "atomic": 1, "fixed32": 32, "fixed64": 64}
 
 
 def dq_route(route):
@@ -331,46 +314,12 @@ def dq_route(route):
     deterministic) or "atomic" (**not deterministic**: the dK/dV pass also forms dS K and adds it
     into an fp32 dQ with atomics, in whatever order the programs get there, so dQ may differ in its
     last bits from run to run; five matmuls instead of seven). ``with dq_route("atomic"):``.
-    "fixed32" / "fixed64": as "atomic", but each row's terms are added as 32- or 64-bit fixed-point
-    integers (a power-of-two scale a row from a bound on the row's sum), which add exactly in any
-    order: deterministic."""
+    Measured on an H100 (bf16, flash-dq-routes-fixed-nvidia-h100.json, relaxed atomics): the atomic
+    route ran at 0.70-0.90x the recompute route's speed at D 64-128 and 0.29-0.39x at D 256: every key
+    block adds a [rows, D] fp32 tile per query block (2 GB of atomic traffic at B4 H16 N4096 D64), which
+    costs more than the two matmuls it saves. (Deterministic fixed-point atomics were measured too, at
+    0.40-0.47x, and dropped: commit 00853f2.)"""
     return _DQ_ROUTE(route)
-
-
-@triton.jit
-def fixed_dq_kernel(ACC, INV_SCALE, FLAG, DQ, n_rows, HEAD_DIM, dq_scale, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
-    # dQ = dq_scale * ACC / scale a row (exact powers of two), NaN for rows a non-finite term reached.
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM)
-    offs = rows[:, None] * HEAD_DIM + cols[None, :]
-    acc = tl.load(ACC + offs, mask=mask, other=0)
-    inv = tl.load(INV_SCALE + rows, mask=rows < n_rows, other=0.0)
-    bad = tl.load(FLAG + rows, mask=rows < n_rows, other=0)
-    x = acc.to(inv.dtype) * inv[:, None] * dq_scale
-    x = tl.where(bad[:, None] != 0, float("nan"), x)
-    tl.store(DQ + offs, x.to(DQ.dtype.element_ty), mask=mask)
-
-
-def _fixed_point_scales(k, v, do, delta, group, bits):
-    """A power-of-two scale per query row such that the row's fixed-point dQ terms sum below 2^(bits - 2),
-    its inverse, and a flag per row (1 where the bound is not finite: that row's dQ is NaN).
-    |sum_k dS_ik K_kd| <= max|K| sum_k P_ik |dP_ik - delta_i| <= max|K| (max_k |dP_ik| + |delta_i|), with
-    |dP_ik| = |dO_i . V_k| <= ||dO_i||_1 max|V|; doubled for the roundings of P, dS and the products."""
-    wide = torch.float64 if do.dtype == torch.float64 else torch.float32
-
-    def absmax(t):
-        return torch.maximum(t.amax((2, 3)), -t.amin((2, 3))).to(wide).repeat_interleave(group, 1)[..., None]
-
-    do_l1 = torch.linalg.vector_norm(do, 1, -1, dtype=wide)
-    bound = 2.0 * absmax(k) * (do_l1 * absmax(v) + delta.abs())
-    finite = torch.isfinite(bound)
-    _, exponent = torch.frexp(torch.where(finite, bound, 0.0))  # bound < 2^exponent
-    shift = (bits - 2 - exponent).clamp(-126, 126).to(torch.float32)
-    scale = torch.where(finite, torch.exp2(shift), 0.0)
-    inv_scale = torch.exp2(-shift).to(wide)
-    return scale.to(delta.dtype), inv_scale, (~finite).to(torch.int32)
 
 
 DKDV_ROUTES = ("tiles", "hopper")
@@ -412,40 +361,28 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     scale_hi, scale_lo = split_scale(sm_scale)
     bucket = seq_bucket(max(n_q, n_k))
 
-    route = _DQ_ROUTE.forced or "recompute"
-    dq_sum = _DQ_SUM[route]
-    if route == "atomic" and torch.are_deterministic_algorithms_enabled():
+    atomic = _DQ_ROUTE.forced == "atomic"
+    if atomic and torch.are_deterministic_algorithms_enabled():
         raise RuntimeError('flash backward: dq_route("atomic") is not deterministic, and '
                            "torch.use_deterministic_algorithms(True) is set")
     delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
-    # The atomic routes' dQ sum (contiguous); otherwise an unread one-value stand-in, left
-    # uninitialized (no fill kernel on the default path): the autotuner zeroes DQ_ACC, which must
-    # not be an output (that would hide an unwritten element from the poisoning checks).
+    # The atomic route's dQ sum (contiguous, in the accumulator dtype); otherwise an unread one-value
+    # stand-in, left uninitialized (no fill kernel on the default path): the autotuner zeroes DQ_ACC,
+    # which must not be an output (that would hide an unwritten element from the poisoning checks).
     acc = accumulator_torch_dtype(q.dtype)
-    sum_dtype = {0: acc, 1: acc, 32: torch.int32, 64: torch.int64}[dq_sum]
-    dq_acc = torch.zeros(q.shape if dq_sum else (1,), dtype=sum_dtype, device=q.device)
-    if dq_sum >= 32:
-        dq_scale, inv_scale, flag = _fixed_point_scales(k, v, do, delta, group, dq_sum)
-    else:
-        dq_scale, flag = torch.empty(1, dtype=acc, device=q.device), torch.zeros(1, dtype=torch.int32, device=q.device)
+    dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if atomic else torch.empty(1, dtype=acc, device=q.device)
 
     common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
-    if _hopper_dkdv(do, q, k, v, dq_sum != 0):
+    if _hopper_dkdv(do, q, k, v, atomic):
         flash_bwd_dkdv_hopper_launch(q, k, v, do, lse, delta, dk, dv, sm_scale, causal_offset)
     else:
-        _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, dq_scale, flag, group, offset, scale_hi, scale_lo,
-                    bucket, dq_sum, common)
-    if dq_sum == 1:
+        _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket, atomic,
+                    common)
+    if atomic:
         return (dq_acc * sm_scale).to(q.dtype), dk, dv
     dq = new_output(q.shape, q.dtype, q.device)
-    if dq_sum:
-        n_rows = batch * heads_q * n_q
-        block_r = 16
-        fixed_dq_kernel[(cdiv(n_rows, block_r),)](dq_acc, inv_scale, flag, dq, n_rows, head_dim, sm_scale,
-                                                 BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(head_dim))
-        return dq, dk, dv
     flash_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -455,13 +392,12 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     return dq, dk, dv
 
 
-def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, dq_scale, flag, group, offset, scale_hi, scale_lo, bucket,
-                dq_sum, common):
+def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket, atomic, common):
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc, dq_scale, flag,
+        q, k, v, do, lse, delta, dk, dv, dq_acc,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, DQ_SUM=dq_sum, **common)
+        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, **common)

@@ -64,8 +64,8 @@ def kernel_runs(case, x):
 
     def dkdv(w, s, bm, bn):
         return lambda: flash_bwd_dkdv_kernel.fn[(cdiv(case.seqlen_k, bn), case.heads_kv, case.batch)](
-            q, k, v, do, lse, delta, dk, dv, dk, dk, dk, *strides, *dk.stride()[:3], *dv.stride()[:3], *tail, **common,
-            DQ_SUM=0, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+            q, k, v, do, lse, delta, dk, dv, dk, *strides, *dk.stride()[:3], *dv.stride()[:3], *tail, **common,
+            ATOMIC_DQ=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
 
     def dq_pass(w, s, bm, bn):
         return lambda: flash_bwd_dq_kernel.fn[(cdiv(case.seqlen_q, bm), case.heads_q, case.batch)](
