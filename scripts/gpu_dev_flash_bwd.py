@@ -99,15 +99,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--dims", default="", help="only cases of these head dims (comma-separated)")
+    ap.add_argument("--seqlens", default="", help="only cases of these sequence lengths (comma-separated)")
     ap.add_argument("--configs", action="store_true", help="also time each backward kernel at every candidate config")
     ap.add_argument("--dq-routes", action="store_true", help="also time the backward by each dQ route (dq_route)")
     args = ap.parse_args()
     dims = {int(d) for d in args.dims.split(",") if d}
+    seqlens = {int(n) for n in args.seqlens.split(",") if n}
     device = torch.device("cuda")
     doc = {"machine": machine_info(device), "cases": []}
     for row in CASES:
         b, hq, hkv, n, d, causal = row
-        if dims and d not in dims:
+        if (dims and d not in dims) or (seqlens and n not in seqlens):
             continue
         case = FlashCase(b, hq, hkv, n, n, d, causal, dtype="bfloat16")
         x = OP.make_inputs(case, device, 0)
