@@ -213,14 +213,15 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     if route == "tma" and not descriptors_apply((k, v)):
         raise ValueError("forward route 'tma' needs K and V whose base pointers and batch, head and row strides are "
                          "multiples of 16 bytes, on a GPU of compute capability >= 9.0 (or the interpreter)")
+    # the default route asked hopper_applies already (_route); a forced one has not
+    if route == "hopper" and _ROUTE.forced == "hopper" and not hopper_applies(q, k, v):
+        raise ValueError("forward route 'hopper' needs an sm_90 GPU, fp16/bf16 inputs with a head dim in "
+                         f"{HOPPER_HEAD_DIMS}, 16-byte aligned pointers and strides, and Triton's Gluon")
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
     if route == "hopper":
-        if not hopper_applies(q, k, v):
-            raise ValueError("forward route 'hopper' needs an sm_90 GPU, fp16/bf16 inputs with a head dim in "
-                             f"{HOPPER_HEAD_DIMS}, 16-byte aligned pointers and strides, and Triton's Gluon")
         flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale, causal_offset)
         return o, lse
     block_d, block_d2 = head_dim_blocks(head_dim)

@@ -85,9 +85,7 @@ def dq_routes(case, x):
             fn = OP.variants["triton"].prepare(case, x, "bwd")
             grads = fn()  # the first call after tuning: the atomic route's sum must start from zero
             error = max(verify.relative_error(grads[name], oracle[name]) for name in grads)
-            again = fn()
-            repeats = all(torch.equal(grads[name], again[name]) for name in grads)
-            out[route] = {"ms": median_ms(fn), "error": error, "bitwise_repeat": repeats}
+            out[route] = {"ms": median_ms(fn), "error": error, "bitwise_repeat": verify.bitwise_equal_runs(fn)}
     base = out["recompute"]["ms"]
     print("  dQ routes: " + ", ".join(f"{route} {r['ms']:.3f} ms ({base / r['ms']:.2f}x, error {r['error']:.1e}, "
                                       f"repeat {'=' if r['bitwise_repeat'] else '!='})"
