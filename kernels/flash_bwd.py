@@ -11,8 +11,13 @@
 
 Splitting dQ into its own pass costs two extra matmuls (recomputing S and dP) but each output is
 owned by one program, so there are no atomics and the result does not depend on scheduling.
-``dq_route("atomic")`` is the measured alternative: the dK/dV pass also adds dS K into an fp32 dQ
-with atomics (five matmuls, not seven; not deterministic); off unless asked for.
+``dq_route("atomic")`` and ``dq_route("tma_atomic")`` are the measured alternatives: the dK/dV pass
+also adds dS K into an fp32 dQ with atomics, or with one bulk reduction of the copy engine a tile
+(five matmuls, not seven; not deterministic); off unless asked for.
+
+At head widths of 256 the dK/dV pass runs twice, as a dV pass and a dK pass (``dkdv_route``): two
+[keys, 256] fp32 accumulators do not fit a thread's registers together at tiles that reuse K and V
+well, one does.
 
 Head dims that are not a power of two are tiled in two column blocks (key_block.py): the scores and
 dP sum both blocks' products, and dQ, dK, dV each keep one accumulator a block.
@@ -23,12 +28,16 @@ P = exp2(0 - L) is masked explicitly, in the last (masked) key block only: for a
 below -88 it would overflow to inf, and inf * 0 is NaN. A fully masked
 row has L = -inf from the forward; it is read as +inf so its P is 0, not NaN.
 """
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
 
+from . import interpreting
 from .flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS, flash_bwd_dkdv_hopper_launch
 from .flash_fwd_hopper import hopper_applies
+from .launch import descriptor_scratch, tma_capable
 from .key_block import head_columns, key_block_mask
 from .outputs import new_output
 from .precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, softmax_scale_log2,
@@ -41,11 +50,20 @@ from .tuning import (autotune, cdiv, cfg, config_list, head_dim_blocks, head_wid
                      seq_bucket)
 
 
+# Which of dK and dV a dK/dV-pass program forms (FORM_DK, FORM_DV): both in one pass, or, where the two
+# accumulators do not fit a thread's registers together (wide heads), a dV pass (S, P^T dO: two matmuls)
+# and a dK pass (S, dP, dS^T Q: three) that each hold one.
+BOTH_PASS = {"FORM_DK": True, "FORM_DV": True}
+SPLIT_PASSES = ({"FORM_DK": False, "FORM_DV": True}, {"FORM_DK": True, "FORM_DV": False})
+
+
 @triton.jit
-def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, DQ_head, stride_qn,
-                      stride_don, m0, offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset, qk_scale_log2,
-                      BLOCK_M: tl.constexpr, BLOCK_D2: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head, DQ_head, dq_desc,
+                      dq_desc2, bh, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM,
+                      causal_offset, qk_scale_log2, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_D2: tl.constexpr, MASKED: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+                      FORM_DK: tl.constexpr, FORM_DV: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
     rows = offs_m[:, None] < N_Q
     row_mask = rows & head_columns(offs_d, HEAD_DIM)[None, :]
@@ -63,27 +81,36 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
     p_t = tl.math.exp2(s_t * qk_scale_log2 - lse_log2[None, :])
     if MASKED:
         p_t = tl.where(offs_m[None, :] + causal_offset >= offs_n[:, None], p_t, 0.0)
-    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    if BLOCK_D2 > 0:
-        dv2 += tl.dot(p_t.to(do2.dtype), do2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-        dp_t += tl.dot(v2, tl.trans(do2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    ds_t = p_t * (dp_t - delta[None, :])
-    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    if BLOCK_D2 > 0:
-        dk2 += tl.dot(ds_t.to(q2.dtype), q2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
-    if ATOMIC_DQ:  # dQ += dS K for these rows, added in whatever order the programs reach them
+    if FORM_DV:
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        if BLOCK_D2 > 0:
+            dv2 += tl.dot(p_t.to(do2.dtype), do2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if FORM_DK:
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        if BLOCK_D2 > 0:
+            dp_t += tl.dot(v2, tl.trans(do2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        if BLOCK_D2 > 0:
+            dk2 += tl.dot(ds_t.to(q2.dtype), q2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+    if ATOMIC_DQ:  # dQ += dS K for these rows, added in whatever order the programs reach them (FORM_DK too)
         # keys past N_K load K = 0, so their P = exp2(0 - lse) overflows for LSE < -88 and inf * 0
         # would be NaN in dS K: they are masked here (dK and dV drop those rows at the store)
         ds = tl.trans(tl.where(offs_n[:, None] < N_K, ds_t, 0.0).to(k.dtype))
-        dq_rows = DQ_head + offs_m[:, None] * HEAD_DIM
-        # relaxed: nothing reads dQ before the kernel ends (the default, acq_rel, is an ordered round trip
-        # per element: 0.39-0.45x the recompute route on an H200, against 0.70-0.90x relaxed on an H100)
-        tl.atomic_add(dq_rows + offs_d[None, :], tl.dot(ds, k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE),
-                      mask=row_mask, sem="relaxed")
+        dq_part = tl.dot(ds, k, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
         if BLOCK_D2 > 0:
-            tl.atomic_add(dq_rows + offs_d2[None, :], tl.dot(ds, k2, input_precision=DOT_PRECISION,
-                                                             out_dtype=ACC_DTYPE), mask=row_mask2, sem="relaxed")
+            dq_part2 = tl.dot(ds, k2, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        if DQ_TMA:  # one bulk reduction a tile, summed in L2 by the copy engine; rows past N_Q are clipped
+            dq_desc.atomic_add([bh, m0, 0], tl.reshape(dq_part, [1, BLOCK_M, BLOCK_D]))
+            if BLOCK_D2 > 0:
+                dq_desc2.atomic_add([bh, m0, BLOCK_D], tl.reshape(dq_part2, [1, BLOCK_M, BLOCK_D2]))
+        else:
+            # relaxed: nothing reads dQ before the kernel ends (the default, acq_rel, is an ordered round trip
+            # per element: 0.39-0.45x the recompute route on an H200, against 0.70-0.90x relaxed on an H100)
+            dq_rows = DQ_head + offs_m[:, None] * HEAD_DIM
+            tl.atomic_add(dq_rows + offs_d[None, :], dq_part, mask=row_mask, sem="relaxed")
+            if BLOCK_D2 > 0:
+                tl.atomic_add(dq_rows + offs_d2[None, :], dq_part2, mask=row_mask2, sem="relaxed")
     return dk, dv, dk2, dv2
 
 
@@ -99,14 +126,26 @@ def _dkdv_shared_bytes(config, element_size, block_d):
     return (2 * kw["BLOCK_N"] * block_d + config.num_stages * 2 * kw["BLOCK_M"] * block_d) * element_size
 
 
+def _dkdv_atomic_shared_bytes(config, constexprs):
+    """The tma_atomic route's fp32 dQ tile, staged for the copy engine, and the transposed dS operand of
+    dS K (a D 256 launch at 64 x 32 tiles asked for 238,592 bytes: 73 KiB past its K, V, Q and dO stages)."""
+    if not constexprs.get("ATOMIC_DQ"):
+        return 0
+    kw = config.kwargs
+    staging = kw["BLOCK_M"] * head_width(constexprs) * 4 if constexprs.get("DQ_TMA") else 0
+    return staging + kw["BLOCK_M"] * kw["BLOCK_N"] * 4
+
+
 def _accumulators_fit(elements, config, constexprs):
     itemsize = constexprs["ACC_DTYPE"].primitive_bitwidth // 8  # fp64 accumulators take two registers
     return registers_per_thread(elements, config.num_warps, itemsize) <= ACCUMULATOR_REGISTERS
 
 
 def _dkdv_accumulators_fit(config, constexprs):
-    """dK and dV, [BLOCK_N, head width] each, within the accumulator registers of a thread."""
-    return _accumulators_fit(2 * config.kwargs["BLOCK_N"] * head_width(constexprs), config, constexprs)
+    """dK and dV (or the one of them a split pass forms), [BLOCK_N, head width] each, within the
+    accumulator registers of a thread."""
+    count = int(constexprs.get("FORM_DK", True)) + int(constexprs.get("FORM_DV", True))
+    return _accumulators_fit(count * config.kwargs["BLOCK_N"] * head_width(constexprs), config, constexprs)
 
 
 # Ordered by the H200 study at D 64-256 (flash-bwd-configs-*, bf16): the first that fits is the
@@ -121,14 +160,17 @@ _DKDV_CONFIGS = config_list(
         cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
         cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
         cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
+        cfg(4, 2, BLOCK_M=16, BLOCK_N=64),  # the D 256 dK pass's (split route), on an H100
     ],
     cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
 )
 
 
 # DQ_ACC is zeroed before each config is timed and after tuning (the atomic route adds into it).
-@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "GROUP", "ATOMIC_DQ"],
-                 prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes, _dkdv_accumulators_fit)},
+@autotune(_DKDV_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "GROUP", "ATOMIC_DQ", "DQ_TMA",
+                               "FORM_DK", "FORM_DV"],
+                 prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes, _dkdv_accumulators_fit,
+                                                                _dkdv_atomic_shared_bytes)},
                  reset_to_zero=["DQ_ACC"])
 @triton.jit
 def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
@@ -137,7 +179,8 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                           N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                           BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+                          FORM_DK: tl.constexpr, FORM_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr):
     n0 = tl.program_id(0) * BLOCK_N
     hk = tl.program_id(1).to(tl.int64)
@@ -148,14 +191,20 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
     v_rows = V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn
     kv_mask = key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, True)
     k = tl.load(k_rows + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_rows + offs_d[None, :], mask=kv_mask, other=0.0)
+    if FORM_DK:  # dP = dO V^T; a dV pass does without V
+        v = tl.load(v_rows + offs_d[None, :], mask=kv_mask, other=0.0)
+    else:
+        v = k
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
     if BLOCK_D2 > 0:  # the head dim's second column block (key_block.py)
         offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
         kv_mask2 = key_block_mask(offs_n, offs_d2, N_K, HEAD_DIM, True)
         k2 = tl.load(k_rows + offs_d2[None, :], mask=kv_mask2, other=0.0)
-        v2 = tl.load(v_rows + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        if FORM_DK:
+            v2 = tl.load(v_rows + offs_d2[None, :], mask=kv_mask2, other=0.0)
+        else:
+            v2 = k2
         dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=ACC_DTYPE)
         dv2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=ACC_DTYPE)
     else:
@@ -170,6 +219,16 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
     else:
         lo = 0
         full_lo = 0
+    if DQ_TMA:  # DQ_ACC as [B * Hq, N_Q, D] fp32 (contiguous; the launcher checks D * 4 is 16-byte aligned)
+        dq_desc = tl.make_tensor_descriptor(DQ_ACC, [tl.num_programs(2) * H_Q, N_Q, HEAD_DIM],
+                                            [N_Q * HEAD_DIM, HEAD_DIM, 1], [1, BLOCK_M, BLOCK_D])
+        if BLOCK_D2 > 0:
+            dq_desc2 = tl.make_tensor_descriptor(DQ_ACC, [tl.num_programs(2) * H_Q, N_Q, HEAD_DIM],
+                                                 [N_Q * HEAD_DIM, HEAD_DIM, 1], [1, BLOCK_M, BLOCK_D2])
+        else:
+            dq_desc2 = dq_desc
+    else:
+        dq_desc, dq_desc2 = DQ_ACC, DQ_ACC
     for g in range(0, GROUP):
         h = hk * GROUP + g
         Q_head = Q + b * stride_qb + h * stride_qh
@@ -179,24 +238,31 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
         DQ_head = DQ_ACC + (b * H_Q + h) * N_Q * HEAD_DIM  # [B, Hq, Nq, D], contiguous
         for m0 in range(lo, full_lo, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
-                                                 N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, True,
-                                                 ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
+                                                 DQ_head, dq_desc, dq_desc2, (b * H_Q + h).to(tl.int32), stride_qn,
+                                                 stride_don, m0,
+                                                 offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset,
+                                                 qk_scale_log2, BLOCK_M, BLOCK_D, BLOCK_D2, True, ACC_DTYPE,
+                                                 DOT_PRECISION, ATOMIC_DQ, DQ_TMA, FORM_DK, FORM_DV)
         for m0 in range(full_lo, N_Q, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 DQ_head, stride_qn, stride_don, m0, offs_n, offs_d, offs_d2, N_Q,
-                                                 N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_M, BLOCK_D2, False,
-                                                 ACC_DTYPE, DOT_PRECISION, ATOMIC_DQ)
+                                                 DQ_head, dq_desc, dq_desc2, (b * H_Q + h).to(tl.int32), stride_qn,
+                                                 stride_don, m0,
+                                                 offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset,
+                                                 qk_scale_log2, BLOCK_M, BLOCK_D, BLOCK_D2, False, ACC_DTYPE,
+                                                 DOT_PRECISION, ATOMIC_DQ, DQ_TMA, FORM_DK, FORM_DV)
 
     # dS was formed from base-2 scores divided back by log2(e) implicitly: dK = scale * dS^T Q.
     dk_scale = qk_scale_log2 / tl.full([], LOG2E, ACC_DTYPE)
     dk_rows = DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn
     dv_rows = DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn
-    tl.store(dk_rows + offs_d[None, :], (dk * dk_scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_rows + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
-    if BLOCK_D2 > 0:
-        tl.store(dk_rows + offs_d2[None, :], (dk2 * dk_scale).to(DK.dtype.element_ty), mask=kv_mask2)
-        tl.store(dv_rows + offs_d2[None, :], dv2.to(DV.dtype.element_ty), mask=kv_mask2)
+    if FORM_DK:
+        tl.store(dk_rows + offs_d[None, :], (dk * dk_scale).to(DK.dtype.element_ty), mask=kv_mask)
+        if BLOCK_D2 > 0:
+            tl.store(dk_rows + offs_d2[None, :], (dk2 * dk_scale).to(DK.dtype.element_ty), mask=kv_mask2)
+    if FORM_DV:
+        tl.store(dv_rows + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+        if BLOCK_D2 > 0:
+            tl.store(dv_rows + offs_d2[None, :], dv2.to(DV.dtype.element_ty), mask=kv_mask2)
 
 
 @triton.jit
@@ -305,33 +371,47 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
         tl.store(dq_rows + offs_d2[None, :], (dq2 * dq_scale).to(DQ.dtype.element_ty), mask=row_mask2)
 
 
-DQ_ROUTES = ("recompute", "atomic")
+DQ_ROUTES = ("recompute", "atomic", "tma_atomic")
+ATOMIC_DQ_ROUTES = ("atomic", "tma_atomic")
 _DQ_ROUTE = RouteSwitch(DQ_ROUTES, "dQ route")
 
 
 def dq_route(route):
     """How the backward forms dQ inside the block: "recompute" (the default: the dQ pass above,
-    deterministic) or "atomic" (**not deterministic**: the dK/dV pass also forms dS K and adds it
+    deterministic), "atomic" (**not deterministic**: the dK/dV pass also forms dS K and adds it
     into an fp32 dQ with atomics, in whatever order the programs get there, so dQ may differ in its
-    last bits from run to run; five matmuls instead of seven). ``with dq_route("atomic"):``.
+    last bits from run to run; five matmuls instead of seven) or "tma_atomic" (the same sum, each
+    [rows, D] tile added by one bulk reduction of the copy engine instead of an atomic a element:
+    CUDA GPUs with tensor descriptors, compute capability 9.0+, head dims a multiple of 4; **not
+    deterministic** either). ``with dq_route("atomic"):``.
     Measured on an H100 (bf16, flash-dq-routes-fixed-nvidia-h100.json, relaxed atomics): the atomic
     route ran at 0.70-0.90x the recompute route's speed at D 64-128 and 0.29-0.39x at D 256: every key
     block adds a [rows, D] fp32 tile per query block (2 GB of atomic traffic at B4 H16 N4096 D64), which
     costs more than the two matmuls it saves. (Deterministic fixed-point atomics were measured too, at
-    0.40-0.47x, and dropped: commit 00853f2.)"""
+    0.40-0.47x, and dropped: commit 00853f2.) "tma_atomic" ran 0.72-0.89x (flash-dq-routes-tma-nvidia-h100.json):
+    the sum is not what binds; with dS K and its fp32 tile the fused pass's best tile ran 337-366 TF/s
+    against 460-478 for the dK/dV pass alone (flash-bwd-configs-fused-dq-d128-nvidia-h100.json)."""
     return _DQ_ROUTE(route)
 
 
-DKDV_ROUTES = ("tiles", "hopper")
+DKDV_ROUTES = ("tiles", "split", "hopper")
 _DKDV_ROUTE = RouteSwitch(DKDV_ROUTES, "dK/dV route")
 # Whether the Gluon dK/dV pass (flash_bwd_hopper.py) takes the shapes it applies to on sm_90.
 HOPPER_DKDV_BY_DEFAULT = False
+# Padded head widths (head_dim_blocks) from which the default forms dV and dK in two passes ("split").
+# Measured on an H100 (bf16, whole backward, flash-dkdv-split-*-nvidia-h100.json): at D 256 the dV pass
+# runs 547 TF/s (8 warps, 64 x 128 tiles) and the dK pass 372 (4 warps, 16 x 64), 12.9 ms against the
+# one pass's 15.4 at N 16384 causal (1.17x); D 160 0.81x and D 192 1.01x, so those keep one pass.
+SPLIT_DKDV_MIN_WIDTH = 256
 
 
 def dkdv_route(route):
-    """Which kernel forms dK and dV inside the block: "tiles" (the pointer kernel above) or "hopper"
-    (the Gluon kernel, sm_90, fp16/bf16 at HOPPER_DKDV_HEAD_DIMS; raises where it does not apply);
-    None: by device and shape. Both are deterministic. ``with dkdv_route("tiles"):``."""
+    """Which kernel forms dK and dV inside the block: "tiles" (the pointer kernel above, both in one
+    pass), "split" (the same kernel as a dV pass and a dK pass, each holding one accumulator: S is
+    computed twice, but a [keys, D] fp32 tile less a thread lets wide heads take bigger key tiles;
+    not with an atomic dQ route) or "hopper" (the Gluon kernel, sm_90, fp16/bf16 at
+    HOPPER_DKDV_HEAD_DIMS; raises where it does not apply); None: by device and shape (split from
+    padded head widths of SPLIT_DKDV_MIN_WIDTH). All are deterministic. ``with dkdv_route("tiles"):``."""
     return _DKDV_ROUTE(route)
 
 
@@ -361,10 +441,15 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     scale_hi, scale_lo = split_scale(sm_scale)
     bucket = seq_bucket(max(n_q, n_k))
 
-    atomic = _DQ_ROUTE.forced == "atomic"
+    atomic = _DQ_ROUTE.forced in ATOMIC_DQ_ROUTES
     if atomic and torch.are_deterministic_algorithms_enabled():
-        raise RuntimeError('flash backward: dq_route("atomic") is not deterministic, and '
+        raise RuntimeError(f"flash backward: dq_route({_DQ_ROUTE.forced!r}) is not deterministic, and "
                            "torch.use_deterministic_algorithms(True) is set")
+    tma = _DQ_ROUTE.forced == "tma_atomic"
+    if tma and not (q.is_cuda and not interpreting() and tma_capable(q.device) and head_dim % 4 == 0):
+        raise ValueError('flash backward: dq_route("tma_atomic") needs a CUDA GPU with tensor descriptors '
+                         f"(compute capability 9.0+) and a head dim that is a multiple of 4, got D {head_dim} "
+                         f"on {q.device}")
     delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
@@ -378,8 +463,11 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     if _hopper_dkdv(do, q, k, v, atomic):
         flash_bwd_dkdv_hopper_launch(q, k, v, do, lse, delta, dk, dv, sm_scale, causal_offset)
     else:
-        _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket, atomic,
-                    common)
+        passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
+        with descriptor_scratch(q.device) if tma else contextlib.nullcontext():
+            for forms in passes:
+                _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket,
+                            atomic, tma, forms, common)
     if atomic:
         return (dq_acc * sm_scale).to(q.dtype), dk, dv
     dq = new_output(q.shape, q.dtype, q.device)
@@ -392,7 +480,17 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     return dq, dk, dv
 
 
-def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket, atomic, common):
+def _split_dkdv(width, atomic) -> bool:
+    if _DKDV_ROUTE.forced == "split" and atomic:
+        raise ValueError(f"dK/dV route 'split' forms dK apart from dV, so it cannot add dS K into dQ "
+                         f"(dq_route {_DQ_ROUTE.forced!r}); use the recomputing dQ route")
+    if _DKDV_ROUTE.forced is not None:
+        return _DKDV_ROUTE.forced == "split"
+    return not atomic and width >= SPLIT_DKDV_MIN_WIDTH
+
+
+def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket, atomic, tma,
+                forms, common):
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
@@ -400,4 +498,5 @@ def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, **common)
+        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, DQ_TMA=tma,
+        **forms, **common)

@@ -86,7 +86,7 @@ def forget_plans():
 _CAPABILITY = {}
 
 
-def _tma_capable(device) -> bool:
+def tma_capable(device) -> bool:
     """A GPU with the tensor-memory copy engine (compute capability 9.0+: Hopper and later)."""
     return gpu_property(_CAPABILITY, device, False, lambda index: torch.cuda.get_device_capability(index)[0] >= 9)
 
@@ -103,7 +103,7 @@ def descriptors_apply(tensors, gpu_dtypes=False) -> bool:
         if gpu_dtypes and t.dtype not in (torch.float16, torch.bfloat16):
             return False
     device = tensors[0].device
-    return interpreting() if device.type != "cuda" else (not interpreting() and _tma_capable(device))
+    return interpreting() if device.type != "cuda" else (not interpreting() and tma_capable(device))
 
 
 def _scratch_on(device):

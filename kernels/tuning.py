@@ -45,11 +45,12 @@ def config_list(gpu_configs, interpreter_config):
     return [interpreter_config] if interpreting() else list(gpu_configs)
 
 
-def pruner(shared_bytes, fits=None):
+def pruner(shared_bytes, fits=None, more_shared=None):
     """An ``early_config_prune`` hook keeping configs whose estimated shared memory fits.
 
-    ``shared_bytes(config, element_size, block_d)`` estimates a config's staged tiles; ``fits(config,
-    constexprs)``, when given, is a further test (e.g. registers, for a tile size the launcher picks).
+    ``shared_bytes(config, element_size, block_d)`` estimates a config's staged tiles; ``more_shared(config,
+    constexprs)``, when given, adds what a specialization stages besides; ``fits(config, constexprs)``, when
+    given, is a further test (e.g. registers, for a tile size the launcher picks).
     """
 
     def prune(configs, named_args, **constexprs):
@@ -58,7 +59,8 @@ def pruner(shared_bytes, fits=None):
         element_size = named_args["Q"].element_size()
         block_d = head_width(constexprs)
         budget = shared_memory_budget(named_args["Q"].device)
-        staged = [shared_bytes(c, element_size, block_d) for c in configs]
+        staged = [shared_bytes(c, element_size, block_d) + (more_shared(c, constexprs) if more_shared else 0)
+                  for c in configs]
         fitting = [c for c, size in zip(configs, staged) if size <= budget and (fits is None or fits(c, constexprs))]
         if not fitting:  # nothing fits the estimates: the config staging the least (the later on a tie)
             fitting = [configs[min(range(len(configs)), key=lambda i: (staged[i], -i))]]

@@ -2,6 +2,7 @@
 """flash's forward and backward beside SDPA's FLASH and cuDNN, and its backward kernels one config at a time.
 
     python3 scripts/gpu_dev_flash_bwd.py [--json OUT.json] [--dims 64,96,128,160,192,256] [--configs] [--dq-routes]
+        [--kernels dkdv,dq,dkdv_tma_atomic,dv,dk] [--cudnn-repeat] [--dkdv-routes]
 
 For each case (the Hopper issue's table, plus D 80, 160 and 192): the forward and the backward of the
 Triton variant as shipped (autotuned), SDPA FLASH's and cuDNN's on the same inputs; with --configs also
@@ -18,9 +19,11 @@ import torch
 
 import attnbench
 from attnbench import verify
-from attnbench.kernels.flash_bwd import DQ_ROUTES, dq_route, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from attnbench.kernels.flash_bwd import (BOTH_PASS, DQ_ROUTES, SPLIT_PASSES, dkdv_route, dq_route,
+                                        flash_bwd_dkdv_kernel, flash_bwd_dq_kernel)
 from attnbench.kernels.flash_fwd import flash_fwd_launch
 from attnbench.kernels.gpu_time import gpu_time_median_ms
+from attnbench.kernels.launch import descriptor_scratch
 from attnbench.kernels.precision import accumulator_dtype, dot_precision, split_scale
 from attnbench.kernels.row_dot import row_dot_launch
 from attnbench.kernels.tuning import cdiv, head_dim_blocks, seq_bucket
@@ -63,33 +66,49 @@ def kernel_runs(case, x):
             offset or 0, scale_hi, scale_lo, seq_bucket(case.seqlen_q))
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
 
-    def dkdv(w, s, bm, bn):
+    def dkdv(w, s, bm, bn, forms=BOTH_PASS):
         return lambda: flash_bwd_dkdv_kernel.fn[(cdiv(case.seqlen_k, bn), case.heads_kv, case.batch)](
             q, k, v, do, lse, delta, dk, dv, dk, *strides, *dk.stride()[:3], *dv.stride()[:3], *tail, **common,
-            ATOMIC_DQ=False, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+            ATOMIC_DQ=False, DQ_TMA=False, **forms, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+
+    def dkdv_tma_atomic(w, s, bm, bn):  # dq_route("tma_atomic")'s pass: dS K added into dQ too
+        def run():
+            with descriptor_scratch(q.device):
+                flash_bwd_dkdv_kernel.fn[(cdiv(case.seqlen_k, bn), case.heads_kv, case.batch)](
+                    q, k, v, do, lse, delta, dk, dv, dq_acc, *strides, *dk.stride()[:3], *dv.stride()[:3], *tail,
+                    **common, ATOMIC_DQ=True, DQ_TMA=True, **BOTH_PASS, BLOCK_M=bm, BLOCK_N=bn, num_warps=w,
+                    num_stages=s)
+        return run
 
     def dq_pass(w, s, bm, bn):
         return lambda: flash_bwd_dq_kernel.fn[(cdiv(case.seqlen_q, bm), case.heads_q, case.batch)](
             q, k, v, do, lse, delta, dq, *strides, *dq.stride()[:3], *tail, **common,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
 
-    return {"dkdv": dkdv, "dq": dq_pass}
+    return {"dkdv": dkdv, "dq": dq_pass, "dkdv_tma_atomic": dkdv_tma_atomic,
+            "dv": functools.partial(dkdv, forms=SPLIT_PASSES[0]), "dk": functools.partial(dkdv, forms=SPLIT_PASSES[1])}
 
 
-def dq_routes(case, x):
-    """The backward by each dQ route: median ms and the max relative error against float64."""
+def dq_routes(case, x, routes=DQ_ROUTES, switch=dq_route, what="dQ", base_route="recompute"):
+    """The backward by each dQ route (or ``switch``'s routes): median ms and the max relative error
+    against float64."""
     oracle = OP.oracle(case, x)
     out = {}
-    for route in DQ_ROUTES:
-        with dq_route(route):
-            fn = OP.variants["triton"].prepare(case, x, "bwd")
-            grads = fn()  # the first call after tuning: the atomic route's sum must start from zero
-            error = max(verify.relative_error(grads[name], oracle[name]) for name in grads)
-            out[route] = {"ms": median_ms(fn), "error": error, "bitwise_repeat": verify.bitwise_equal_runs(fn)}
-    base = out["recompute"]["ms"]
-    print("  dQ routes: " + ", ".join(f"{route} {r['ms']:.3f} ms ({base / r['ms']:.2f}x, error {r['error']:.1e}, "
-                                      f"repeat {'=' if r['bitwise_repeat'] else '!='})"
-                                      for route, r in out.items()), flush=True)
+    for route in routes:
+        try:
+            with switch(route):
+                fn = OP.variants["triton"].prepare(case, x, "bwd")
+                grads = fn()  # the first call after tuning: the atomic routes' sum must start from zero
+                error = max(verify.relative_error(grads[name], oracle[name]) for name in grads)
+                out[route] = {"ms": median_ms(fn), "error": error, "bitwise_repeat": verify.bitwise_equal_runs(fn)}
+        except Exception as exc:  # a route that does not apply or compile here: say why
+            out[route] = {"error_message": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    base = out[base_route]["ms"]
+    print(f"  {what} routes: " + ", ".join(f"{route} {r['ms']:.3f} ms ({base / r['ms']:.2f}x, error {r['error']:.1e}, "
+                                      f"repeat {'=' if r['bitwise_repeat'] else '!='})" if "ms" in r
+                                      else f"{route} {r['error_message']}" for route, r in out.items()), flush=True)
     return out
 
 
@@ -100,6 +119,10 @@ def main():
     ap.add_argument("--seqlens", default="", help="only cases of these sequence lengths (comma-separated)")
     ap.add_argument("--configs", action="store_true", help="also time each backward kernel at every candidate config")
     ap.add_argument("--dq-routes", action="store_true", help="also time the backward by each dQ route (dq_route)")
+    ap.add_argument("--kernels", default="dkdv,dq", help="with --configs: which of dkdv, dq, dkdv_tma_atomic, dv, dk")
+    ap.add_argument("--dkdv-routes", action="store_true",
+                    help="also time the backward by each dK/dV route (tiles, split)")
+    ap.add_argument("--cudnn-repeat", action="store_true", help="also ask whether cuDNN's backward repeats bitwise")
     args = ap.parse_args()
     dims = {int(d) for d in args.dims.split(",") if d}
     seqlens = {int(n) for n in args.seqlens.split(",") if n}
@@ -112,7 +135,7 @@ def main():
         case = FlashCase(b, hq, hkv, n, n, d, causal, dtype="bfloat16")
         x = OP.make_inputs(case, device, 0)
         pair_flops = 2.0 * case.batch * case.heads_q * case.visible_pairs * case.head_dim
-        entry = {"case": case.label, "dkdv": [], "dq": []}
+        entry = {"case": case.label, "dkdv": [], "dq": [], "dkdv_tma_atomic": [], "dv": [], "dk": []}
         for mode, products in (("fwd", 2), ("bwd", 5)):
             times = entry[f"{mode}_ms"] = {}
             for name in ("triton", "sdpa_flash", "sdpa_cudnn"):
@@ -124,13 +147,21 @@ def main():
                                if isinstance(times.get(p), float))
             print(f"{case.label:34s} {mode}: ours {times['triton']:.3f} ms "
                   f"({products * pair_flops / times['triton'] / 1e9:.0f} TF/s)  {ratios}", flush=True)
+        if args.cudnn_repeat:
+            cudnn_bwd = OP.variants["sdpa_cudnn"].prepare(case, x, "bwd")
+            entry["cudnn_bwd_bitwise_repeat"] = verify.bitwise_equal_runs(cudnn_bwd, runs=5)
+            print(f"  cuDNN backward repeats bitwise: {entry['cudnn_bwd_bitwise_repeat']}", flush=True)
         if args.dq_routes:
             entry["dq_routes"] = dq_routes(case, x)
+        if args.dkdv_routes:
+            entry["dkdv_routes"] = dq_routes(case, x, ("tiles", "split"), dkdv_route, "dK/dV", "tiles")
         if not args.configs:
             doc["cases"].append(entry)
             continue
         runs = kernel_runs(case, x)
-        for kernel, products in (("dkdv", 4), ("dq", 3)):
+        for kernel, products in (("dkdv", 4), ("dq", 3), ("dkdv_tma_atomic", 5), ("dv", 2), ("dk", 3)):
+            if kernel not in args.kernels.split(","):
+                continue
             for w, s, bm, bn in CANDIDATES:
                 try:
                     t = median_ms(runs[kernel](w, s, bm, bn))

@@ -20,6 +20,7 @@ import torch.func as tf
 
 import attnbench  # noqa: F401  (sets up the kernels)
 from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_bwd, flash_fwd
+from attnbench.kernels.flash_bwd import dkdv_route, dq_route
 from attnbench.kernels.flash_fwd import forward_route
 from attnbench.operators.flash.reference import attention as reference_attention
 from attnbench.timing import measure, peak_memory_bytes
@@ -190,13 +191,15 @@ def main():
 
 def sanitize(tma=True):
     """One launch of every new kernel path on odd shapes (lengths off the block size, GQA, head dims
-    in one and in two column blocks: 24, 80 = 64 + 16, 160 = 128 + 32); flash's forward by every route
+    in one and in two column blocks: 24, 80 = 64 + 16, 160 = 128 + 32, and 256); flash's backward by
+    both dK/dV routes of the pointer tiles and every dQ route; flash's forward by every route
 (tensor descriptors too: their zero fill past N_K and D stands in for load masks; the Gluon kernel on
 sm_90 at its head dims)."""
     torch.manual_seed(0)
     for dtype in (torch.float16,):  # memcheck is slow: each kernel specialization once, on odd shapes
         for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 80, None), (2, 2, 1, 70, 41, 24, "bottom_right"),
-                                               (1, 2, 1, 130, 97, 160, "top_left")]:
+                                               (1, 2, 1, 130, 97, 160, "top_left"),
+                                               (1, 2, 1, 77, 130, 256, "bottom_right")]:
             q = torch.randn(b, hq, nq, d, device=DEV, dtype=dtype)
             k, v = (torch.randn(b, hk, nk, d, device=DEV, dtype=dtype) for _ in range(2))
             do, tq, tdo = (torch.randn_like(q) for _ in range(3))
@@ -204,6 +207,11 @@ sm_90 at its head dims)."""
             o, lse, ot, lt = attention_jvp(q, k, v, tq, tk, tv, causal=causal)
             dq_t = attention_bwd_jvp(do, q, k, v, o, lse, tq, tk, tv, tdo, causal=causal)
             grads = flash_bwd(do, q, k, v, o, lse, causal=causal)
+            with dkdv_route("split" if d < 256 else "tiles"):  # the dK/dV route the default does not take
+                grads += flash_bwd(do, q, k, v, o, lse, causal=causal)
+            for route in ("atomic", "tma_atomic") if tma else ("atomic", ):
+                with dq_route(route):
+                    grads += flash_bwd(do, q, k, v, o, lse, causal=causal)
             with forward_route("tiles"):
                 o_tiles, _ = flash_fwd(q, k, v, causal=causal)
             o_tma = o_tiles

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnbench import verify
-from attnbench.kernels.flash_bwd import dq_route
+from attnbench.kernels.flash_bwd import dkdv_route, dq_route
 from attnbench.kernels.flash_fwd import forward_route
 from attnbench.operators.flash import TINY_SHAPES, FlashCase, reference
 from attnbench.operators.flash.triton import flash_attention, flash_bwd, flash_fwd
@@ -212,13 +212,44 @@ def test_rows_with_lse_below_minus_88_keep_finite_gradients(route, causal):
         assert verify.relative_error(grad, oracle[name]) < bound, name
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_split_dkdv_route_matches_float64_oracle(flash, oracles, case):
+    """dkdv_route("split") (a dV pass and a dK pass, the default for head widths from 160, which no
+    tiny case reaches) is held to the same oracle: GQA, split head dims, blind rows, both alignments."""
+    x, oracle, lowp = oracles(case, 0)
+    with dkdv_route("split"):
+        result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
+    assert result.passed, [o for o in result.outputs if not o.passed]
+
+
+def test_split_dkdv_route_gradcheck_fp64_and_refuses_an_atomic_dq():
+    q = _fp64(1, 4, 11, 48, seed=1).requires_grad_()  # 48 = 32 + 16 columns: both column blocks
+    k, v = (_fp64(1, 2, 13, 48, seed=s).requires_grad_() for s in (2, 3))
+    with dkdv_route("split"):
+        assert verify.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal="top_left"), (q, k, v),
+                                atol=1e-8, rtol=1e-6)
+        o, lse = flash_fwd(q.detach(), k.detach(), v.detach())
+        with dq_route("atomic"), pytest.raises(ValueError, match="route 'split' forms dK apart from dV"):
+            flash_bwd(torch.ones_like(o), q.detach(), k.detach(), v.detach(), o, lse)
+
+
+def test_tma_atomic_dq_route_says_why_it_cannot_run_here():
+    """The copy engine's bulk reduction has no interpreter: asked for on the CPU, the route says why
+    before any kernel runs (tests/test_gpu_flash.py holds it to the oracle on a GPU)."""
+    q, k, v, do = (_fp64(1, 1, 9, 16, seed=s) for s in range(4))
+    o, lse = flash_fwd(q, k, v)
+    with dq_route("tma_atomic"), pytest.raises(ValueError, match="needs a CUDA GPU with tensor descriptors"):
+        flash_bwd(do, q, k, v, o, lse)
+
+
 def test_atomic_dq_route_refuses_deterministic_mode():
     q, k, v, do = (_fp64(1, 1, 9, 16, seed=s) for s in range(4))
     o, lse = flash_fwd(q, k, v)
     torch.use_deterministic_algorithms(True)
     try:
-        with dq_route("atomic"), pytest.raises(RuntimeError, match="not deterministic"):
-            flash_bwd(do, q, k, v, o, lse)
+        for route in ("atomic", "tma_atomic"):
+            with dq_route(route), pytest.raises(RuntimeError, match="not deterministic"):
+                flash_bwd(do, q, k, v, o, lse)
         flash_bwd(do, q, k, v, o, lse)  # the default route is deterministic: allowed
     finally:
         torch.use_deterministic_algorithms(False)

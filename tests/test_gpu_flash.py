@@ -52,15 +52,22 @@ def test_backward_is_bitwise_deterministic(flash, case):
     assert verify.bitwise_equal_runs(flash.variants["triton"].prepare(case, x, "bwd"), runs=3)
 
 
+@pytest.mark.parametrize("route", ["atomic", "tma_atomic"])
 @pytest.mark.parametrize("case", [FlashCase(2, 8, 2, 1000, 777, 128, "bottom_right", "bfloat16"),
-                                  FlashCase(1, 4, 2, 700, 900, 160, "top_left", "float16")], ids=lambda c: c.label)
-def test_atomic_dq_route_matches_the_oracle_on_its_first_call_after_tuning(flash, oracles, case, tuned_kernels):
-    """dq_route("atomic") adds into a buffer the autotuner runs every config on: the call that tunes
-    must still return dS K summed once (reset_to_zero), within the dtype's bound."""
+                                  FlashCase(1, 4, 2, 700, 900, 160, "top_left", "float16"),  # 128 + 32 columns
+                                  FlashCase(2, 4, 4, 333, 517, 96, None, "bfloat16"),  # 64 + 32 columns
+                                  FlashCase(1, 2, 1, 65, 4099, 64, "bottom_right", "float16")],  # one query tile
+                         ids=lambda c: c.label)
+def test_atomic_dq_routes_match_the_oracle_on_their_first_call_after_tuning(flash, oracles, case, route,
+                                                                           tuned_kernels):
+    """The atomic dQ routes add into a buffer the autotuner runs every config on: the call that tunes
+    must still return dS K summed once (reset_to_zero), within the dtype's bound. "tma_atomic" adds
+    whole tiles through the copy engine: rows past N_Q and columns past D are clipped by the
+    descriptor (a query length off the tile, head dims in two column blocks)."""
     from attnbench.kernels.flash_bwd import dq_route
 
     x, oracle, lowp = oracles(case, 0)
-    with dq_route("atomic"):
+    with dq_route(route):
         result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
     assert result.passed, [o for o in result.outputs if not o.passed]
 
