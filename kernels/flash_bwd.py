@@ -37,6 +37,7 @@ import triton.language as tl
 from . import interpreting
 from .flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS, flash_bwd_dkdv_hopper_launch
 from .flash_fwd_hopper import hopper_applies
+from .head_padding import cut_heads, pad_heads, padded_width
 from .launch import descriptor_scratch, tma_capable
 from .key_block import head_columns, key_block_mask
 from .outputs import new_output
@@ -382,8 +383,9 @@ def dq_route(route):
     into an fp32 dQ with atomics, in whatever order the programs get there, so dQ may differ in its
     last bits from run to run; five matmuls instead of seven) or "tma_atomic" (the same sum, each
     [rows, D] tile added by one bulk reduction of the copy engine instead of an atomic a element:
-    CUDA GPUs with tensor descriptors, compute capability 9.0+, head dims a multiple of 4; **not
-    deterministic** either). ``with dq_route("atomic"):``.
+    CUDA GPUs with tensor descriptors, compute capability 9.0+, head dims a multiple of 4, not fp64; **not
+    deterministic** either; at D 256 no tile keeps dK, dV and the staged dQ tile without spilling, so it is
+    slow there). ``with dq_route("atomic"):``.
     Measured on an H100 (bf16, flash-dq-routes-fixed-nvidia-h100.json, relaxed atomics): the atomic
     route ran at 0.70-0.90x the recompute route's speed at D 64-128 and 0.29-0.39x at D 256: every key
     block adds a [rows, D] fp32 tile per query block (2 GB of atomic traffic at B4 H16 N4096 D64), which
@@ -446,10 +448,18 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
         raise RuntimeError(f"flash backward: dq_route({_DQ_ROUTE.forced!r}) is not deterministic, and "
                            "torch.use_deterministic_algorithms(True) is set")
     tma = _DQ_ROUTE.forced == "tma_atomic"
-    if tma and not (q.is_cuda and not interpreting() and tma_capable(q.device) and head_dim % 4 == 0):
+    if tma and not (q.is_cuda and not interpreting() and tma_capable(q.device) and head_dim % 4 == 0
+                    and q.dtype != torch.float64):
         raise ValueError('flash backward: dq_route("tma_atomic") needs a CUDA GPU with tensor descriptors '
-                         f"(compute capability 9.0+) and a head dim that is a multiple of 4, got D {head_dim} "
-                         f"on {q.device}")
+                         "(compute capability 9.0+), a head dim that is a multiple of 4 and fp16, bf16 or fp32 "
+                         f"inputs (the copy engine adds no fp64), got D {head_dim} {q.dtype} on {q.device}")
+    # every route question answered before any kernel runs
+    hopper = _hopper_dkdv(do, q, k, v, atomic)
+    passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
+    width = padded_width(head_dim, q.device)
+    if width != head_dim and not hopper:  # head_padding.py: a column block the kernels would mask
+        grads = flash_bwd_launch(*pad_heads(width, do, q, k, v, o), lse, sm_scale, causal_offset, dlse)
+        return tuple(cut_heads(head_dim, *grads))
     delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
@@ -460,10 +470,9 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if atomic else torch.empty(1, dtype=acc, device=q.device)
 
     common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
-    if _hopper_dkdv(do, q, k, v, atomic):
+    if hopper:
         flash_bwd_dkdv_hopper_launch(q, k, v, do, lse, delta, dk, dv, sm_scale, causal_offset)
     else:
-        passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
         with descriptor_scratch(q.device) if tma else contextlib.nullcontext():
             for forms in passes:
                 _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi, scale_lo, bucket,

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .flash_decode import decode_applies, flash_decode_launch
 from .flash_fwd_hopper import HOPPER_HEAD_DIMS, flash_fwd_hopper_launch, hopper_applies
+from .head_padding import cut_heads, pad_heads, padded_width
 from .key_block import attend_key_block, attend_key_block_tma, head_columns
 from .launch import descriptor_scratch, descriptors_apply
 from .outputs import new_output
@@ -218,6 +219,11 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
         raise ValueError("forward route 'hopper' needs an sm_90 GPU, fp16/bf16 inputs with a head dim in "
                          f"{HOPPER_HEAD_DIMS}, 16-byte aligned pointers and strides, and Triton's Gluon")
     batch, heads_q, n_q, head_dim = q.shape
+    width = padded_width(head_dim, q.device)
+    if width != head_dim and route in ("tiles", "tma"):  # head_padding.py: a masked second column block
+        with forward_route(route):
+            o, lse = flash_fwd_launch(*pad_heads(width, q, k, v), sm_scale, causal_offset)
+        return cut_heads(head_dim, o)[0], lse
     heads_kv, n_k = k.shape[1], k.shape[2]
     o = new_output(q.shape, q.dtype, q.device)
     lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)

@@ -105,7 +105,7 @@ def dq_routes(case, x, routes=DQ_ROUTES, switch=dq_route, what="dQ", base_route=
                 out[route] = {"ms": median_ms(fn), "error": error, "bitwise_repeat": verify.bitwise_equal_runs(fn)}
         except Exception as exc:  # a route that does not apply or compile here: say why
             out[route] = {"error_message": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-    base = out[base_route]["ms"]
+    base = out[base_route].get("ms", float("nan"))
     print(f"  {what} routes: " + ", ".join(f"{route} {r['ms']:.3f} ms ({base / r['ms']:.2f}x, error {r['error']:.1e}, "
                                       f"repeat {'=' if r['bitwise_repeat'] else '!='})" if "ms" in r
                                       else f"{route} {r['error_message']}" for route, r in out.items()), flush=True)

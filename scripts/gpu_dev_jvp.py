@@ -199,7 +199,8 @@ sm_90 at its head dims)."""
     for dtype in (torch.float16,):  # memcheck is slow: each kernel specialization once, on odd shapes
         for (b, hq, hk, nq, nk, d, causal) in [(1, 4, 2, 37, 29, 80, None), (2, 2, 1, 70, 41, 24, "bottom_right"),
                                                (1, 2, 1, 130, 97, 160, "top_left"),
-                                               (1, 2, 1, 77, 130, 256, "bottom_right")]:
+                                               (1, 2, 1, 77, 130, 256, "bottom_right"),
+                                               (1, 2, 2, 129, 257, 72, "top_left")]:  # head_padding.py
             q = torch.randn(b, hq, nq, d, device=DEV, dtype=dtype)
             k, v = (torch.randn(b, hk, nk, d, device=DEV, dtype=dtype) for _ in range(2))
             do, tq, tdo = (torch.randn_like(q) for _ in range(3))

@@ -214,8 +214,8 @@ def test_rows_with_lse_below_minus_88_keep_finite_gradients(route, causal):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
 def test_split_dkdv_route_matches_float64_oracle(flash, oracles, case):
-    """dkdv_route("split") (a dV pass and a dK pass, the default for head widths from 160, which no
-    tiny case reaches) is held to the same oracle: GQA, split head dims, blind rows, both alignments."""
+    """dkdv_route("split") (a dV pass and a dK pass, the default at head width 256, which no tiny
+    case reaches) is held to the same oracle: GQA, split head dims, blind rows, both alignments."""
     x, oracle, lowp = oracles(case, 0)
     with dkdv_route("split"):
         result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
@@ -231,6 +231,23 @@ def test_split_dkdv_route_gradcheck_fp64_and_refuses_an_atomic_dq():
         o, lse = flash_fwd(q.detach(), k.detach(), v.detach())
         with dq_route("atomic"), pytest.raises(ValueError, match="route 'split' forms dK apart from dV"):
             flash_bwd(torch.ones_like(o), q.detach(), k.detach(), v.detach(), o, lse)
+
+
+@pytest.mark.parametrize("head_dim,passes", [(256, 2), (192, 1), (160, 1), (64, 1)])
+def test_default_dkdv_route_splits_at_head_width_256_and_keeps_one_pass_for_an_atomic_dq(spy_kernel, head_dim,
+                                                                                      passes):
+    from attnbench.kernels import flash_bwd as kernels
+
+    q, k, v, do = (_fp64(1, 1, 5, head_dim, seed=s).float() for s in range(4))
+    o, lse = flash_fwd(q, k, v)
+    spy = spy_kernel(kernels, "flash_bwd_dkdv_kernel")
+    flash_bwd(do, q, k, v, o, lse)
+    assert spy.launches == passes
+    assert [(kw["FORM_DK"], kw["FORM_DV"]) for kw in spy.kwargs] == ([(False, True), (True, False)] if passes == 2
+                                                                     else [(True, True)])
+    with dq_route("atomic"):
+        flash_bwd(do, q, k, v, o, lse)
+    assert spy.launches == passes + 1 and spy.kwargs[-1]["ATOMIC_DQ"]
 
 
 def test_tma_atomic_dq_route_says_why_it_cannot_run_here():
@@ -327,3 +344,31 @@ def test_gluon_routes_refuse_what_they_cannot_run_here_and_the_default_never_pic
     # only the Triton the kernels were written for runs them (Gluon's API moves between releases)
     import triton
     assert hopper.GLUON <= triton.__version__.startswith(hopper.GLUON_TRITON)
+
+
+@pytest.mark.parametrize("route", ["tiles", "tma"])
+@pytest.mark.parametrize("head_dim,causal", [(72, "top_left"), (88, None), (40, "bottom_right")])
+def test_masked_column_block_head_dims_run_padded_and_match_float64(route, head_dim, causal):
+    """Head dims whose second column block would be masked (72 = 64 + 16 up to 80, 88 = 64 + 32 up to 96,
+    40 = 32 + 16 up to 48) run zero-padded on CUDA (kernels/head_padding.py: Triton 3.6 miscompiles them
+    there). Here the padded path runs through the interpreter, at an odd query length and GQA, forward
+    and backward, against float64; other head dims are not padded."""
+    from attnbench.kernels import head_padding
+
+    assert head_padding.padded_width(head_dim, "cuda") == {72: 80, 88: 96, 40: 48}[head_dim]
+    assert head_padding.padded_width(head_dim, "cpu") == head_dim
+    assert [head_padding.padded_width(d, "cuda") for d in (64, 80, 96, 24, 160)] == [64, 80, 96, 24, 160]
+    q = _fp64(1, 4, 67, head_dim, seed=1).float()
+    k, v = (_fp64(1, 2, 45, head_dim, seed=s).float() for s in (2, 3))
+    do = _fp64(1, 4, 67, head_dim, seed=4).float()
+    offset = {None: None, "top_left": 0, "bottom_right": 45 - 67}[causal]
+    oracle = reference.evaluate(q, k, v, do, head_dim ** -0.5, offset, torch.float64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(head_padding, "PAD_ON", {"cuda", "cpu"})
+        with forward_route(route):
+            o, lse = flash_fwd(q, k, v, causal=causal)
+        grads = flash_bwd(do, q, k, v, o, lse, causal=causal)
+    assert o.shape == q.shape and o.is_contiguous()
+    for name, got in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, *grads)):
+        assert got.shape == oracle[name].shape, name
+        assert verify.relative_error(got, oracle[name]) < verify.BOUNDS[torch.float32], name
