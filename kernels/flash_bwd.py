@@ -234,21 +234,20 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
         h = hk * GROUP + g
         Q_head = Q + b * stride_qb + h * stride_qh
         DO_head = DO + b * stride_dob + h * stride_doh
-        LSE_head = LSE + (b * H_Q + h) * N_Q
-        DELTA_head = DELTA + (b * H_Q + h) * N_Q
-        DQ_head = DQ_ACC + (b * H_Q + h) * N_Q * HEAD_DIM  # [B, Hq, Nq, D], contiguous
+        bh = b * H_Q + h  # the (batch, query head) row of the [B, Hq, ...] row statistics and dQ sum
+        LSE_head = LSE + bh * N_Q
+        DELTA_head = DELTA + bh * N_Q
+        DQ_head = DQ_ACC + bh * N_Q * HEAD_DIM  # [B, Hq, Nq, D], contiguous
         for m0 in range(lo, full_lo, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 DQ_head, dq_desc, dq_desc2, (b * H_Q + h).to(tl.int32), stride_qn,
-                                                 stride_don, m0,
-                                                 offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset,
+                                                 DQ_head, dq_desc, dq_desc2, bh.to(tl.int32), stride_qn, stride_don,
+                                                 m0, offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset,
                                                  qk_scale_log2, BLOCK_M, BLOCK_D, BLOCK_D2, True, ACC_DTYPE,
                                                  DOT_PRECISION, ATOMIC_DQ, DQ_TMA, FORM_DK, FORM_DV)
         for m0 in range(full_lo, N_Q, BLOCK_M):
             dk, dv, dk2, dv2 = _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head, DELTA_head,
-                                                 DQ_head, dq_desc, dq_desc2, (b * H_Q + h).to(tl.int32), stride_qn,
-                                                 stride_don, m0,
-                                                 offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset,
+                                                 DQ_head, dq_desc, dq_desc2, bh.to(tl.int32), stride_qn, stride_don,
+                                                 m0, offs_n, offs_d, offs_d2, N_Q, N_K, HEAD_DIM, causal_offset,
                                                  qk_scale_log2, BLOCK_M, BLOCK_D, BLOCK_D2, False, ACC_DTYPE,
                                                  DOT_PRECISION, ATOMIC_DQ, DQ_TMA, FORM_DK, FORM_DV)
 

@@ -220,7 +220,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
                          f"{HOPPER_HEAD_DIMS}, 16-byte aligned pointers and strides, and Triton's Gluon")
     batch, heads_q, n_q, head_dim = q.shape
     width = padded_width(head_dim, q.device)
-    if width != head_dim and route in ("tiles", "tma"):  # head_padding.py: a masked second column block
+    if width != head_dim and route in ("tiles", "tma"):  # head_padding.py: a column block the kernels would mask
         with forward_route(route):
             o, lse = flash_fwd_launch(*pad_heads(width, q, k, v), sm_scale, causal_offset)
         return cut_heads(head_dim, o)[0], lse

@@ -8,10 +8,10 @@ wrong outputs (relative error 0.84-0.95) in all 5, while the interpreter, D 80 a
 right (results/gpu/nvidia-h100/odd-dims-configs.log, memcheck-odd-dims.log; scripts/gpu_dev_odd_head_dims.py).
 Triton 3.6 compiles D 72 and D 68 at Nq 129 to the same PTX for sm_90, and a review helper saw D 68 run
 right there, so the fault would depend on the mask's runtime bound, not on a specialization; it is not
-understood. Until it is, the launchers run every head dim whose
-blocks would be masked on CUDA as zero-padded copies at the blocks' width: zero columns add nothing to
-the scores, and the outputs' padding is cut off. The copies cost one extra read and write of the inputs
-(a few percent of a long attention); the kernels compute the padded columns either way.
+understood. Until it is, the flash launchers run every head dim whose blocks would be masked on CUDA as
+zero-padded copies at the blocks' width: zero columns add nothing to the scores, and the outputs' padding
+is cut off. The copies cost one extra read and write of the inputs (a few percent of a long attention);
+the kernels compute the padded columns either way.
 """
 import torch
 import torch.nn.functional as F

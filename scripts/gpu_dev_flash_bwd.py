@@ -91,9 +91,9 @@ def kernel_runs(case, x):
             "dv": functools.partial(dkdv, forms=SPLIT_PASSES[0]), "dk": functools.partial(dkdv, forms=SPLIT_PASSES[1])}
 
 
-def dq_routes(case, x, routes=DQ_ROUTES, switch=dq_route, what="dQ", base_route="recompute"):
-    """The backward by each dQ route (or ``switch``'s routes): median ms and the max relative error
-    against float64."""
+def route_times(case, x, routes=DQ_ROUTES, switch=dq_route, what="dQ", base_route="recompute"):
+    """The backward by each of ``switch``'s ``routes`` (default: the dQ routes): median ms, the max
+    relative error against float64, and whether two runs agree bitwise."""
     oracle = OP.oracle(case, x)
     out = {}
     for route in routes:
@@ -152,9 +152,9 @@ def main():
             entry["cudnn_bwd_bitwise_repeat"] = verify.bitwise_equal_runs(cudnn_bwd, runs=5)
             print(f"  cuDNN backward repeats bitwise: {entry['cudnn_bwd_bitwise_repeat']}", flush=True)
         if args.dq_routes:
-            entry["dq_routes"] = dq_routes(case, x)
+            entry["dq_routes"] = route_times(case, x)
         if args.dkdv_routes:
-            entry["dkdv_routes"] = dq_routes(case, x, ("tiles", "split"), dkdv_route, "dK/dV", "tiles")
+            entry["dkdv_routes"] = route_times(case, x, ("tiles", "split"), dkdv_route, "dK/dV", "tiles")
         if not args.configs:
             doc["cases"].append(entry)
             continue
