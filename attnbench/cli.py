@@ -402,8 +402,9 @@ def build_parser():
         p.add_argument("--op", action="append", help="operator (repeatable; default: all)")
         p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
         if cases:
-            p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, decode (flash) (default: tiny on CPU; "
-                                           "on CUDA check: gpu, bench and run: anchor)")
+            p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, decode (flash), tabpfn "
+                                           "(shared_context) (default: tiny on CPU; on CUDA check: gpu, bench and "
+                                           "run: anchor)")
             p.add_argument("--match", type=label_pattern, metavar="REGEX",
                            help="only the cases whose label matches (re.search), e.g. ' D(64|96) '")
             p.add_argument("--variant", action="append",

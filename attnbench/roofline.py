@@ -100,6 +100,28 @@ class Achieved:
     roofline_pct: float | None  # None without ceilings (CPU)
 
 
+# exp2 results per SM per clock on Hopper's special-function units (CUDA C++ Programming Guide, arithmetic
+# instruction throughput, compute capability 9.0). Softmax needs one per visible (row, key) pair; at small
+# head dims (shared_context's D 32) that, not the matmuls or the bytes, sets the least time.
+SFU_EXP2_PER_CLOCK = 16
+# The highest SM clock of the H100 and H200 (SXM), so that exp_floor_s is the least time the unit allows.
+MAX_SM_CLOCK_GHZ = 1.98
+
+
+def exp_floor_s(exps: float, multiprocessors: int, sm_clock_ghz: float = MAX_SM_CLOCK_GHZ) -> float:
+    """Seconds the special-function units need for ``exps`` exponentials at full rate on every SM."""
+    return exps / (multiprocessors * SFU_EXP2_PER_CLOCK * sm_clock_ghz * 1e9)
+
+
+def attainable_copy_pct(nbytes: float, copy_gbps: float, *floors_s: float) -> float:
+    """The largest % of the copy bandwidth a kernel that moves ``nbytes`` can show when it also needs at least
+    ``floors_s`` seconds of other work (the exponentials' exp_floor_s, the matmuls at the matmul ceiling): 100
+    where the bytes take longest, else the bytes' time over the longest floor (launch latency and every other
+    instruction ignored, so a true ceiling)."""
+    copy_s = nbytes / (copy_gbps * 1e9)
+    return 100.0 * copy_s / max(copy_s, *floors_s)
+
+
 def achieved(flops: float, nbytes: float, timing: Timing, ceil: Ceilings | None) -> Achieved:
     seconds = timing.median_ms / 1e3
     tflops, gbps = flops / seconds / 1e12, nbytes / seconds / 1e9

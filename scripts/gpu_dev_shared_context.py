@@ -29,13 +29,11 @@ import attnbench
 from attnbench import decisions, verify
 from attnbench.kernels import shared_context as kernels
 from attnbench.operators.shared_context import memory_traffic
-from attnbench.roofline import ceilings, machine_info
+from attnbench.roofline import ceilings, exp_floor_s, machine_info
 from attnbench.timing import measure
 
 OP = attnbench.get("shared_context")
 PREDICTED_TBPS = 3.75  # assumed achievable bandwidth: ~88% of the H200's measured 4.27 TB/s copy
-SFU_EXP2_PER_CLOCK = 16  # MUFU.EX2 results per SM per clock (Hopper)
-BOOST_GHZ = 1.98
 # Explicit launch configurations of the fused kernel to time beside the autotuned pick.
 FUSED_CONFIGS = [  # BLOCK_NB: buffer keys per step over the step's samples
     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128, num_warps=8, num_stages=3),
@@ -54,9 +52,9 @@ def predict(case, sms=132, matmul_tflops=700.0) -> dict:
     """What the fused kernel should take, from the cost model alone."""
     nbytes = OP.bytes(case, "fwd")
     flops = OP.flops(case, "fwd")
-    exps = flops / (4 * case.head_dim)  # one exponential per visible (row, key) pair
+    exps = OP.exponentials(case, "fwd")
     ms = {"bytes": nbytes / (PREDICTED_TBPS * 1e12) * 1e3, "flops": flops / (matmul_tflops * 1e12) * 1e3,
-          "exp": exps / (sms * SFU_EXP2_PER_CLOCK * BOOST_GHZ * 1e9) * 1e3}
+          "exp": exp_floor_s(exps, sms) * 1e3}
     binding = max(ms, key=ms.get)
     return {"min_bytes": nbytes, "flops": flops, "exps": exps, "floor_ms": ms, "predicted_ms": ms[binding],
             "binding": binding, "bytes_ms": ms["bytes"]}

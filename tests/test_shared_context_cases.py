@@ -10,7 +10,7 @@ from attnbench.operators.shared_context import (ANCHOR_SHAPES, TINY_SHAPES, UNUS
 OP = attnbench.get("shared_context")
 
 
-@pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "sweep"], ids=lambda s: f"set_{s}")
+@pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "sweep", "tabpfn"], ids=lambda s: f"set_{s}")
 def test_case_sets_non_empty_with_unique_labels(set_name):
     cases = OP.cases(set_name)
     assert cases and all(isinstance(c, SharedContextCase) for c in cases)
@@ -34,6 +34,17 @@ def test_tiny_set_covers_the_corners():
     assert {24, 80} <= {c.head_dim for c in cases}
     assert {1, 2} <= {c.seqlen_q for c in cases} and any(c.seqlen_q > 2 and c.causal for c in cases)
     assert any(c.batch * c.group * c.seqlen_q > 16 for c in cases)  # several row tiles
+
+
+def test_tabpfn_set_is_the_issues_whole_grid():
+    """Issue 7's TabPFN regime, every (B, Lq, Nctx, Nbuf) once, H4 D32 bf16 with full buffers."""
+    cases = OP.cases("tabpfn")
+    grid = {(c.batch, c.seqlen_q, c.n_ctx, c.n_buf) for c in cases}
+    assert len(cases) == len(grid) == 3 * 2 * 3 * 2
+    assert {b for b, *_ in grid} == {256, 1024, 4096} and {n for _, _, n, _ in grid} == {512, 2048, 10000}
+    assert all((c.heads_q, c.heads_kv, c.head_dim, c.dtype, c.lengths) == (4, 4, 32, "bfloat16", "full")
+               for c in cases)
+    assert OP.case_sets == ("tiny", "gpu", "anchor", "sweep", "tabpfn")
 
 
 def test_anchor_set_is_the_issues_regimes():

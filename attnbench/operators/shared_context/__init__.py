@@ -140,11 +140,18 @@ def _sweep():
             for b in (64, 256, 1024, 4096) for n_ctx in (512, 2048, 10000) for n_buf in (0, 32, 128)]
 
 
+def _tabpfn_grid():
+    """Issue 7's TabPFN regime, every point: B x Lq x Nctx x Nbuf at H4 D32 (bf16, buffers full)."""
+    return [SharedContextCase(b, 4, 4, lq, n_ctx, n_buf, 32)
+            for b in (256, 1024, 4096) for lq in (1, 2) for n_ctx in (512, 2048, 10000) for n_buf in (0, 32)]
+
+
 CASE_SETS = {
     "tiny": lambda: _cases(TINY_SHAPES, ("float32", "float16")),
     "gpu": lambda: _cases(GPU_SHAPES, ("bfloat16", "float16")),
     "anchor": lambda: _cases(ANCHOR_SHAPES, ("bfloat16",)),
     "sweep": _sweep,
+    "tabpfn": _tabpfn_grid,
 }
 
 
@@ -192,6 +199,7 @@ class SharedContextOperator(Operator):
     name = "shared_context"
     description = "attention over one context K/V shared by the batch plus per-sample buffers (decode step)"
     modes = ("fwd",)
+    case_sets = tuple(CASE_SETS)
     # the "x baseline" column: today's per-batch cache with the best backend there is
     baselines = ("per_batch_cudnn", "per_batch_flash", "reference")
     # what the shipped Triton path must beat by the decision rule (attnbench.decisions): the issue's
@@ -236,9 +244,12 @@ class SharedContextOperator(Operator):
                 "buf_lens": None if lens is None else lens.to(device)}
 
     def flops(self, case, mode):
+        return 4.0 * case.head_dim * self.exponentials(case, mode)
+
+    def exponentials(self, case, mode="fwd"):
+        """Softmax's exponentials: one per visible (query row, key) pair of every query head."""
         self.check_mode(mode)
-        pairs = case.batch * case.seqlen_q * case.n_ctx + case.buffer_pairs
-        return 4.0 * case.heads_q * case.head_dim * pairs
+        return float(case.heads_q * (case.batch * case.seqlen_q * case.n_ctx + case.buffer_pairs))
 
     def bytes(self, case, mode):
         self.check_mode(mode)
