@@ -119,7 +119,7 @@ def attainable_copy_pct(nbytes: float, copy_gbps: float, *floors_s: float) -> fl
     where the bytes take longest, else the bytes' time over the longest floor (launch latency and every other
     instruction ignored, so a true ceiling)."""
     copy_s = nbytes / (copy_gbps * 1e9)
-    return 100.0 * copy_s / max(copy_s, *floors_s)
+    return 100.0 * copy_s / max((copy_s, *floors_s))
 
 
 def achieved(flops: float, nbytes: float, timing: Timing, ceil: Ceilings | None) -> Achieved:

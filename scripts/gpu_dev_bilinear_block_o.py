@@ -43,14 +43,17 @@ for dtype in (torch.bfloat16, torch.float32):
                         fn = lambda x=x, y=y: sb.bilinear_launch(x, y, table.matrix32, info.out_size, split)  # noqa
                         out = fn()
                         ms = measure(fn, "cuda").median_ms
-                    except Exception:  # out of resources
+                    except triton.runtime.errors.OutOfResources:
                         continue
                     if cap not in best or ms < best[cap][0]:
                         best[cap] = (ms, f"w{shape['num_warps']} s{shape['num_stages']} n{blocks['BLOCK_N']} "
                                          f"c{blocks['BLOCK_C']}")
                     outs.setdefault(cap, out)
+            if 64 not in outs:
+                print(f"| L{l_max} C{channels} {str(dtype)[6:]} | no config ran at 64 rows |", flush=True)
+                continue
             ref = outs[64].float()
-            diff = max(float((outs[c].float() - ref).abs().max()) for c in CAPS) / float(ref.abs().max())
+            diff = max(float((o.float() - ref).abs().max()) for o in outs.values()) / float(ref.abs().max())
             label = f"L{l_max} C{channels} {str(dtype)[6:]}"
             cells = " | ".join(f"{best[c][0]:.3f} ({best[c][1]})" if c in best else "-" for c in CAPS)
             gains = " | ".join(f"{best[64][0] / best[c][0]:.2f}x" if c in best else "-" for c in CAPS[1:])

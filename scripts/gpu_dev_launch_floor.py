@@ -36,7 +36,7 @@ def main():
     out = {"device": torch.cuda.get_device_name()}
     for name, fn in (("empty_2_args", lambda: _empty[(1,)](x, 7)),
                      ("empty_48_args", lambda: _empty_wide[(132,)](x, *range(3, 50), B=16)),
-                     ("torch_empty_like_add", lambda: x.add(1.0))):
+                     ("torch_add_4kb", lambda: x.add(1.0))):
         t = measure(fn, "cuda")
         out[name + "_us"] = t.median_ms * 1e3
         print(f"{name}: {t.median_ms * 1e3:.2f} us (IQR {t.iqr_ms * 1e3:.2f})", flush=True)

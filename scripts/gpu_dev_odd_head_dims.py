@@ -112,6 +112,9 @@ def main():
         return
     dims = [int(x) for x in args.dims.split(",")]
     ops = args.ops.split(",")
+    unknown = set(ops) - {"flash", "decode", "jvp"}
+    if unknown:
+        ap.error(f"--ops: unknown {', '.join(sorted(unknown))} (flash, decode, jvp)")
     if "decode" in ops:
         decode(dims)
     if "jvp" in ops:

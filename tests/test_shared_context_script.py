@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.operators.shared_context import SharedContextCase
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,3 +39,66 @@ def test_script_runs_end_to_end_on_cpu(tmp_path, capsys):
     assert {"split", "fused[autotuned]", "fused[splits=3]"} <= names
     assert all(e["error"] < 1e-5 for e in case["entries"] if "error" in e)
     assert (tmp_path / "shared_context_decisions.md").exists()
+
+
+def _floors():
+    spec = importlib.util.spec_from_file_location("shared_context_floors", ROOT / "scripts/shared_context_floors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_floors_bound_the_copy_share_of_each_case(tmp_path, monkeypatch):
+    """scripts/shared_context_floors.py on a made-up report: the attainable share is the bytes' time over the longest
+    floor, the measured share and the speed over the fastest gated baseline on the same clock come from the rows."""
+    floors = _floors()
+    exp_bound = SharedContextCase(4096, 4, 4, 2, 10000, 0, 32)  # 9.4 MB against 328M exponentials
+    byte_bound = SharedContextCase(4096, 4, 4, 1, 512, 32, 32)  # 69.5 MB against 8.9M
+    rows = []
+    for case, triton_ms in ((exp_bound, 0.155), (byte_bound, 0.045)):
+        timed = (("triton", triton_ms, "cuda-events"), ("fold_flash", 2 * triton_ms, "cuda-events"),
+                 ("split", 9.0, "cuda-events"), ("fold_cudnn", 0.01, "cuda-events"),  # not a gated baseline
+                 ("expand0_flash", 0.001, "cuda-graph"))  # another clock: not comparable
+        for variant, ms, method in timed:
+            rows.append({"op": "shared_context", "case": case.label, "mode": "fwd", "variant": variant, "skipped": "",
+                         "timing": {"median_ms": ms, "method": method}})
+    rows.append({"op": "flash", "case": "B1", "mode": "fwd", "variant": "triton", "skipped": "",
+                 "timing": {"median_ms": 1.0, "method": "cuda-events"}})
+    report = {"format": 1, "status": "complete", "ceilings": {"copy_gbps": 3000.0, "matmul_tflops": 800.0},
+              "machine": {"multiprocessors": 132, "device_name": "test GPU"}, "bench": rows}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    monkeypatch.setattr(floors, "load", lambda p: json.loads(open(p).read()))  # the made-up report is not validated
+    monkeypatch.setattr("sys.argv", ["floors", str(path), "--markdown", str(tmp_path / "f.md")])
+    floors.main()
+    text = (tmp_path / "f.md").read_text()
+    by_case = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines() if line.startswith("| B")}
+    copy_s = floors.OP.bytes(exp_bound, "fwd") / 3000e9
+    exp_s = floors.exp_floor_s(floors.OP.exponentials(exp_bound, "fwd"), 132)
+    matmul_s = floors.OP.flops(exp_bound, "fwd") / 800e12
+    assert float(by_case[exp_bound.label][6].strip("*")) == pytest.approx(100 * copy_s / max(exp_s, matmul_s), abs=0.05)
+    assert by_case[byte_bound.label][6] == "100.0"
+    assert by_case[byte_bound.label][8] == f"{100 * floors.OP.bytes(byte_bound, 'fwd') / 3000e9 / 45e-6:.1f}"
+    assert by_case[byte_bound.label][9:11] == ["fold_flash", "2.00x |"]
+    assert "above what the floors allow (bold): 1 of 2 cases" in text and "Speed bar met: 2 of 2" in text
+    assert "B1" not in by_case  # another operator's rows are not shared_context cases
+    # twice the exponential rate and a faster matmul move the ceiling up; a launch floor moves it down
+    monkeypatch.setattr("sys.argv", ["floors", str(path), "--exp-rate-factor", "2", "--matmul-tflops", "1e6",
+                                     "--markdown", str(tmp_path / "g.md")])
+    floors.main()
+    faster = [line for line in (tmp_path / "g.md").read_text().splitlines() if line.startswith(f"| {exp_bound.label}")]
+    assert float(faster[0].split(" | ")[6].strip("*")) == pytest.approx(200 * copy_s / exp_s, abs=0.05)
+
+
+def test_floors_refuse_reports_without_shared_context_rows_or_ceilings(tmp_path, monkeypatch):
+    floors = _floors()
+    monkeypatch.setattr(floors, "load", lambda p: json.loads(open(p).read()))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"ceilings": {"copy_gbps": 1.0, "matmul_tflops": 1.0},
+                                 "machine": {"multiprocessors": 1}, "bench": []}))
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({"ceilings": None, "machine": {}, "bench": []}))
+    for path, message in ((empty, "no timed shared_context fwd rows"), (cpu, "no GPU ceilings")):
+        monkeypatch.setattr("sys.argv", ["floors", str(path)])
+        with pytest.raises(SystemExit, match=message):
+            floors.main()

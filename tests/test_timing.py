@@ -10,7 +10,8 @@ import triton
 import triton.testing
 
 from attnbench.kernels import interpreting
-from attnbench.roofline import Ceilings, achieved, calibrate, ceilings, machine_info, machine_slug
+from attnbench.roofline import (Ceilings, achieved, attainable_copy_pct, calibrate, ceilings, exp_floor_s, machine_info,
+                                machine_slug)
 from attnbench.runner import Progress
 from attnbench.timing import (CPU_MIN_SAMPLES, NOISY_IQR_FRACTION, Timing, comparable, measure, peak_memory_bytes,
                               summarize)
@@ -201,6 +202,18 @@ def test_achieved_without_gpu_timing_has_no_roofline():
     assert a.roofline_pct is None
     assert a.tflops == pytest.approx(25.0)  # throughput is still reported
     assert achieved(1e11, 5e8, Timing(4.0, 4.0, 4.0, 1, "cuda-events"), None).roofline_pct is None
+
+
+def test_exp_floor_and_attainable_copy_share():
+    # 132 SMs x 16 exp2 a clock x 2 GHz = 4.224e12 a second
+    assert exp_floor_s(4.224e12, 132, 2.0) == pytest.approx(1.0)
+    # 3 GB at 3000 GB/s take 1 ms: 100% while every other floor is shorter, their ratio once one is longer
+    assert attainable_copy_pct(3e9, 3000.0) == pytest.approx(100.0)
+    assert attainable_copy_pct(3e9, 3000.0, 0.5e-3, 0.9e-3) == pytest.approx(100.0)
+    assert attainable_copy_pct(3e9, 3000.0, 4e-3, 2e-3) == pytest.approx(25.0)
+    # an exp-bound attention: 1 MB (1/3 us) against 4.224e6 exponentials (1 us at 2 GHz): at most a third
+    exps = 4.224e6
+    assert attainable_copy_pct(1e6, 3000.0, exp_floor_s(exps, 132, 2.0)) == pytest.approx(100 / 3)
 
 
 def test_ceilings_and_calibrate_on_cpu():
