@@ -38,12 +38,16 @@ def picked(args):
     return [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
 
 
+def randn(shape, g):
+    return torch.randn(shape, device=DEV, dtype=torch.float16, generator=g)
+
+
 def forward_at_config(args):
     w, stages, bm, bn = (int(x) for x in args.config.split(","))
     for d in (int(x) for x in args.dims.split(",")):
         for nq, nk, causal in picked(args):
-            q = torch.randn(1, 2, nq, d, device=DEV, dtype=torch.float16)
-            k, v = (torch.randn(1, 2, nk, d, device=DEV, dtype=torch.float16) for _ in range(2))
+            g = torch.Generator(device=DEV).manual_seed(d)
+            q, k, v = randn((1, 2, nq, d), g), randn((1, 2, nk, d), g), randn((1, 2, nk, d), g)
             o = torch.empty_like(q)
             lse = torch.empty(1, 2, nq, device=DEV, dtype=torch.float32)
             block_d, block_d2 = head_dim_blocks(d)
@@ -57,10 +61,6 @@ def forward_at_config(args):
                                      torch.float64)
             print(f"config {args.config} D{d} Nq{nq} Nk{nk} {causal}: fwd error "
                   f"{verify.relative_error(o, ref['o']):.1e}", flush=True)
-
-
-def randn(shape, g):
-    return torch.randn(shape, device=DEV, dtype=torch.float16, generator=g)
 
 
 def decode(dims):
@@ -124,8 +124,7 @@ def main():
     for d in dims:
         for nq, nk, causal in picked(args):
             g = torch.Generator(device=DEV).manual_seed(d)
-            q = torch.randn(1, 2, nq, d, device=DEV, dtype=torch.float16, generator=g)
-            k, v = (torch.randn(1, 2, nk, d, device=DEV, dtype=torch.float16, generator=g) for _ in range(2))
+            q, k, v = randn((1, 2, nq, d), g), randn((1, 2, nk, d), g), randn((1, 2, nk, d), g)
             o, lse = flash_fwd(q, k, v, causal=causal)
             sync()
             offset = None if causal is None else 0
