@@ -34,6 +34,7 @@ from .offsets import slice_needs_copy
 from .outputs import new_output
 from .precision import accumulator_dtype, accumulator_torch_dtype
 from .small_matmul import small_matmul
+from .sparse_fused_dense import fused_dense_fits, fused_dense_launch
 from .tuning import autotune, cdiv, cfg, config_list, next_pow2
 
 __all__ = ["DENSE_OPS", "dense_product_launch", "gather_rows_launch", "gather_rows_kernel", "gram_stack",
@@ -41,6 +42,9 @@ __all__ = ["DENSE_OPS", "dense_product_launch", "gather_rows_launch", "gather_ro
 
 # the ops of the dense route, and the info table each reads
 DENSE_OPS = {"vecsca": "pairs1", "scavec": "pairs2", "inner": "gram"}
+# Both steps in one program (sparse_fused_dense.py) where the table has its matrix form and the sparse sizes are
+# small; tests turn it off to check the two-launch route on the same cases.
+FUSED = {"enabled": True}
 
 _CONFIGS = config_list(
     [cfg(4, 1, BLOCK_N=32, BLOCK_R=64), cfg(4, 1, BLOCK_N=16, BLOCK_R=128), cfg(8, 1, BLOCK_N=64, BLOCK_R=64)],
@@ -214,6 +218,9 @@ def dense_product_launch(op, x, y, table, out_size, x_shared, y_shared):
     x, y: [N, M, C...] or shared [M, C...]; ``table`` is the info's ``dense_rows[DENSE_OPS[op]]``."""
     dtype = x.dtype
     acc = accumulator_torch_dtype(dtype)
+    matrix = getattr(table, "matrix", None)
+    if FUSED["enabled"] and fused_dense_fits(op, x, y, matrix, out_size, x_shared, y_shared):
+        return fused_dense_launch(op, x, y, matrix, out_size, x_shared, y_shared)
     with on_device(x):
         if op == "inner":  # G[n] = x[n] @ y[n]^T, then z[n, o] = sum s G[n, i1, i2]
             gram = _gram(x, y.transpose(-1, -2), acc)

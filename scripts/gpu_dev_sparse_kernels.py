@@ -9,6 +9,7 @@
     python3 scripts/gpu_dev_sparse_kernels.py --fold-split [--json OUT.json] [--quick] [--no-peers]
     python3 scripts/gpu_dev_sparse_kernels.py --bilinear-route [--json OUT.json] [--quick] [--old-every-size]
     python3 scripts/gpu_dev_sparse_kernels.py --bilinear-baseline FILE [--json OUT.json] [--quick]
+    python3 scripts/gpu_dev_sparse_kernels.py --fused-dense [--json OUT.json] [--quick]
 
 FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
@@ -33,9 +34,12 @@ by default) over mul's anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) and L 2-3 C
 L at most 3 unless ``--old-every-size``, errors against float64 at N 1e4 up to L 4 (L 6's dense float64 einsum
 takes tens of GB; tests/test_gpu_sparse.py checks L 6). ``--bilinear-baseline FILE`` compares the bilinear route on
 this tree (``new``) with the same route on an earlier ``kernels/sparse_bilinear.py`` (``old``; one from before the
-scaled fp16 split through baseline_bilinear), over the same cases at every size. ``--match REGEX`` keeps the
-cases whose label matches (the route against the segment kernel on bf16 L 2 at both sizes: ``--dense-route
---match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
+scaled fp16 split through baseline_bilinear), over the same cases at every size. ``--fused-dense`` compares vecsca,
+scavec and inner with the dense route's two steps in one program (``new``: kernels/sparse_fused_dense.py) against its
+two launches (``old``: the fused kernels off), at L 2 and 3 (where they apply; ``--fused-max-rows 32``: L 4 too, the
+cap raised for the run), C 32 and 128, N 1e5 and 1e6, fp32 and bf16 (``--quick``: N 1e6 bf16 C 32 alone).
+``--match REGEX`` keeps the cases whose label matches (the route against the segment kernel on bf16 L 2 at both
+sizes: ``--dense-route --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
 measured copy bandwidth, and the new result's error against the old one (the same sums in the same order, so
 they should agree to rounding).
@@ -126,7 +130,7 @@ def anchor_cases(op, quick, shared=""):
 # the routes an "old" run turns off, by the name it passes as ``launchers``
 ROUTES_OFF = {"segment": triton_ops.dense_route, "outer-segment": triton_ops.outer_sum_by_dot,
               "fold-off": triton_ops.fold_route, "split-off": triton_ops.fold_split_matmul,
-              "bilinear-off": triton_ops.bilinear_route}
+              "bilinear-off": triton_ops.bilinear_route, "fused-off": triton_ops.fused_dense}
 
 
 def timed(case, x, mode, variant, launchers=None):
@@ -166,6 +170,9 @@ def main():
     parser.add_argument("--fold-split", action="store_true")
     parser.add_argument("--bilinear-route", action="store_true")
     parser.add_argument("--bilinear-baseline")
+    parser.add_argument("--fused-dense", action="store_true")
+    parser.add_argument("--fused-max-rows", type=int, default=None,
+                        help="--fused-dense: the fused kernels' padded row cap for the run (32: L 4 as well)")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--segment-ops", action="store_true",
                         help="with --baseline: mul at N 1e4-1e6 (the product kernel's cases), ALL_ROWS at any batch")
@@ -177,15 +184,27 @@ def main():
                         help="--dense-route, --outer-sum-route: time the segment kernel at N 1e5 too (slow)")
     args = parser.parse_args()
     comparisons = (args.dense_route, args.outer_sum_route, args.fold_route, args.fold_split, args.baseline,
-                   args.dense_baseline, args.bilinear_route, args.bilinear_baseline)
+                   args.dense_baseline, args.bilinear_route, args.bilinear_baseline, args.fused_dense)
     if sum(bool(c) for c in comparisons) != 1:
         parser.error("give one of --baseline FILE, --dense-route, --dense-baseline FILE, --outer-sum-route, "
-                     "--fold-route, --fold-split, --bilinear-route and --bilinear-baseline FILE")
+                     "--fold-route, --fold-split, --bilinear-route, --bilinear-baseline FILE and --fused-dense")
     if args.bilinear_route or args.bilinear_baseline:
         old_launchers = ("bilinear", baseline_bilinear(args.bilinear_baseline)) if args.bilinear_baseline \
             else "bilinear-off"
         case_list = anchor_cases("mul", args.quick) + [SparseCase("mul", l_max, 1_000_000, 32, dtype)
                                                        for dtype in ("float32", "bfloat16") for l_max in (2, 3)]
+    elif args.fused_dense:
+        old_launchers = "fused-off"
+        levels = (2, 3)
+        if args.fused_max_rows:
+            from attnbench.kernels import sparse_fused_dense
+            sparse_fused_dense.FUSED_ROWS["max"] = args.fused_max_rows
+            levels = (2, 3, 4) if args.fused_max_rows >= 32 else levels
+        case_list = [SparseCase(op, l_max, batch, channels, dtype) for dtype in ("bfloat16", "float32")
+                     for batch in (1_000_000, 100_000) for op in ("vecsca", "scavec", "inner") for l_max in levels
+                     for channels in (32, 128)]
+        if args.quick:
+            case_list = [c for c in case_list if c.batch == 1_000_000 and c.dtype == "bfloat16" and c.channels == 32]
     elif args.fold_split:
         # new: the split kernel at every size (the default stops at max_entries); old turns it off
         triton_ops.SPLIT_MATMUL.update(enabled=True, max_entries=float("inf"))
@@ -222,7 +241,7 @@ def main():
         oracle = None
         # the float64 einsum reference, every mode's outputs
         checked = (args.dense_route or args.dense_baseline or args.outer_sum_route or args.fold_route or args.fold_split
-                   or args.bilinear_route or args.bilinear_baseline)
+                   or args.bilinear_route or args.bilinear_baseline or args.fused_dense)
         bilinear = args.bilinear_route or args.bilinear_baseline
         if checked and case.batch <= 10_000 and not (bilinear and case.l_max > 4):  # L 6: GPU tests
             try:
@@ -281,14 +300,15 @@ def main():
 
 def autotuner_picks():
     """The config each sparse kernel's autotuner chose, per tuning key, in this process (this tree's kernels)."""
-    from attnbench.kernels import (small_matmul, sparse_bilinear, sparse_dense, sparse_outer_sum, sparse_segment,
-                                   split_matmul)
+    from attnbench.kernels import (small_matmul, sparse_bilinear, sparse_dense, sparse_fused_dense, sparse_outer_sum,
+                                   sparse_segment, split_matmul)
 
     kernels = {"scale": sparse_segment.sparse_scale_kernel, "scale_rows": sparse_segment.sparse_scale_rows_kernel,
                "product": sparse_segment.sparse_product_kernel,
                "outer_sum": sparse_outer_sum.outer_sum_kernel, "gather_rows": sparse_dense.gather_rows_kernel,
                "small_matmul": small_matmul.small_matmul_kernel, "gram_stack": sparse_dense.gram_stack_kernel,
-               "split_matmul": split_matmul.split_matmul_kernel, "bilinear": sparse_bilinear.bilinear_kernel}
+               "split_matmul": split_matmul.split_matmul_kernel, "bilinear": sparse_bilinear.bilinear_kernel,
+               "scaled_rows": sparse_fused_dense.scaled_rows_kernel, "gram_rows": sparse_fused_dense.gram_rows_kernel}
     return {f"{name} {key}": str(config) for name, kernel in kernels.items()
             for key, config in getattr(kernel, "cache", {}).items()}
 

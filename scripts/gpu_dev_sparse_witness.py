@@ -2,12 +2,13 @@
 """Odd-size witnesses for the sparse product kernel's GPU-only paths, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck python3 scripts/gpu_dev_sparse_witness.py [--device cpu --batch 7] [--scale-only]
-        [--all-rows]
+        [--fused-only] [--all-rows]
 
 The CPU gate's tiny batches never split an out_accumulated product over batch ranges on a GPU (a range is 256
 items at least there), and the tl.dot route's tiles are 16 wide and more. Here every op runs with the batch sum
 on a batch of 3001 (several ranges, a ragged last one), without it, and with a shared operand on odd channel counts
-(17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), mul on its bilinear route
+(17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), vecsca, scavec and inner on
+the fused dense kernels (CG L 2 and 3; fp16 too), mul on its bilinear route
 (kernels/sparse_bilinear.py) where the held operand pads to 32 and 64 rows and the output spans two row tiles, and
 SparseScale on [M, C] (odd M, channels folded into lines and not), in fp32 and bf16, each against the split
 implementation in float64. Exits 1 on a mismatch.
@@ -33,6 +34,7 @@ def main():
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=3001)
     parser.add_argument("--scale-only", action="store_true", help="SparseScale's witnesses only")
+    parser.add_argument("--fused-only", action="store_true", help="the fused dense kernels' witnesses only")
     parser.add_argument("--all-rows", action="store_true",
                         help="the product kernel's ALL_ROWS route (a program walks every row): every op, any batch")
     args = parser.parse_args()
@@ -58,7 +60,7 @@ def main():
         if not error <= (1e-5 if dtype == torch.float32 else 2e-2):
             failed.append(f"{label} {dtype}: {error:.2e}")
     for dtype in (torch.float32, torch.bfloat16):
-        for op, (rank_x, rank_y, _) in () if args.scale_only else CHANNEL_RANKS.items():
+        for op, (rank_x, rank_y, _) in () if args.scale_only or args.fused_only else CHANNEL_RANKS.items():
             for shared_x, shared_y, accumulated in ((False, False, True), (False, False, False), (False, True, False),
                                                     (True, False, False)):
                 for channels in (17, 33):
@@ -72,7 +74,9 @@ def main():
     # rows: a 64-row tile); y held, then x (the operand with fewer rows is held)
     bilinear = [random_product_infos(37, 23, 70, 4000, gen, device=args.device)[0],
                 random_product_infos(23, 37, 70, 4000, gen, device=args.device)[0]]
-    if args.device == "cuda":
+    if args.fused_only:
+        bilinear = []
+    elif args.device == "cuda":
         bilinear.append(cg_product_infos(6, 6, 6, device=args.device)[0])
     for dtype in (torch.float32, torch.bfloat16):
         for mul_info in bilinear:
@@ -89,11 +93,25 @@ def main():
                     z = sparse_product_triton("mul", x, y, mul_info)
                 check(f"mul bilinear {mul_info.size1} x {mul_info.size2} -> {mul_info.out_size} shared x/y "
                       f"{shared_x}/{shared_y}", z, sparse_product_split("mul", x.double(), y.double(), mul_info), dtype)
+    # vecsca, scavec and inner with the dense route's two steps in one program (kernels/sparse_fused_dense.py): CG L 2
+    # and 3 (9 and 16 rows), one operand shared or none, odd channels, fp16 too (its hi + lo split of M)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for l_max in (2, 3) if not args.scale_only else ():
+            fused_info = cg_product_infos(l_max, l_max, l_max, device=args.device)[0]
+            for op in ("vecsca", "scavec", "inner"):
+                rank_x, rank_y, _ = CHANNEL_RANKS[op]
+                for shared_x, shared_y in ((False, False), (False, True), (True, False)):
+                    x = operand(shared_x, fused_info.size1, 17, rank_x, dtype, gen)
+                    y = operand(shared_y, fused_info.size2, 17, rank_y, dtype, gen)
+                    with poisoned_outputs():
+                        z = sparse_product_triton(op, x, y, fused_info)
+                    check(f"{op} fused CG L {l_max} shared x/y {shared_x}/{shared_y}", z,
+                          sparse_product_split(op, x.double(), y.double(), fused_info), dtype)
     # SparseScale on [M, C] (a batch of one): wide channels fold into lines (kernels/sparse_segment.channel_line),
     # many terms a row (a segment sum) and one (its transpose, the backward's gather); odd M, foldable and not
     for dtype in (torch.float32, torch.bfloat16):
         rows = args.batch  # M (odd) into M // 30 + 1 segments, and the transpose
-        for info in random_scale_infos(rows, rows // 30 + 1, rows, gen, device=args.device):
+        for info in [] if args.fused_only else random_scale_infos(rows, rows // 30 + 1, rows, gen, device=args.device):
             for channels in (48, 96, 2048, 17) if args.device == "cuda" else (48, 17):  # the interpreter: small
                 x = torch.randn(info.in_size, channels, generator=gen, dtype=torch.float64).to(args.device, dtype)
                 with poisoned_outputs():  # an output element the kernel forgets (an empty row's zeros) is NaN

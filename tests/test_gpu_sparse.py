@@ -42,7 +42,7 @@ import attnbench
 from attnbench import verify
 from attnbench.verify import gamma
 from attnbench.kernels import outputs as kernel_outputs
-from attnbench.kernels import sparse_bilinear, sparse_segment
+from attnbench.kernels import sparse_bilinear, sparse_fused_dense, sparse_segment
 from attnbench.kernels.sparse_outer_sum import outer_sum_kernel
 from attnbench.kernels.sparse_segment import product_out_shape
 from attnbench.operators.sparse import SparseCase, peers
@@ -524,6 +524,68 @@ def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only
     launches = spy_kernel(sparse_bilinear, "bilinear_kernel")
     check_against_oracle(case, dtype, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
     assert launches.launches >= 5 if routed else not launches.launches  # z, gx, gy, and the double backward's
+
+
+# vecsca, scavec and inner with both steps of the dense route in one program (kernels/sparse_fused_dense.py): CG L 2
+# and 3 (9 and 16 rows: one padded tile), batches not a multiple of a program's samples, channels not a multiple of
+# the channel tile (37, 33) or below it (5). inner at L 2 (a 9 x 9 Gram grid) and fp32 keep the two launches.
+FUSED_CASES = sized([
+    ProductCase("vecsca", cg(3), 30_001, (37,), ()),
+    ProductCase("scavec", cg(3), 30_001, (), (128,)),
+    ProductCase("inner", cg(3), 30_001, (33,), (33,)),
+    ProductCase("vecsca", cg(2), 10_007, (5,), ()),
+    ProductCase("scavec", cg(2), 10_007, (), (32,)),
+])
+
+
+@pytest.mark.parametrize("case,dtype", [(c, d) for c in FUSED_CASES for d in DTYPES + (torch.float16,)],
+                         ids=lambda v: v.label if hasattr(v, "label") else str(v)[6:])
+def test_fused_dense_route_matches_float64_to_second_order(case, dtype, triton_only, spy_kernel):
+    """vecsca's derivatives are a scavec and an inner (and theirs the same family): in 16 bits every mode takes the
+    fused kernels (spies count their launches: at least the forward's, one a backward, two a double backward, where
+    L 2's inner products keep two launches), M entering as hi + lo; fp32 keeps the two launches. Each output is held
+    to the float64 bound."""
+    scaled = spy_kernel(sparse_fused_dense, "scaled_rows_kernel")
+    gram = spy_kernel(sparse_fused_dense, "gram_rows_kernel")
+    check_against_oracle(case, dtype, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
+    fused = scaled.launches + gram.launches
+    if dtype == torch.float32:
+        assert fused == 0 or DRYRUN  # (the dry run's interpreter upcasts bf16, and its fp32 does not fuse either)
+    else:
+        assert fused >= 4 or DRYRUN
+
+
+@pytest.mark.parametrize("op", ["vecsca", "scavec", "inner"])
+def test_fused_dense_route_in_float64_and_against_two_launches(op, triton_only, spy_kernel):
+    """fp64 through the fused kernels (3-D fp64 dots) within 1e-12 of the reference on a batch-innermost x (strides,
+    not a compact copy's); fp32, on the two launches, and the fused kernels forced on for it, within fp32's bound."""
+    infos = cg_product_infos(3, 3, 3, device=DEVICE)
+    rank_x, rank_y, _ = CHANNEL_RANKS[op]
+    generator = torch.Generator(device=DEVICE).manual_seed(7)
+    n, c = (5, 3) if DRYRUN else (3001, 19)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=generator, device=DEVICE, dtype=torch.float64)
+
+    x = randn(16, *(c,) * rank_x, n).movedim(-1, 0)  # [N, 16, C...] with the batch innermost in memory
+    y = randn(n, 16, *(c,) * rank_y)
+    launches = spy_kernel(sparse_fused_dense, "gram_rows_kernel" if op == "inner" else "scaled_rows_kernel")
+    z = sparse_product(op, x, y, infos)
+    expected = sparse_product_reference(op, x, y, infos[0])
+    torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12)
+    z32 = sparse_product(op, x.float(), y.float(), infos)
+    assert launches.launches == 1  # fp32: two launches
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sparse_fused_dense, "FUSED_DTYPES", sparse_fused_dense.FUSED_DTYPES + (torch.float32,))
+        forced = sparse_product(op, x.float(), y.float(), infos)
+    assert launches.launches == 2
+    # fp32 sums along a path of at most (a table row, 16 terms; the contraction, 16 rows or C channels) + 3
+    # roundings, the output's one: gamma_m(u32) of the absolute values' result
+    info = infos[0]
+    magnitude = sparse_product_reference(op, x.abs(), y.abs(), dataclasses.replace(info, scale=info.scale.abs()))
+    bound = (gamma(16 + max(16, c) + 3, U32) + U32) * magnitude
+    for name, got in (("two launches", z32), ("fused", forced)):
+        assert ((got.double() - expected).abs() <= bound).all(), name
 
 
 def test_bilinear_route_row_offsets_past_int32(triton_only):

@@ -10,11 +10,11 @@ import dataclasses
 import pytest
 import torch
 
-from attnbench.kernels import sparse_dense
+from attnbench.kernels import sparse_dense, sparse_fused_dense
 from attnbench.sparse import (CHANNEL_RANKS, product_infos, random_product_infos, sparse_product,
                               sparse_product_reference, use_implementation)
 from attnbench.sparse.info import DENSE_GRID_PER_TERM, GATHER_MATRIX_PER_TERM, product_terms
-from attnbench.sparse.triton_ops import dense_route, gather_by_matmul
+from attnbench.sparse.triton_ops import dense_route, fused_dense, gather_by_matmul
 
 pytestmark = pytest.mark.interpreter
 
@@ -34,12 +34,14 @@ def infos():
 
 @pytest.fixture
 def gathers(monkeypatch):
-    """The dense route's per-sample sums, one entry a launch: True where they ran as a GEMM on the table's
-    matrix form, False where on the CSR gather kernel."""
+    """The dense route's launches, one entry each: "fused" for both steps in one program (sparse_fused_dense.py),
+    else its per-sample sums: "gemm" where they ran as a GEMM on the table's matrix form, "gather_kernel" where on
+    the CSR gather kernel."""
     calls = []
-    launch = sparse_dense.gather_rows_launch
-    monkeypatch.setattr(sparse_dense, "gather_rows_launch",
-                        lambda *a: calls.append(getattr(a[1], "matrix", None) is not None) or launch(*a))
+    launch, fused = sparse_dense.gather_rows_launch, sparse_dense.fused_dense_launch
+    monkeypatch.setattr(sparse_dense, "gather_rows_launch", lambda *a: calls.append(
+        "gemm" if getattr(a[1], "matrix", None) is not None else "gather_kernel") or launch(*a))
+    monkeypatch.setattr(sparse_dense, "fused_dense_launch", lambda *a: calls.append("fused") or fused(*a))
     return calls
 
 
@@ -54,10 +56,12 @@ def inputs(op, shared_x, shared_y, info, batch=3, channels=3, dtype=torch.float6
     return tensor(shared_x, info.size1, rank_x), tensor(shared_y, info.size2, rank_y)
 
 
-@pytest.fixture(params=[True, False], ids=["gemm", "gather_kernel"])
-def gather_route(request):
-    """The per-sample sums as a GEMM on the tables' matrix form, or on the CSR gather kernel."""
-    with gather_by_matmul(request.param):
+@pytest.fixture(params=["fused", "gemm", "gather_kernel"])
+def gather_route(request, monkeypatch):
+    """Both steps in one program (the default for fp64 at these sizes; inner's thin Gram grids let in too), or two
+    launches with the per-sample sums as a GEMM on the tables' matrix form or on the CSR gather kernel."""
+    monkeypatch.setitem(sparse_fused_dense.FUSED_ROWS, "inner_fill", 0.0)
+    with gather_by_matmul(request.param != "gather_kernel"), fused_dense(request.param == "fused"):
         yield request.param
 
 
@@ -97,7 +101,9 @@ def test_tables_regroup_every_term(infos):
 def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers, gather_route):
     x, y = inputs(op, *SHARING[sharing], infos[0])
     z = _triton(op, x, y, infos)
-    assert gathers and all(g == gather_route for g in gathers), gathers
+    # both operands shared: one output matrix, no batch for the fused kernels' programs
+    expected_route = "gemm" if gather_route == "fused" and sharing == "shared_both" else gather_route
+    assert gathers and all(g == expected_route for g in gathers), gathers
     with dense_route(False):
         segment = _triton(op, x, y, infos)
     expected = sparse_product_reference(op, x, y, infos[0])
@@ -137,7 +143,7 @@ def test_gradcheck_and_gradgradcheck(op, gathers, gather_route, triton_only):
     forward = _triton(op, x, y, infos)
     forward_launches = len(gathers)
     assert torch.autograd.gradcheck(lambda a, b: sparse_product(op, a, b, infos), (x, y), fast_mode=True)
-    if gather_route:
+    if gather_route != "gather_kernel":
         assert torch.autograd.gradgradcheck(lambda a, b: sparse_product(op, a, b, infos), (x, y), fast_mode=True)
     assert forward_launches and all(g == gather_route for g in gathers)
     # the first derivatives on the route too: a backward makes at least as many route launches as a forward
@@ -201,7 +207,7 @@ def test_thin_table_has_no_matrix_form(gathers):
     x, y = inputs("vecsca", False, False, infos[0], batch=2, channels=2)
     torch.testing.assert_close(_triton("vecsca", x, y, infos), sparse_product_reference("vecsca", x, y, infos[0]),
                                rtol=1e-12, atol=1e-12)
-    assert gathers and not any(gathers), "the dense route's gather kernel did not run"
+    assert gathers and all(g == "gather_kernel" for g in gathers), gathers
 
 
 @pytest.mark.parametrize("rows", [SIZES[0], sparse_dense.GRAM_STACK_ROWS + 1])
@@ -294,3 +300,25 @@ def test_gram_stack_reads_strided_operands():
     y = torch.randn(6, 9, 32, generator=generator)
     torch.testing.assert_close(sparse_dense.gram_stack(x, y.transpose(-1, -2)).double(),
                                x.double() @ y.double().transpose(-1, -2), rtol=0, atol=1e-5)
+
+
+def test_fused_kernels_take_small_grids_in_16_bit_and_fp64():
+    """The fused kernels' rule (kernels/sparse_fused_dense.fused_dense_fits): a matrix form, a batched operand, sizes
+    padding to at most 16 rows, bf16, fp16 or fp64 (fp32 measured behind in backward), and for inner a Gram grid
+    filling half its padded tile (CG L 2's 9 x 9 ran 0.83x)."""
+    fits = sparse_fused_dense.fused_dense_fits
+    matrix = torch.ones(1)
+
+    def meta(shape, dtype):
+        return torch.empty(shape, device="meta", dtype=dtype)
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        assert fits("vecsca", meta((8, 9, 32), dtype), meta((8, 9), dtype), matrix, 9, False, False)
+        assert fits("scavec", meta((9,), dtype), meta((8, 16, 32), dtype), matrix, 16, True, False)
+        assert fits("inner", meta((8, 16, 32), dtype), meta((8, 12, 32), dtype), matrix, 16, False, False)
+        assert not fits("inner", meta((8, 9, 32), dtype), meta((8, 9, 32), dtype), matrix, 9, False, False)
+        assert not fits("vecsca", meta((8, 17, 32), dtype), meta((8, 9), dtype), matrix, 9, False, False)
+        assert not fits("vecsca", meta((8, 9, 32), dtype), meta((8, 9), dtype), matrix, 17, False, False)
+        assert not fits("vecsca", meta((9, 32), dtype), meta((9,), dtype), matrix, 9, True, True)
+        assert not fits("vecsca", meta((8, 9, 32), dtype), meta((8, 9), dtype), None, 9, False, False)
+    assert not fits("vecsca", meta((8, 9, 32), torch.float32), meta((8, 9), torch.float32), matrix, 9, False, False)

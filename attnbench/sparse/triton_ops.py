@@ -22,6 +22,7 @@ from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.offsets import INT32_MAX
 from ..kernels.sparse_bilinear import MAX_HELD, bilinear_launch
 from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
+from ..kernels.sparse_dense import FUSED as FUSED_DENSE
 from ..kernels.sparse_fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
 from ..kernels.sparse_outer_sum import outer_sum_launch
 from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
@@ -29,7 +30,7 @@ from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_ou
 from ..kernels.tuning import next_pow2
 
 __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul",
-           "outer_sum_by_dot", "fold_route", "fold_split_matmul", "bilinear_route"]
+           "outer_sum_by_dot", "fused_dense", "fold_route", "fold_split_matmul", "bilinear_route"]
 
 # vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
@@ -92,6 +93,13 @@ def gather_by_matmul(enabled: bool):
     """Within the block, the dense route's per-sample sums run as a GEMM on the table's matrix form where it has
     one (the default) or on the CSR gather kernel."""
     return _switched(GATHER_BY_MATMUL, enabled)
+
+
+def fused_dense(enabled: bool):
+    """Within the block, the dense route runs both steps in one program (kernels/sparse_fused_dense.py) where the
+    table has its matrix form (and ``gather_by_matmul`` is on) and the sparse sizes are small (the default), or as
+    two launches with the per-sample matrices in memory."""
+    return _switched(FUSED_DENSE, enabled)
 
 
 def outer_sum_by_dot(enabled: bool):
