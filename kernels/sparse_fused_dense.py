@@ -36,9 +36,10 @@ __all__ = ["FUSED_ROWS", "fused_dense_launch", "fused_dense_fits", "scaled_rows_
 FUSED_ROWS = {"max": 16, "inner_fill": 0.5}
 # Measured on the H100 against the two launches, N 1e6, CG L 2-3, C 32 and 128 (results/gpu/nvidia-h100/sparse-
 # fused-dense-*): bf16 vecsca and scavec 1.12x-2.02x in every mode; inner 1.10x-2.00x at L 3 but its forward 0.83x-0.84x
-# at L 2, whose 9 x 9 Gram grid fills 32% of the 16 x 16 tile (hence "inner_fill"). fp32 ran 0.92x-1.31x, behind in
-# most backward rows (0.92x-0.96x; the ops not timed apart), so fp32 keeps the two launches. fp64 takes the fused
-# kernels (exact: the gradcheck path; not timed); fp16 runs bf16's code.
+# at L 2, whose 9 x 9 Gram grid fills 32% of the 16 x 16 tile (hence "inner_fill"); inner at L 3 1.31x-2.01x. fp32 ran
+# 0.92x-1.31x, behind in most backward rows (0.92x-0.96x), but that run held the Gram kernel to one config (a pruner
+# bug, since fixed); after the fix fp32 vecsca L 3 C 32 ran 1.10x-1.32x, the rest not measured again: fp32 keeps the
+# two launches until it is. fp64 takes the fused kernels (exact: the gradcheck path; not timed); fp16 runs bf16's code.
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float64)
 # fp32 registers a thread for the program's M (or G): configs over this are dropped (the rest of the state spills)
 MATRIX_REGISTERS = 64
@@ -53,19 +54,22 @@ _CONFIGS = config_list(
 
 
 def _prune(configs, named_args, **constexprs):
-    """Channel tiles no wider than the channels (16 at least: tl.dot's smallest dim), and the program's matrix at
-    most MATRIX_REGISTERS a thread; where none passes, the config of the fewest; ATTNBENCH_AUTOTUNE=0: the first."""
+    """Channel tiles no wider than the channels (16 at least: tl.dot's smallest dim), and the program's matrix (M:
+    BLOCK_O x BLOCK_V a sample; G: BLOCK_1 x BLOCK_2) at most MATRIX_REGISTERS a thread; where none passes, the
+    fitting channel tile of the fewest registers; ATTNBENCH_AUTOTUNE=0: the first."""
     if interpreting():
         return configs
     widest = max(16, next_pow2(named_args["C"]))
-    grid = constexprs.get("BLOCK_O", 1) * constexprs.get("BLOCK_V", 1) * constexprs.get("BLOCK_1", 1) * \
-        constexprs.get("BLOCK_2", 1)
+    if "BLOCK_V" in constexprs:
+        grid = constexprs["BLOCK_O"] * constexprs["BLOCK_V"]
+    else:
+        grid = constexprs["BLOCK_1"] * constexprs["BLOCK_2"]
 
     def registers(c):
         return c.kwargs["BLOCK_N"] * grid / (32 * c.num_warps)
 
-    kept = [c for c in configs if c.kwargs["BLOCK_C"] <= widest and registers(c) <= MATRIX_REGISTERS]
-    kept = kept or [min(configs, key=registers)]
+    narrow = [c for c in configs if c.kwargs["BLOCK_C"] <= widest] or configs
+    kept = [c for c in narrow if registers(c) <= MATRIX_REGISTERS] or [min(narrow, key=registers)]
     return kept if autotune_enabled() else kept[:1]
 
 

@@ -37,7 +37,8 @@ this tree (``new``) with the same route on an earlier ``kernels/sparse_bilinear.
 scaled fp16 split through baseline_bilinear), over the same cases at every size. ``--fused-dense`` compares vecsca,
 scavec and inner with the dense route's two steps in one program (``new``: kernels/sparse_fused_dense.py) against its
 two launches (``old``: the fused kernels off), at L 2 and 3 (where they apply; ``--fused-max-rows 32``: L 4 too, the
-cap raised for the run), C 32 and 128, N 1e5 and 1e6, fp32 and bf16 (``--quick``: N 1e6 bf16 C 32 alone).
+cap raised for the run; ``--fused-fp32``: fp32 through them too), C 32 and 128, N 1e5 and 1e6, fp32 and bf16
+(``--quick``: N 1e6 bf16 C 32 alone).
 ``--match REGEX`` keeps the cases whose label matches (the route against the segment kernel on bf16 L 2 at both
 sizes: ``--dense-route --match 'L2 .* bf16' --old-every-size --no-peers``). Each row gives the medians (CUDA events, L2
 flushed), new/old and new/split, the new kernels' GB/s on the operator's minimum-bytes model as % of the
@@ -171,6 +172,7 @@ def main():
     parser.add_argument("--bilinear-route", action="store_true")
     parser.add_argument("--bilinear-baseline")
     parser.add_argument("--fused-dense", action="store_true")
+    parser.add_argument("--fused-fp32", action="store_true", help="--fused-dense: fp32 through the fused kernels too")
     parser.add_argument("--fused-max-rows", type=int, default=None,
                         help="--fused-dense: the fused kernels' padded row cap for the run (32: L 4 as well)")
     parser.add_argument("--no-peers", action="store_true")
@@ -196,6 +198,9 @@ def main():
     elif args.fused_dense:
         old_launchers = "fused-off"
         levels = (2, 3)
+        if args.fused_fp32:
+            from attnbench.kernels import sparse_fused_dense
+            sparse_fused_dense.FUSED_DTYPES += (torch.float32,)
         if args.fused_max_rows:
             from attnbench.kernels import sparse_fused_dense
             sparse_fused_dense.FUSED_ROWS["max"] = args.fused_max_rows

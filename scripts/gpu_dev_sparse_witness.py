@@ -93,8 +93,9 @@ def main():
                     z = sparse_product_triton("mul", x, y, mul_info)
                 check(f"mul bilinear {mul_info.size1} x {mul_info.size2} -> {mul_info.out_size} shared x/y "
                       f"{shared_x}/{shared_y}", z, sparse_product_split("mul", x.double(), y.double(), mul_info), dtype)
-    # vecsca, scavec and inner with the dense route's two steps in one program (kernels/sparse_fused_dense.py): CG L 2
-    # and 3 (9 and 16 rows), one operand shared or none, odd channels, fp16 too (its hi + lo split of M)
+    # vecsca, scavec and inner on the dense route at CG L 2 and 3 (9 and 16 rows), one operand shared or none, odd
+    # channels: in 16 bits both steps in one program (kernels/sparse_fused_dense.py; not inner at L 2), fp32 on two
+    # launches
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for l_max in (2, 3) if not args.scale_only else ():
             fused_info = cg_product_infos(l_max, l_max, l_max, device=args.device)[0]
@@ -105,7 +106,7 @@ def main():
                     y = operand(shared_y, fused_info.size2, 17, rank_y, dtype, gen)
                     with poisoned_outputs():
                         z = sparse_product_triton(op, x, y, fused_info)
-                    check(f"{op} fused CG L {l_max} shared x/y {shared_x}/{shared_y}", z,
+                    check(f"{op} dense route CG L {l_max} shared x/y {shared_x}/{shared_y}", z,
                           sparse_product_split(op, x.double(), y.double(), fused_info), dtype)
     # SparseScale on [M, C] (a batch of one): wide channels fold into lines (kernels/sparse_segment.channel_line),
     # many terms a row (a segment sum) and one (its transpose, the backward's gather); odd M, foldable and not

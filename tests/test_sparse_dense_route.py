@@ -112,12 +112,13 @@ def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers, gathe
     torch.testing.assert_close(z, segment, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("op", OPS)
 def test_low_precision(infos, op, dtype, gather_route):
     """Error bound, not a measured tolerance: the output rounds once to ``dtype`` (eps/2 of sum|terms|) after fp32
     sums of at most ``chain`` terms (a row of the table, then the matrix product's contraction), each adding at
-    most eps32 of sum|terms|. bf16 runs as an fp32 upcast on the interpreter; the GPU tests check M's rounding."""
+    most eps32 of sum|terms|. bf16 runs as an fp32 upcast on the interpreter; fp16 does not, so under "fused" it
+    runs the fused kernels' hi + lo split of M (the GPU tests check bf16's)."""
     x, y = inputs(op, False, False, infos[0], dtype=dtype, seed=2)
     z = _triton(op, x, y, infos)
     assert z.dtype == dtype
@@ -322,3 +323,19 @@ def test_fused_kernels_take_small_grids_in_16_bit_and_fp64():
         assert not fits("vecsca", meta((9, 32), dtype), meta((9,), dtype), matrix, 9, True, True)
         assert not fits("vecsca", meta((8, 9, 32), dtype), meta((8, 9), dtype), None, 9, False, False)
     assert not fits("vecsca", meta((8, 9, 32), torch.float32), meta((8, 9), torch.float32), matrix, 9, False, False)
+
+
+def test_fused_pruner_keeps_configs_by_the_programs_matrix(monkeypatch):
+    """The register rule counts the matrix each kernel holds (M: BLOCK_O x BLOCK_V; G: BLOCK_1 x BLOCK_2, not
+    times the output's BLOCK_O) and the channel tile no wider than the channels; ATTNBENCH_AUTOTUNE=0 the first."""
+    monkeypatch.setattr(sparse_fused_dense, "interpreting", lambda: False)
+    configs = [sparse_fused_dense.cfg(w, st, BLOCK_N=n, BLOCK_C=c) for w, st, n, c in sparse_fused_dense._SHAPES]
+    prune = sparse_fused_dense._prune
+    for grid in ({"BLOCK_S": 16, "BLOCK_V": 16, "BLOCK_O": 16}, {"BLOCK_1": 16, "BLOCK_2": 16, "BLOCK_O": 16}):
+        kept = prune(configs, {"C": 128}, **grid)
+        assert len(kept) == len(configs)  # 16 x 256 / 128 threads = 32 registers at most
+        assert [c.kwargs["BLOCK_C"] for c in prune(configs, {"C": 5}, **grid)] == [16]
+    wide = prune(configs, {"C": 128}, BLOCK_1=32, BLOCK_2=32, BLOCK_O=16)  # L 4: 1024 a sample
+    assert wide and all(c.kwargs["BLOCK_N"] * 1024 / (32 * c.num_warps) <= 64 for c in wide)
+    monkeypatch.setenv("ATTNBENCH_AUTOTUNE", "0")
+    assert prune(configs, {"C": 128}, BLOCK_1=16, BLOCK_2=16, BLOCK_O=16) == configs[:1]
