@@ -25,8 +25,7 @@ from .launch import on_device
 from .offsets import INT32_MAX, offset_span
 from .outputs import new_output
 from .precision import accumulator_dtype, dot_precision
-from . import interpreting
-from .tuning import autotune, autotune_enabled, cdiv, cfg, config_list, next_pow2
+from .tuning import autotune, cdiv, cfg, config_list, next_pow2, registers_per_thread, tile_pruner
 
 __all__ = ["FUSED_ROWS", "fused_dense_launch", "fused_dense_fits", "scaled_rows_kernel", "gram_rows_kernel"]
 
@@ -53,24 +52,17 @@ _CONFIGS = config_list(
 )
 
 
-def _prune(configs, named_args, **constexprs):
-    """Channel tiles no wider than the channels (16 at least: tl.dot's smallest dim), and the program's matrix (M:
-    BLOCK_O x BLOCK_V a sample; G: BLOCK_1 x BLOCK_2) at most MATRIX_REGISTERS a thread; where none passes, the
-    fitting channel tile of the fewest registers; ATTNBENCH_AUTOTUNE=0: the first."""
-    if interpreting():
-        return configs
-    widest = max(16, next_pow2(named_args["C"]))
+def _matrix_fits(config, constexprs):
+    """The program's matrix (M: BLOCK_O x BLOCK_V a sample; G: BLOCK_1 x BLOCK_2) at most MATRIX_REGISTERS a thread."""
     if "BLOCK_V" in constexprs:
         grid = constexprs["BLOCK_O"] * constexprs["BLOCK_V"]
     else:
         grid = constexprs["BLOCK_1"] * constexprs["BLOCK_2"]
+    return registers_per_thread(config.kwargs["BLOCK_N"] * grid, config.num_warps) <= MATRIX_REGISTERS
 
-    def registers(c):
-        return c.kwargs["BLOCK_N"] * grid / (32 * c.num_warps)
 
-    narrow = [c for c in configs if c.kwargs["BLOCK_C"] <= widest] or configs
-    kept = [c for c in narrow if registers(c) <= MATRIX_REGISTERS] or [min(narrow, key=registers)]
-    return kept if autotune_enabled() else kept[:1]
+# channel tiles no wider than the channels (16 at least: tl.dot's smallest dim), and the matrix within its registers
+_prune = tile_pruner({"BLOCK_C": "C"}, 16, fits=_matrix_fits)
 
 
 @autotune(_CONFIGS, key=["MS", "MV", "OUT", "C"], prune_configs_by={"early_config_prune": _prune})
@@ -158,9 +150,8 @@ def fused_dense_fits(op, x, y, matrix, out_size, x_shared, y_shared):
     (x's rows, y's rows, the output's) padding to at most ``FUSED_ROWS["max"]``, a dtype of FUSED_DTYPES, and for
     inner a Gram grid filling at least ``FUSED_ROWS["inner_fill"]`` of its padded tile."""
     sizes = (x.shape[0 if x_shared else 1], y.shape[0 if y_shared else 1], out_size)
-    if matrix is None or (x_shared and y_shared) or max(map(_padded, sizes)) > FUSED_ROWS["max"]:
-        return False
-    if x.dtype not in FUSED_DTYPES:
+    if matrix is None or (x_shared and y_shared) or x.dtype not in FUSED_DTYPES or \
+            max(map(_padded, sizes)) > FUSED_ROWS["max"]:
         return False
     return op != "inner" or sizes[0] * sizes[1] >= FUSED_ROWS["inner_fill"] * _padded(sizes[0]) * _padded(sizes[1])
 

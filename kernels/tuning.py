@@ -69,11 +69,12 @@ def pruner(shared_bytes, fits=None, more_shared=None):
     return prune
 
 
-def tile_pruner(limits: dict, smallest: int = 16):
+def tile_pruner(limits: dict, smallest: int = 16, fits=None):
     """An ``early_config_prune`` hook keeping the configs whose tiles fit the launch: ``limits`` maps a tile's
     constexpr to the size argument it covers ({"BLOCK_K": "K"}), and a tile may be as large as that size's power of
-    two (at least ``smallest``: tl.dot wants 16). Where none fits, the config of the smallest tiles stays;
-    ATTNBENCH_AUTOTUNE=0 keeps the first survivor."""
+    two (at least ``smallest``: tl.dot wants 16). Where none fits, the config of the smallest tiles stays.
+    ``fits(config, constexprs)``, when given, is a further test (e.g. registers), the first tile-fitting config
+    staying where none passes it. ATTNBENCH_AUTOTUNE=0 keeps the first survivor."""
 
     def prune(configs, named_args, **constexprs):
         if interpreting():
@@ -81,6 +82,8 @@ def tile_pruner(limits: dict, smallest: int = 16):
         caps = {block: max(smallest, next_pow2(named_args[size])) for block, size in limits.items()}
         kept = [c for c in configs if all(c.kwargs[block] <= cap for block, cap in caps.items())]
         kept = kept or [min(configs, key=lambda c: tuple(c.kwargs[block] for block in limits))]
+        if fits is not None:
+            kept = [c for c in kept if fits(c, constexprs)] or kept[:1]
         return kept if autotune_enabled() else kept[:1]
 
     return prune

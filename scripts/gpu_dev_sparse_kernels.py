@@ -196,13 +196,12 @@ def main():
         case_list = anchor_cases("mul", args.quick) + [SparseCase("mul", l_max, 1_000_000, 32, dtype)
                                                        for dtype in ("float32", "bfloat16") for l_max in (2, 3)]
     elif args.fused_dense:
+        from attnbench.kernels import sparse_fused_dense
         old_launchers = "fused-off"
         levels = (2, 3)
         if args.fused_fp32:
-            from attnbench.kernels import sparse_fused_dense
             sparse_fused_dense.FUSED_DTYPES += (torch.float32,)
         if args.fused_max_rows:
-            from attnbench.kernels import sparse_fused_dense
             sparse_fused_dense.FUSED_ROWS["max"] = args.fused_max_rows
             levels = (2, 3, 4) if args.fused_max_rows >= 32 else levels
         case_list = [SparseCase(op, l_max, batch, channels, dtype) for dtype in ("bfloat16", "float32")

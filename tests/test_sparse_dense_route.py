@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from attnbench.kernels import sparse_dense, sparse_fused_dense
+from attnbench.kernels import sparse_dense, sparse_fused_dense, tuning
 from attnbench.sparse import (CHANNEL_RANKS, product_infos, random_product_infos, sparse_product,
                               sparse_product_reference, use_implementation)
 from attnbench.sparse.info import DENSE_GRID_PER_TERM, GATHER_MATRIX_PER_TERM, product_terms
@@ -328,7 +328,7 @@ def test_fused_kernels_take_small_grids_in_16_bit_and_fp64():
 def test_fused_pruner_keeps_configs_by_the_programs_matrix(monkeypatch):
     """The register rule counts the matrix each kernel holds (M: BLOCK_O x BLOCK_V; G: BLOCK_1 x BLOCK_2, not
     times the output's BLOCK_O) and the channel tile no wider than the channels; ATTNBENCH_AUTOTUNE=0 the first."""
-    monkeypatch.setattr(sparse_fused_dense, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
     configs = [sparse_fused_dense.cfg(w, st, BLOCK_N=n, BLOCK_C=c) for w, st, n, c in sparse_fused_dense._SHAPES]
     prune = sparse_fused_dense._prune
     for grid in ({"BLOCK_S": 16, "BLOCK_V": 16, "BLOCK_O": 16}, {"BLOCK_1": 16, "BLOCK_2": 16, "BLOCK_O": 16}):
