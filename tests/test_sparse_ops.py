@@ -422,9 +422,71 @@ def test_infos_of_another_structure_or_role_are_refused():
     with pytest.raises(ValueError, match="not built with info_fwd"):
         sparse_scale(torch.randn(5, 3, dtype=torch.float64), s[0], t[1])
     # hand-built infos carry no structure: their sizes are all that can be checked, and they still run
-    hand = tuple(dataclasses.replace(info, structure=None) for info in a)
+    hand = tuple(dataclasses.replace(info) for info in a)
     assert torch.autograd.gradcheck(lambda u, v: sparse_mul(u, v, hand), (x, y))
     assert torch.autograd.gradgradcheck(lambda u, v: sparse_mul(u, v, a), (x, y))
+
+
+def test_a_copy_with_other_terms_is_refused_and_one_with_the_same_terms_runs():
+    """dataclasses.replace on a built info had copied its structure tag onto other terms: the forward used the new
+    scales and the backward the old ones (grad_x off by 0.67 relative, no error). A copy carries no tag now, so the
+    ops compare its terms with its siblings'; hand-built triples are tagged once their terms agree."""
+    i1, i2, i3 = torch.tensor([0, 1, 2, 2, 1]), torch.tensor([1, 0, 2, 1, 2]), torch.tensor([0, 1, 1, 0, 1])
+    infos = product_infos(i1, i2, i3, torch.tensor([0.5, -1.0, 2.0, 0.25, 1.5], dtype=torch.float64), 3, 3, 2)
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    tripled = dataclasses.replace(infos[0], scale=infos[0].scale * 3)
+    assert tripled.structure is None
+    for trio, bad in [((tripled, infos[1], infos[2]), "info_bwd1"), ((infos[1], infos[2], tripled), "info_bwd2"),
+                      ((infos[0], dataclasses.replace(infos[1], scale=infos[1].scale.flip(0)), infos[2]),
+                       "info_bwd1")]:
+        with pytest.raises(ValueError, match=f"{bad} does not hold .* terms"):
+            sparse_mul(x, y, trio)
+    copies = tuple(dataclasses.replace(info) for info in infos)  # the same terms: they run, and are right
+    assert torch.autograd.gradcheck(lambda u, v: sparse_mul(u, v, copies), (x, y))
+    assert copies[0].structure is not None and copies[0].structure[0] == copies[2].structure[0]
+    mixed = (dataclasses.replace(infos[0]), infos[1], infos[2])  # untagged beside tagged: compared each call
+    assert torch.autograd.gradgradcheck(lambda u, v: sparse_mul(u, v, mixed), (x, y))
+    assert mixed[0].structure is None and infos[1].structure[0] == infos[0].structure[0]
+    s = random_scale_infos(5, 4, 9, torch.Generator().manual_seed(2))
+    doubled = dataclasses.replace(s[0], scale=2 * s[0].scale)
+    with pytest.raises(ValueError, match="info_bwd does not hold"):
+        sparse_scale(torch.randn(5, 3, dtype=torch.float64), doubled, s[1])
+
+
+@pytest.mark.parametrize("field", ["scale", "index1", "index2", "seg_out", "gather_index", "index_out"])
+def test_terms_modified_in_place_are_refused(field):
+    """The derived tables and the sibling infos were built from the terms: a term tensor changed in place
+    afterwards (the caller's scale, which the backward infos share, included) would split forward and backward."""
+    infos = random_product_infos(3, 3, 3, 8, torch.Generator().manual_seed(3), empty_segments=False)
+    x, y = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    sparse_mul(x, y, infos)
+    holder = next(i for i in infos if getattr(i, field) is not None)
+    getattr(holder, field).add_(0)  # any in-place op, even one that changes no value
+    with pytest.raises(ValueError, match=rf"\.{field} was modified in place"):
+        sparse_mul(x, y, infos)
+    s = random_scale_infos(5, 4, 9, torch.Generator().manual_seed(4))
+    s[1].index.add_(0)
+    with pytest.raises(ValueError, match=r"info_bwd\.index was modified in place"):
+        sparse_scale(torch.randn(5, 3, dtype=torch.float64), *s)
+
+
+def test_untagged_infos_under_torch_compile_are_refused_until_verified():
+    """Under torch.compile the terms cannot be compared inside the graph: untagged infos are refused with the way
+    out, verify_structure, which tags them (and refuses a copy with other terms)."""
+    from attnbench.sparse import verify_structure
+
+    infos = random_product_infos(3, 3, 3, 8, torch.Generator().manual_seed(5), empty_segments=False)
+    x, y = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    copies = tuple(dataclasses.replace(info) for info in infos)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="verify_structure"):
+        torch.compile(lambda a, b: sparse_mul(a, b, copies), backend="aot_eager", fullgraph=True)(x, y)
+    verify_structure(*copies)
+    compiled = torch.compile(lambda a, b: sparse_mul(a, b, copies), backend="aot_eager", fullgraph=True)(x, y)
+    torch.testing.assert_close(compiled, sparse_mul(x, y, infos), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="info_bwd1 does not hold"):
+        verify_structure(copies[0], dataclasses.replace(infos[1], scale=-infos[1].scale), copies[2])
 
 
 def test_the_functions_check_their_arguments_when_applied_directly():

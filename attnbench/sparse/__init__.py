@@ -16,13 +16,13 @@ from .functional import (CHANNEL_RANKS, DENSE_OPS, IMPLEMENTATIONS, PRODUCT_FUNC
                          sparse_scale, sparse_scale_split, sparse_scavec, sparse_vecmat, sparse_vecsca,
                          use_implementation)
 from .info import (SparseProductInfo, SparseScaleInfo, product_infos, product_terms, random_product_infos,
-                   random_scale_infos, scale_infos, scale_terms)
+                   random_scale_infos, scale_infos, scale_terms, verify_structure)
 from .reference import (dense_coefficients, dense_scale_matrix, sparse_product_reference, sparse_scale_matrix,
                         sparse_scale_reference)
 
 __all__ = [
     "SparseProductInfo", "SparseScaleInfo", "product_infos", "scale_infos", "product_terms", "scale_terms",
-    "random_product_infos", "random_scale_infos",
+    "random_product_infos", "random_scale_infos", "verify_structure",
     "SparseScale", "SparseMul", "SparseOuter", "SparseInner", "SparseVecMat", "SparseVecSca", "SparseScaVec",
     "SparseMatTVec", "PRODUCT_FUNCTIONS", "DENSE_OPS", "CHANNEL_RANKS",
     "sparse_scale", "sparse_mul", "sparse_outer", "sparse_inner", "sparse_vecmat", "sparse_vecsca",

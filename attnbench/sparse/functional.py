@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.autograd import Function
 
-from .info import SparseProductInfo, SparseScaleInfo
+from .info import SparseProductInfo, SparseScaleInfo, check_same_terms, verify_structure
 from .triton_ops import sparse_product_triton, sparse_scale_triton
 
 __all__ = [
@@ -290,11 +290,27 @@ def _check_tensor(name, tensor, device):
 
 def _check_one_structure(fwd, others):
     """``others``: name -> info, each the next role after fwd's in the cycle of the builder's infos (the backward
-    passes its siblings the infos rotated, so a call may start at any role)."""
+    passes its siblings the infos rotated, so a call may start at any role). Builders' infos carry a tag and are
+    checked by it; untagged ones (built by hand, or copied with other terms) by their terms, once, after which
+    they carry a tag too. Under torch.compile only the tags can be read: untagged infos are refused there."""
+    infos = {"info_fwd": fwd, **others}
+    if not torch.compiler.is_compiling():  # Dynamo cannot guard on version counters
+        for name, info in infos.items():
+            if (changed := info.changed_in_place()) is not None:
+                raise ValueError(f"{name}.{changed} was modified in place after the info was built: its derived "
+                                 "tables and its sibling infos no longer agree with it; build the infos again")
+    if any(info.structure is None for info in infos.values()):
+        if torch.compiler.is_compiling():
+            raise ValueError("untagged sparse infos (built by hand, or copied with dataclasses.replace) under "
+                             "torch.compile: call sparse.verify_structure(*infos) on them before compiling")
+        if all(info.structure is None for info in infos.values()):
+            verify_structure(*infos.values())  # tags them
+            return
+        # a mixture: compare the terms each call (tagging would retag a builder's info away from its siblings)
+        check_same_terms(infos)
+        return
     roles = len(others) + 1
     for step, (name, info) in enumerate(others.items(), start=1):
-        if fwd.structure is None or info.structure is None:
-            continue  # built by hand: only the sizes can be checked
         if info.structure[0] != fwd.structure[0]:
             raise ValueError(f"{name} was not built with info_fwd (the builders make them together: product_infos, "
                              "scale_infos): the backward infos of another structure give wrong gradients")

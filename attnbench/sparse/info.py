@@ -31,7 +31,7 @@ from ..kernels.sparse_bilinear import coefficient_splits
 
 __all__ = [
     "SparseProductInfo", "SparseScaleInfo", "product_infos", "scale_infos", "product_terms", "scale_terms",
-    "random_product_infos", "random_scale_infos",
+    "random_product_infos", "random_scale_infos", "verify_structure",
 ]
 
 
@@ -113,12 +113,14 @@ class SparseProductInfo:
     size1: int
     size2: int
     # (id, role) that product_infos gives the three infos it builds together (roles 0, 1, 2: fwd, bwd1, bwd2; None:
-    # built by hand), so that the ops refuse a backward info of another structure, or of another role, with the
-    # same sizes: either would give wrong gradients
-    structure: Optional[tuple] = field(default=None, repr=False)
+    # built by hand or copied), so that the ops refuse a backward info of another structure, or of another role,
+    # with the same sizes: either would give wrong gradients. Not an init field: dataclasses.replace, which may
+    # change the terms, gives an untagged copy, whose terms the ops then compare with its siblings'
+    structure: Optional[tuple] = field(default=None, init=False, repr=False)
     term_out: Tensor = field(init=False, repr=False)
     row_bounds: Tensor = field(init=False, repr=False)
     dense_rows: dict = field(init=False, repr=False)
+    versions: tuple = field(init=False, repr=False)  # see changed_in_place
 
     def __post_init__(self):
         for name in ("out_size", "size1", "size2"):
@@ -143,10 +145,15 @@ class SparseProductInfo:
         bounds[1, self.index_out] = self.seg_out[1:]
         object.__setattr__(self, "row_bounds", bounds)
         object.__setattr__(self, "dense_rows", _dense_rows(self))
+        _record_versions(self, PRODUCT_TERM_FIELDS)
 
     @property
     def device(self):
         return self.index1.device
+
+    def changed_in_place(self) -> Optional[str]:
+        """The first term field modified in place since the info was built, or None."""
+        return _changed_field(self, PRODUCT_TERM_FIELDS)
 
     @property
     def num_terms(self):
@@ -241,8 +248,9 @@ class SparseScaleInfo:
     seg_out: Tensor
     out_size: int
     in_size: int
-    structure: Optional[tuple] = field(default=None, repr=False)  # as SparseProductInfo's (scale_infos: roles 0, 1)
+    structure: Optional[tuple] = field(default=None, init=False, repr=False)  # as SparseProductInfo's (roles 0, 1)
     term_out: Tensor = field(init=False, repr=False)
+    versions: tuple = field(init=False, repr=False)
 
     def __post_init__(self):
         for name in ("out_size", "in_size"):
@@ -253,10 +261,35 @@ class SparseScaleInfo:
         _check_seg_out(self.seg_out, self.out_size, self.index.numel(), device)
         rows = torch.arange(self.out_size, device=device)
         object.__setattr__(self, "term_out", _segment_ids(self.seg_out, rows, self.index.numel()))
+        _record_versions(self, SCALE_TERM_FIELDS)
 
     @property
     def device(self):
         return self.index.device
+
+    def changed_in_place(self) -> Optional[str]:
+        """The first term field modified in place since the info was built, or None."""
+        return _changed_field(self, SCALE_TERM_FIELDS)
+
+
+# The tensors that hold an info's terms. The derived fields (term_out, row_bounds, dense_rows) and the sibling
+# infos are built from them once, so an in-place change to one (info.scale.mul_(2), or the caller's scale, which
+# the backward infos share) would leave the forward and the backward computing different functions.
+PRODUCT_TERM_FIELDS = ("scale", "index1", "index2", "seg_out", "gather_index", "index_out")
+SCALE_TERM_FIELDS = ("scale", "index", "seg_out")
+
+
+def _record_versions(info, fields):
+    """Remember each term tensor's version counter (bumped by every in-place op on it or a view of it)."""
+    versions = tuple(None if getattr(info, f) is None else getattr(info, f)._version for f in fields)
+    object.__setattr__(info, "versions", versions)
+
+
+def _changed_field(info, fields):
+    for name, version in zip(fields, info.versions):
+        if version is not None and getattr(info, name)._version != version:
+            return name
+    return None
 
 
 def _grouped_product_info(key, a, b, scale, size_key, size_a, size_b, gather):
@@ -294,8 +327,8 @@ def product_infos(i1, i2, i3, scale, size1, size2, size3, *, gather_backward=Tru
 
 
 def _one_structure(*infos):
-    """The infos, marked as built together, each with its role (a random id: it survives copies and pickling, as an
-    object's identity would not)."""
+    """The infos, marked as built together, each with its role (a random id: it survives copy.copy and pickling,
+    which keep the terms, as an object's identity would not; dataclasses.replace drops it)."""
     structure = uuid.uuid4().int
     for role, info in enumerate(infos):
         object.__setattr__(info, "structure", (structure, role))
@@ -334,6 +367,49 @@ def scale_terms(info: SparseScaleInfo):
     scale = info.scale if info.scale is not None else torch.ones(info.index.numel(), dtype=torch.float64,
                                                                  device=info.device)
     return info.index, info.term_out, scale
+
+
+def _canonical_terms(info, step):
+    """The info's terms as sorted columns in the forward info's order: a product's (i1, i2, i3, scale), a scale's
+    (index, row, scale). ``step`` is the info's place after the forward one in the builder's cycle: bwd1 holds
+    (i2, i3, i1), bwd2 (i3, i1, i2); a scale's bwd (row, index)."""
+    if isinstance(info, SparseProductInfo):
+        *columns, scale = product_terms(info)
+    else:
+        *columns, scale = scale_terms(info)
+    columns = columns[len(columns) - step:] + columns[:len(columns) - step]
+    columns.append(scale.double())
+    order = torch.arange(scale.numel(), device=scale.device)
+    for column in reversed(columns):  # lexicographic: stable sorts from the last key to the first
+        order = order[torch.argsort(column[order], stable=True)]
+    return [column[order] for column in columns]
+
+
+def verify_structure(*infos):
+    """Check that infos built by hand (or copied with ``dataclasses.replace``) hold one structure's terms in the
+    builders' roles, (info_fwd, info_bwd1, info_bwd2) or (info_fwd, info_bwd), and tag them as the builders do;
+    returns them. Raises ValueError naming the first info whose terms differ: its gradients would be wrong.
+
+    The ops call this on untagged infos (one pass over the terms, with a device sync); call it yourself before
+    ``torch.compile``, which cannot compare terms inside a graph."""
+    kind = type(infos[0])
+    if len(infos) != (3 if kind is SparseProductInfo else 2) or not all(type(i) is kind for i in infos):
+        raise TypeError("verify_structure takes (info_fwd, info_bwd1, info_bwd2) or (info_fwd, info_bwd)")
+    names = ("info_fwd", "info_bwd1", "info_bwd2") if kind is SparseProductInfo else ("info_fwd", "info_bwd")
+    check_same_terms(dict(zip(names, infos)))
+    return _one_structure(*infos)
+
+
+def check_same_terms(infos: dict):
+    """``infos``: name -> info in the builders' cycle, starting at any role. Raises ValueError naming the first
+    whose terms are not the first one's in its role."""
+    first, *others = infos.items()
+    want = _canonical_terms(first[1], 0)
+    for step, (name, info) in enumerate(others, start=1):
+        got = _canonical_terms(info, step)
+        if not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(want, got)):
+            raise ValueError(f"{name} does not hold {first[0]}'s terms in its role (the builders make them "
+                             "together: product_infos, scale_infos): its gradients would be wrong")
 
 
 def _random_terms(sizes, num_terms, generator, empty_segments, repeated):
