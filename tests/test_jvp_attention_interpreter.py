@@ -296,6 +296,9 @@ def test_third_order_and_forward_over_forward_raise_clearly():
         tf.grad(lambda q: tf.grad(lambda q: tf.grad(loss)(q).sum())(q).sum())(x[0])
     with pytest.raises(NotImplementedError, match="forward-over-forward"):
         tf.jvp(lambda q: tf.jvp(lambda p: f(p, *x[1:]), (q,), (x[1],))[1], (x[0],), (x[2],))
+    small = qkv(1, 1, 1, 3, 3, 16)
+    with pytest.raises(NotImplementedError, match="forward-over-forward"):  # a vmap between the two jvps
+        tf.jacfwd(tf.jacfwd(lambda q: f(q, *small[1:]).sum()))(small[0])
 
 
 def test_large_tangents_and_near_one_hot_rows_stay_finite_and_exact():
@@ -495,3 +498,56 @@ def test_each_route_launches_each_kernel_once(monkeypatch, mode, launches):
     x = {n: torch.randn(1, 2, 9, 16, generator=g) for n in ("q", "k", "v", "do", "tq", "tk", "tv")}
     routes.run(mode, lambda q, k, v: flash_attention(q, k, v), x)
     assert dict(counts) == launches
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_gradient_of_a_tangent_that_requires_grad(which):
+    """The gradient of a tangent output with respect to the tangent itself, under torch.func.jvp
+    and with forward_ad dual tensors: the forward-mode shortcut (the fused op without its
+    Function) had checked only the primals for requires_grad and raised "no autograd formula"."""
+    shape = (1, 2, 1, 7, 9, 16)
+    x, t, c = qkv(*shape), qkv(*shape, seed=10), fp64(1, 2, 7, 16, seed=20)
+    i = "qkv".index(which)
+    f, r = o_only(ours("bottom_right")), o_only(ref("bottom_right"))
+    expected = torch.autograd.grad((tf.jvp(r, x, tuple(a.requires_grad_(j == i) for j, a in enumerate(t)))[1]
+                                    * c).sum(), t[i])[0]
+    tangents = tuple(a.detach().requires_grad_(j == i) for j, a in enumerate(t))
+    got = torch.autograd.grad((tf.jvp(f, x, tangents)[1] * c).sum(), tangents[i])[0]
+    assert max_diff(got, expected) < 1e-12
+    with fwAD.dual_level():
+        o = f(*(fwAD.make_dual(a, b) for a, b in zip(x, tangents)))
+        got = torch.autograd.grad((fwAD.unpack_dual(o).tangent * c).sum(), tangents[i])[0]
+    assert max_diff(got, expected) < 1e-12
+
+
+TRANSFORMS = {
+    "grad": lambda f: lambda q: tf.grad(lambda p: f(p).sin().sum())(q),
+    "jvp": lambda f: lambda q: tf.jvp(f, (q,), (q.flip(-1),))[1],
+    "vmap": lambda f: lambda q: tf.vmap(f)(torch.stack([q, 0.5 * q])).sum(0),
+}
+
+
+@pytest.mark.parametrize("chain", [(a,) for a in TRANSFORMS] + [(a, b) for a in TRANSFORMS for b in TRANSFORMS]
+                         + [(a, b, c) for a in TRANSFORMS for b in TRANSFORMS for c in TRANSFORMS],
+                         ids="-".join)
+def test_every_composition_of_transforms_is_right_or_refused(chain):
+    """Each composition of grad, jvp and vmap up to three deep (outermost first): at most second
+    order and no jvp of a jvp matches the eager reference; anything else raises
+    NotImplementedError (jacfwd(jacfwd(f)) and jvp(vmap(jvp(f))) had raised PyTorch's internal
+    "flat_bdims must not be None")."""
+    k, v = qkv(1, 1, 1, 3, 4, 16, seed=3)[1:]
+    q = fp64(1, 1, 3, 16, seed=4)
+
+    def build(attention):
+        f = lambda q: attention(q, k, v)  # noqa: E731
+        for name in reversed(chain):
+            f = TRANSFORMS[name](f)
+        return f
+
+    order = sum(name != "vmap" for name in chain)
+    jvps = [i for i, name in enumerate(chain) if name == "jvp"]
+    if order <= 2 and len(jvps) < 2:
+        assert max_diff(build(o_only(ours("bottom_right")))(q), build(o_only(ref("bottom_right")))(q)) < 1e-11
+    else:
+        with pytest.raises(NotImplementedError):
+            build(o_only(ours("bottom_right")))(q)

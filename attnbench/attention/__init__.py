@@ -63,21 +63,22 @@ def _base(t):
     return t
 
 
-def _only_forward_transforms(q, k, v):
+def _only_forward_transforms(*tensors):
     """Nothing can ask for a gradient of this call, nor for a second tangent: the functorch
-    transforms on the stack are vmaps and at most one jvp, and no tensor underneath requires grad
-    from core autograd."""
+    transforms on the stack are vmaps and at most one jvp, and none of ``tensors`` (the primals
+    and their tangents: the gradient of a tangent output reaches the tangents) requires grad
+    from core autograd underneath."""
     keys = [i.key() for i in retrieve_all_functorch_interpreters()]
     # two jvp levels: the unpacked primals still carry the outer tangent, which the op alone would
     # drop; the Function raises for forward-over-forward instead
     if any(k not in (TransformType.Jvp, TransformType.Vmap) for k in keys) or keys.count(TransformType.Jvp) > 1:
         return False
-    return not (torch.is_grad_enabled() and any(_base(t).requires_grad for t in (q, k, v)))
+    return not (torch.is_grad_enabled() and any(t is not None and _base(t).requires_grad for t in tensors))
 
 
 def _attention_dual(q, k, v, tangents, scale, offset):
     q, k, v = (fwAD.unpack_dual(t).primal for t in (q, k, v))
-    if _only_forward_transforms(q, k, v):
+    if _only_forward_transforms(q, k, v, *tangents):
         # no reverse mode can reach this call: the op alone, without the Function around it, whose
         # trip through functorch (custom_function_call) cost ~0.5 ms of host time per call
         o, lse, o_t, lse_t = attention_fwd_jvp_op(q, k, v, *tangents, scale, offset)

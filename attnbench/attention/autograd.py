@@ -79,6 +79,10 @@ class AttentionJvp(Function):
         q, k, v, o, lse, tq, tk, tv, scale, offset = inputs
         o_t, lse_t = output
         ctx.save_for_backward(q, k, v, o, lse, tq, tk, tv, o_t, lse_t)
+        # saved for jvp too, though jvp only raises: torch's generated vmap rule pairs the saved
+        # tensors with their batch dims, and under vmap inside an outer jvp (jacfwd(jacfwd(f)))
+        # an empty forward set failed with "flat_bdims must not be None" before reaching it
+        ctx.save_for_forward(q, k, v, o, lse, tq, tk, tv, o_t, lse_t)
         ctx.scale, ctx.offset = scale, offset
         ctx.set_materialize_grads(False)
 
@@ -129,6 +133,10 @@ class AttentionWithTangent(Function):
         q, k, v, tq, tk, tv, scale, offset = inputs
         o, lse, o_t, lse_t = output
         ctx.save_for_backward(q, k, v, tq, tk, tv, o, lse, o_t, lse_t)
+        # saved for jvp too, though jvp only raises: torch's generated vmap rule pairs the saved
+        # tensors with their batch dims, and under vmap inside an outer jvp (jacfwd(jacfwd(f)))
+        # an empty forward set failed with "flat_bdims must not be None" before reaching it
+        ctx.save_for_forward(q, k, v, tq, tk, tv, o, lse, o_t, lse_t)
         ctx.scale, ctx.offset = scale, offset
         ctx.set_materialize_grads(False)
 
