@@ -106,6 +106,51 @@ def test_inputs_that_require_grad_are_refused_not_detached():
             fn(*x.values())
 
 
+def _every_entry_point(x):
+    """(name, call) for each public function on the inputs ``x`` (context_attention without the buffer,
+    buffer_attention without the context)."""
+    return [(fn.__name__, lambda fn=fn: fn(*x.values())) for fn in APIS] + [
+        ("context_attention", lambda: api.context_attention(x["q"], x["k_ctx"], x["v_ctx"])),
+        ("buffer_attention", lambda: api.buffer_attention(x["q"], x["k_buf"], x["v_buf"], x["buf_lens"]))]
+
+
+@pytest.mark.parametrize("arg", ["q", "k_ctx", "v_ctx", "k_buf", "v_buf"])
+@pytest.mark.parametrize("value", [[1.0, 2.0], 3], ids=["list", "int"])
+def test_a_non_tensor_argument_is_a_type_error_naming_it(arg, value):
+    """A list for q had raised AttributeError ('list' object has no attribute 'dtype'): q.dtype was read
+    before the checks."""
+    x = make()
+    x[arg] = value
+    for name, call in _every_entry_point(x):
+        if (name, arg) in {("context_attention", "k_buf"), ("context_attention", "v_buf"),
+                           ("buffer_attention", "k_ctx"), ("buffer_attention", "v_ctx")}:
+            continue  # not an argument of that function
+        with pytest.raises(TypeError, match=f"^{arg} must be a torch.Tensor, got {type(value).__name__}"):
+            call()
+
+
+def test_derivatives_are_refused_not_dropped():
+    """The kernels have no derivatives: a forward-AD tangent had been dropped silently (the output came back
+    without one), and torch.func transforms failed inside the launch ("Cannot access data pointer")."""
+    import torch.autograd.forward_ad as fwAD
+
+    x = make()
+    with fwAD.dual_level():
+        dual = dict(x, q=fwAD.make_dual(x["q"], torch.randn_like(x["q"])))
+        for name, call in _every_entry_point(dual):
+            with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+                call()
+    transforms = {"grad": lambda f: torch.func.grad(lambda q: f(q).sum()),
+                  "jvp": lambda f: lambda q: torch.func.jvp(f, (q,), (q,)),
+                  "vmap": lambda f: lambda q: torch.func.vmap(f)(q.expand(2, *q.shape))}
+    for transform in transforms.values():
+        for index in range(4):
+            def f(q, index=index):
+                return _every_entry_point(dict(x, q=q))[index][1]()[0]
+            with pytest.raises(NotImplementedError, match="torch.func transforms"):
+                transform(f)(x["q"])
+
+
 def test_cpu_tensors_without_interpreter_are_rejected(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     for fn in APIS:

@@ -38,6 +38,7 @@ class Shapes:
     head_dim: int
     scale: float
     causal: bool
+    dtype: torch.dtype  # the inputs' (the interpreter may run bfloat16 as float32: outputs come back in this)
 
     @property
     def group(self) -> int:
@@ -122,7 +123,8 @@ def check_inputs(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, caus
             low, high = int(buf_lens.min()), int(buf_lens.max())
             if low < 0 or high > n_buf:
                 raise ValueError(f"buf_lens must lie in [0, n_buf = {n_buf}]; got values in [{low}, {high}]")
-    return Shapes(batch, heads_q, heads_kv, seqlen_q, n_ctx, n_buf, head_dim, check_scale(scale, head_dim), causal)
+    return Shapes(batch, heads_q, heads_kv, seqlen_q, n_ctx, n_buf, head_dim, check_scale(scale, head_dim), causal,
+                  q.dtype)
 
 
 def full_lengths(batch, n_buf, device):

@@ -13,6 +13,7 @@ There is no backward: inputs that require grad under grad mode are refused, neve
 detached.
 """
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from ...attention.ops import interpreter_upcasts
 from ...kernels import unavailable_reason as kernels_unavailable_reason
@@ -62,6 +63,7 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     """Check a call and bring its tensors to what the kernels take. A decode loop repeats one call
     signature every step; the checks that read only shapes, strides, dtypes and devices passed for
     it once and are not repeated (host time is the decode step's bound at small sizes)."""
+    _refuse_derivatives((q, k_ctx, v_ctx, k_buf, v_buf))
     reads_values = check_lengths and buf_lens is not None
     key = None if reads_values else _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale)
     known = _CHECKED.get(key) if key is not None else None
@@ -80,9 +82,6 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     shapes, copies = known
     if reason := unavailable_reason(q.device):
         raise ValueError(reason)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_ctx, v_ctx, k_buf, v_buf)):
-        raise RuntimeError("shared_context's Triton kernels have no backward: call them under torch.no_grad() "
-                           "(inference / decode) or use the reference for gradients")
     if shapes.n_buf == 0:
         k_buf = v_buf = buf_lens = None
     elif buf_lens is not None and not buf_lens.is_contiguous():
@@ -93,10 +92,27 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     return shapes, (*tensors, buf_lens), key
 
 
-def _in_dtype(out, dtype):
+def _refuse_derivatives(tensors):
+    """The kernels have no derivatives: refuse every way one could be asked for, rather than drop it (a
+    forward-AD tangent would vanish silently) or fail inside a launch (torch.func's wrapped tensors have no
+    storage)."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]  # the others fail check_inputs
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+        raise NotImplementedError("shared_context's Triton kernels do not run under torch.func transforms (grad, "
+                                  "jvp, vmap, ...): they have no derivatives and no batching rule; use the "
+                                  "reference variant there")
+    if fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError("shared_context's Triton kernels have no forward-mode derivative: a dual input's "
+                                  "tangent would be dropped; use the reference variant for tangents")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError("shared_context's Triton kernels have no backward: call them under torch.no_grad() "
+                           "(inference / decode) or use the reference for gradients")
+
+
+def _in_dtype(out, shapes):
     """(o, lse) with o in the inputs' dtype (bfloat16 results of the interpreter's float32 run)."""
     o, lse = out
-    return (o if o.dtype == dtype else o.to(dtype)), lse
+    return (o if o.dtype == shapes.dtype else o.to(shapes.dtype)), lse
 
 
 def _num_splits(num_splits):
@@ -111,11 +127,10 @@ def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=N
     split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
     kernels/shared_context.py); ``config`` forces one launch configuration."""
     num_splits = _num_splits(num_splits)
-    dtype = q.dtype
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
                                                                             causal, scale, check_lengths)
     return _in_dtype(fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
-                                  num_splits=num_splits, config=config, signature=signature), dtype)
+                                  num_splits=num_splits, config=config, signature=signature), shapes)
 
 
 def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False,
@@ -123,30 +138,30 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
                                       buffer_config=None):
     """Path (a): the context kernel (and its split reduction), the buffer kernel, then merge_states."""
     num_splits = _num_splits(num_splits)
-    dtype = q.dtype
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), _ = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
                                                                     scale, check_lengths)
     return _in_dtype(composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
                                      num_splits=num_splits, context_config=context_config,
-                                     buffer_config=buffer_config), dtype)
+                                     buffer_config=buffer_config), shapes)
 
 
 def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=None):
     """Every sample's queries against the shared context alone (e.g. batched point prediction)."""
     num_splits = _num_splits(num_splits)
-    dtype = q.dtype
     shapes, (q, k_ctx, v_ctx, *_), _ = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
     if shapes.n_ctx == 0:
         raise ValueError("context_attention needs n_ctx >= 1")
-    return _in_dtype(context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config), dtype)
+    return _in_dtype(context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config), shapes)
 
 
 def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None, check_lengths=True, config=None):
     """Each sample's queries against its own buffer alone."""
-    if not isinstance(k_buf, torch.Tensor) or k_buf.dim() != 4:
-        raise ValueError("k_buf must be a [batch, heads_kv, n_buf, head_dim] tensor")
+    if not isinstance(k_buf, torch.Tensor):
+        raise TypeError(f"k_buf must be a torch.Tensor, got {type(k_buf).__name__}")
+    if k_buf.dim() != 4:
+        raise ValueError(f"k_buf must have 4 dimensions [batch, heads_kv, n_buf, head_dim]; got shape "
+                         f"{tuple(k_buf.shape)}")
     empty_ctx = k_buf.new_empty((k_buf.shape[1], 0, k_buf.shape[3]))
-    dtype = q.dtype
     shapes, (q, _, _, k_buf, v_buf, buf_lens), _ = _checked(q, empty_ctx, empty_ctx, k_buf, v_buf, buf_lens, causal,
                                                             scale, check_lengths)
-    return _in_dtype(buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config), dtype)
+    return _in_dtype(buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config), shapes)
