@@ -9,6 +9,7 @@ request that cannot run here (nothing is run then, or, for a write that fails mi
 stops); 130 interrupted (Ctrl-C), every finished row kept in the --json file.
 """
 import argparse
+import os
 import re
 import signal
 import sys
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import results
+from . import __version__, results
 from .provenance import code_version
 from .registry import all_operators, get
 from .roofline import ceilings, machine_info
@@ -308,11 +309,25 @@ class Session:
 
     def interrupted(self) -> int:
         done = self.file.count("checks") + self.file.count("bench")
+        if not done:  # nothing to keep: an earlier file at the --json path stays as it was
+            print(interrupted_before_any_row(self.args), file=sys.stderr)
+            return EXIT_INTERRUPTED
         self.file.finish("interrupted")
         where = {None: " (no --json file was asked for)", "-": " in the JSON on stdout"}.get(
             self.args.json, f" in {self.args.json}")
         print(f"attnbench: interrupted; {done} finished row(s) kept{where}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def interrupted_before_any_row(args) -> str:
+    """What a Ctrl-C before the first finished row leaves: nothing, said plainly."""
+    path = getattr(args, "json", None)
+    if path in (None, "-"):
+        kept = "no result was written"
+    else:
+        kept = f"no file was written ({path} is unchanged)" if os.path.exists(path) else \
+            f"no file was written ({path} does not exist)"
+    return f"attnbench: interrupted before any row finished; {kept}"
 
 
 def cmd_list(args):
@@ -396,6 +411,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser():
     parser = Parser(prog="attnbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"attnbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def common(p, cases=False, timing=False):
@@ -460,7 +476,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the last write short
         if session is None:
-            print("attnbench: interrupted", file=sys.stderr)
+            print(interrupted_before_any_row(args), file=sys.stderr)
             return EXIT_INTERRUPTED
         try:
             return session.interrupted()

@@ -92,3 +92,44 @@ def test_ctrl_c_swallowed_by_a_library_still_stops_the_run(tmp_path, monkeypatch
     assert json.loads(path.read_text())["status"] == "interrupted"
     assert len(json.loads(path.read_text())["bench"]) == 1  # the row it came in, and no more
     assert "1 finished row(s) kept" in capsys.readouterr().err
+
+
+def test_ctrl_c_before_any_row_says_nothing_was_written(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C before the first row finished (while the cases were being planned, or in the
+    first row) had printed only "attnbench: interrupted": now the line says no row finished
+    and no file was written, and an earlier file at the --json path is left as it was."""
+    from attnbench import cli
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    path = tmp_path / "out.json"
+    argv = ["bench", "--op", "flash", "--mode", "fwd", "--variant", "split", "--quiet", "--json", str(path)]
+    for where in ("make_plans", "bench"):
+        with monkeypatch.context() as patch:
+            patch.setattr(cli, where, interrupt)
+            before = signal.getsignal(signal.SIGINT)
+            try:
+                assert main(argv) == 130
+            finally:
+                signal.signal(signal.SIGINT, before)
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last == f"attnbench: interrupted before any row finished; no file was written ({path} does not exist)"
+        assert not path.exists()
+    path.write_text("an earlier run")
+    with monkeypatch.context() as patch:
+        patch.setattr(cli, "bench", interrupt)
+        before = signal.getsignal(signal.SIGINT)
+        try:
+            assert main(argv) == 130
+        finally:
+            signal.signal(signal.SIGINT, before)
+    assert f"no file was written ({path} is unchanged)" in capsys.readouterr().err
+    assert path.read_text() == "an earlier run"
+
+
+def test_version(capsys):
+    import attnbench
+
+    proc = subprocess.run([sys.executable, "-m", "attnbench", "--version"], cwd=ROOT, text=True, capture_output=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"attnbench {attnbench.__version__}", proc.stderr

@@ -24,6 +24,8 @@ def test_wheel_layout(tmp_path):
     assert "attnbench/kernels/flash_bwd.py" in names
     assert "attnbench/operators/flash/triton.py" in names
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "suites/"))]
+    license_file = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))  # MIT, as declared
+    assert "MIT License" in zipfile.ZipFile(build("wheel", tmp_path / "license")).read(license_file).decode()
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "attnbench = attnbench.cli:main" in zipfile.ZipFile(build("wheel", tmp_path / "again")).read(entry_points).decode()
 
