@@ -6,7 +6,7 @@
     outputs = op.variants["triton"].prepare(case, x, "bwd")()
 """
 from . import kernels  # noqa: F401  first: it sets Triton's CPU-interpreter switch before triton loads
-from .registry import Operator, Unsupported, Variant, all_operators, get, register
+from .bench.registry import Operator, Unsupported, Variant, all_operators, get, register
 
 __version__ = "0.1.0"
 __all__ = ["Operator", "Unsupported", "Variant", "all_operators", "get", "register", "__version__"]

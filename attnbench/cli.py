@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import __version__, results
-from .provenance import code_version
-from .registry import all_operators, get
-from .roofline import ceilings, machine_info
-from .runner import bench, check, detach
-from .tables import bench_table, check_table, ratio_lines, summary_line, unavailable_lines, wrap
-from .verify import BOUNDS
+from . import __version__
+from .bench import results
+from .bench.provenance import code_version
+from .bench.registry import all_operators, get
+from .bench.roofline import ceilings, machine_info
+from .bench.runner import bench, check, detach
+from .bench.tables import bench_table, check_table, ratio_lines, summary_line, unavailable_lines, wrap
+from .bench.verify import BOUNDS
 
 # Default case set per command, as (on CPU, on CUDA). ``run`` checks and times the same cases.
 DEFAULT_SETS = {"check": ("tiny", "gpu"), "bench": ("tiny", "anchor"), "run": ("tiny", "anchor")}
@@ -344,7 +345,7 @@ def cmd_list(args):
 
 
 def cmd_report(args):
-    from . import report
+    from .bench import report
 
     for option in ("markdown", "plot"):
         if getattr(args, option):

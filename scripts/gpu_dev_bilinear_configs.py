@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time kernels/sparse_bilinear.py's kernel under each launch config, forward mul at CG L 3, 4, 6, C 32 and 128,
+"""Time attnbench/kernels/sparse/bilinear.py's kernel under each launch config, forward mul at CG L 3, 4, 6, C 32 and 128,
 N 1e5, fp32 and bf16, in one process (CUDA events, L2 flushed):
 
     python3 scripts/gpu_dev_bilinear_configs.py > sparse-bilinear-configs.md
@@ -19,9 +19,9 @@ import argparse
 
 import torch
 
-from attnbench.kernels import sparse_bilinear as sb  # first: it sets Triton's interpreter switch on a CPU
+from attnbench.kernels.sparse import bilinear as sb  # first: it sets Triton's interpreter switch on a CPU
 from attnbench.sparse.tensor_product import cg_product_infos
-from attnbench.timing import measure
+from attnbench.bench.timing import measure
 
 import triton  # noqa: E402
 

@@ -5,7 +5,7 @@
 
 A shared context with an empty buffer is plain attention over the batch-folded query rows. Per case:
 shared_context's Triton kernel as shipped and the fold_flash peer (their `prepare`, q folding included
-in the peer), then flash's Gluon forward (kernels/flash_fwd_hopper.py, sm_90) and its pointer tiles on
+in the peer), then flash's Gluon forward (attnbench/kernels/attention/flash_fwd_hopper.py, sm_90) and its pointer tiles on
 the same rows folded beforehand ([1, Hq, B * Lq, D], not timed), at several Gluon tile configs. The
 Gluon figures are what a Gluon context kernel could reach before its packed-row loads and splits.
 Each output is compared with the shipped kernel's. Medians of CUDA events, L2 flushed.
@@ -16,11 +16,11 @@ import json
 import torch
 
 import attnbench
-from attnbench.kernels.flash_fwd import flash_fwd_launch, forward_route
-from attnbench.kernels.flash_fwd_hopper import flash_fwd_hopper_launch
+from attnbench.kernels.attention.flash_fwd import flash_fwd_launch, forward_route
+from attnbench.kernels.attention.flash_fwd_hopper import flash_fwd_hopper_launch
 from attnbench.operators.shared_context import SharedContextCase
-from attnbench.roofline import machine_info
-from attnbench.timing import measure
+from attnbench.bench.roofline import machine_info
+from attnbench.bench.timing import measure
 
 OP = attnbench.get("shared_context")
 CASES = [(b, 4, 4, 2, n_ctx, 0, 32) for b in (256, 1024, 4096) for n_ctx in (512, 2048, 10000)]

@@ -14,9 +14,9 @@ import argparse
 import torch
 
 import attnbench
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.operators.shared_context import SharedContextCase
-from attnbench.operators.shared_context.triton import shared_context_attention, shared_context_attention_composed
+from attnbench.shared_context import shared_context_attention, shared_context_attention_composed
 
 OP = attnbench.get("shared_context")
 

@@ -3,8 +3,8 @@ The FC layer's bf16 GEMMs on cuBLAS, one process: the weight gradient's G = X^T 
 with an fp32 output against a bf16 output and against fp32 operands; and x @ folded in bf16 (one GEMM) against the
 split pair with fp32 outputs + sum + cast, and split_matmul."""
 import torch
-from attnbench.timing import measure
-from attnbench.kernels.split_matmul import split_matmul, split_fp32
+from attnbench.bench.timing import measure
+from attnbench.kernels.sparse.split_matmul import split_matmul, split_fp32
 
 torch.backends.cuda.matmul.allow_tf32 = False
 SHAPES = [(100_000, 288, 288), (100_000, 800, 800), (10_000, 3200, 3200), (100_000, 1568, 1568), (100_000, 2048, 2048)]

@@ -9,7 +9,7 @@ Triton variant as shipped (autotuned), SDPA FLASH's and cuDNN's on the same inpu
 each of the two backward kernels (dK/dV pass, dQ pass) alone at every candidate configuration, with its
 TF/s on the kernel's own matmul count (dK/dV: 4 products of 2 x pairs x D FLOPs, dQ: 3), counted on
 the true head dim D, so a power-of-two padding shows as lost TF/s. A configuration the compiler
-cannot fit reports the reason. Medians of CUDA-event samples, L2 flushed (kernels/gpu_time.py).
+cannot fit reports the reason. Medians of CUDA-event samples, L2 flushed (attnbench/kernels/gpu_time.py).
 """
 import argparse
 import functools
@@ -18,17 +18,17 @@ import json
 import torch
 
 import attnbench
-from attnbench import verify
-from attnbench.kernels.flash_bwd import (BOTH_PASS, DQ_ROUTES, SPLIT_PASSES, dkdv_route, dq_route,
+from attnbench.bench import verify
+from attnbench.kernels.attention.flash_bwd import (BOTH_PASS, DQ_ROUTES, SPLIT_PASSES, dkdv_route, dq_route,
                                         flash_bwd_dkdv_kernel, flash_bwd_dq_kernel)
-from attnbench.kernels.flash_fwd import flash_fwd_launch
+from attnbench.kernels.attention.flash_fwd import flash_fwd_launch
 from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.kernels.launch import descriptor_scratch
 from attnbench.kernels.precision import accumulator_dtype, dot_precision, split_scale
-from attnbench.kernels.row_dot import row_dot_launch
+from attnbench.kernels.attention.row_dot import row_dot_launch
 from attnbench.kernels.tuning import cdiv, head_dim_blocks, seq_bucket
 from attnbench.operators.flash import FlashCase
-from attnbench.roofline import machine_info
+from attnbench.bench.roofline import machine_info
 
 OP = attnbench.get("flash")
 

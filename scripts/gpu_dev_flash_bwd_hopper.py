@@ -6,7 +6,7 @@
 For each case: the whole backward (delta rows, dK/dV pass, dQ pass) with ``dkdv_route("tiles")`` and
 ``dkdv_route("hopper")``, each checked against float64 first (verify.check_variant, "bwd"), bitwise
 repeats of the hopper route, and SDPA FLASH's and cuDNN's backward. Medians of CUDA-event samples, L2
-flushed (kernels/gpu_time.py); TF/s by the 2.5x-forward convention (5 matmuls).
+flushed (attnbench/kernels/gpu_time.py); TF/s by the 2.5x-forward convention (5 matmuls).
 """
 import argparse
 import functools
@@ -15,11 +15,11 @@ import json
 import torch
 
 import attnbench
-from attnbench import verify
-from attnbench.kernels.flash_bwd import dkdv_route
+from attnbench.bench import verify
+from attnbench.kernels.attention.flash_bwd import dkdv_route
 from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.operators.flash import FlashCase
-from attnbench.roofline import machine_info
+from attnbench.bench.roofline import machine_info
 
 OP = attnbench.get("flash")
 CASES = [(4, 16, 16, 4096, 64, None), (4, 16, 16, 4096, 64, "top_left"), (2, 16, 16, 8192, 128, None),

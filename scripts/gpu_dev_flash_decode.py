@@ -21,13 +21,13 @@ import json
 import torch
 
 import attnbench
-from attnbench import verify
-from attnbench.kernels.flash_decode import decode_plan
-from attnbench.kernels.flash_fwd import forward_route
+from attnbench.bench import verify
+from attnbench.kernels.attention.flash_decode import decode_plan
+from attnbench.kernels.attention.flash_fwd import forward_route
 from attnbench.operators.flash.peers import sdpa_forward
-from attnbench.registry import Unsupported
-from attnbench.roofline import ceilings, machine_info
-from attnbench.timing import measure
+from attnbench.bench.registry import Unsupported
+from attnbench.bench.roofline import ceilings, machine_info
+from attnbench.bench.timing import measure
 
 OP = attnbench.get("flash")
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The Gluon forward (kernels/flash_fwd_hopper.py) at several tile shapes beside the shipped routes.
+"""The Gluon forward (attnbench/kernels/attention/flash_fwd_hopper.py) at several tile shapes beside the shipped routes.
 
     python3 scripts/gpu_dev_flash_hopper.py [--json OUT] [--dims 64,128]
 
 For each anchor case of the Hopper issue with a head dim the Gluon kernel takes: the pointer tiles as
 shipped (autotuned), SDPA FLASH and cuDNN, and the Gluon kernel at every (BLOCK_M, BLOCK_N, STAGES,
 num_warps) of TILES, each output checked against float64 first. Medians of CUDA-event samples, L2
-flushed (kernels/gpu_time.py); TF/s on the visible (query, key) pairs.
+flushed (attnbench/kernels/gpu_time.py); TF/s on the visible (query, key) pairs.
 """
 import argparse
 import functools
@@ -15,12 +15,12 @@ import json
 import torch
 
 import attnbench
-from attnbench import verify
-from attnbench.kernels.flash_fwd import forward_route
-from attnbench.kernels.flash_fwd_hopper import flash_fwd_hopper_launch
+from attnbench.bench import verify
+from attnbench.kernels.attention.flash_fwd import forward_route
+from attnbench.kernels.attention.flash_fwd_hopper import flash_fwd_hopper_launch
 from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.operators.flash import FlashCase
-from attnbench.roofline import machine_info
+from attnbench.bench.roofline import machine_info
 
 OP = attnbench.get("flash")
 CASES = [(4, 16, 16, 4096, 64, None), (4, 16, 16, 4096, 64, "top_left"), (2, 16, 16, 8192, 128, None),

@@ -9,7 +9,7 @@ For each case (the Hopper issue's anchors and large head dims): the forward by e
 with), SDPA FLASH's and cuDNN's, in TF/s on the true head dim, and every route's error against float64.
 With --configs also both pointer-style kernels at every candidate configuration (the TMA kernel with
 and without a warp-specialized key loop), each output checked against the pointer route's; a
-configuration the compiler rejects reports why. Medians of CUDA-event samples, L2 flushed (kernels/gpu_time.py).
+configuration the compiler rejects reports why. Medians of CUDA-event samples, L2 flushed (attnbench/kernels/gpu_time.py).
 """
 import argparse
 import functools
@@ -18,14 +18,14 @@ import json
 import torch
 
 import attnbench
-from attnbench import verify
-from attnbench.kernels.flash_fwd import flash_fwd_kernel, flash_fwd_tma_kernel, forward_route
+from attnbench.bench import verify
+from attnbench.kernels.attention.flash_fwd import flash_fwd_kernel, flash_fwd_tma_kernel, forward_route
 from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.kernels.launch import descriptor_scratch
 from attnbench.kernels.precision import accumulator_dtype, dot_precision, lse_dtype, split_scale
 from attnbench.kernels.tuning import cdiv, head_dim_blocks, seq_bucket
 from attnbench.operators.flash import FlashCase
-from attnbench.roofline import machine_info
+from attnbench.bench.roofline import machine_info
 
 OP = attnbench.get("flash")
 

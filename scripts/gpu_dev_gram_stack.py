@@ -15,11 +15,11 @@ import torch
 import triton
 
 import attnbench  # noqa: F401  first: the interpreter switch
-from attnbench.kernels import sparse_dense
+from attnbench.kernels.sparse import dense as sparse_dense
 from attnbench.kernels.gpu_time import gpu_time_median_ms
-from attnbench.kernels.small_matmul import small_matmul
+from attnbench.kernels.sparse.small_matmul import small_matmul
 from attnbench.kernels.tuning import cfg
-from attnbench.roofline import ceilings, machine_info
+from attnbench.bench.roofline import ceilings, machine_info
 
 CANDIDATES = [(4, 32, 4), (8, 32, 4), (16, 32, 4), (8, 16, 4), (16, 16, 8), (2, 32, 4), (1, 32, 4), (4, 64, 4),
               (8, 32, 8), (32, 16, 8)]

@@ -16,8 +16,8 @@ import time
 import torch
 
 import attnbench
-from attnbench.registry import Unsupported
-from attnbench.timing import measure, synchronize
+from attnbench.bench.registry import Unsupported
+from attnbench.bench.timing import measure, synchronize
 
 
 def host_ms(fn, device, calls=50):

@@ -20,10 +20,10 @@ import torch.func as tf
 
 import attnbench  # noqa: F401  (sets up the kernels)
 from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_bwd, flash_fwd
-from attnbench.kernels.flash_bwd import dkdv_route, dq_route
-from attnbench.kernels.flash_fwd import forward_route
+from attnbench.kernels.attention.flash_bwd import dkdv_route, dq_route
+from attnbench.kernels.attention.flash_fwd import forward_route
 from attnbench.operators.flash.reference import attention as reference_attention
-from attnbench.timing import measure, peak_memory_bytes
+from attnbench.bench.timing import measure, peak_memory_bytes
 
 DEV = "cuda"
 

@@ -18,8 +18,8 @@ import triton
 
 import attnbench
 from attnbench.kernels import shared_context as sc
-from attnbench.operators.shared_context.triton import shared_context_attention
-from attnbench.timing import measure
+from attnbench.shared_context import shared_context_attention
+from attnbench.bench.timing import measure
 
 OP = attnbench.get("shared_context")
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The least time `attnbench.timing.measure` reads for one kernel launch on this GPU: an empty Triton kernel with
+"""The least time `attnbench.bench.timing.measure` reads for one kernel launch on this GPU: an empty Triton kernel with
 few and with many arguments, timed as every variant is (CUDA events, L2 flushed, median). No operator call that
 launches a kernel can read less, so it is a floor beside the bytes' and the exponentials' (shared_context_floors.py
 --launch-floor-us).
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.timing import measure
+from attnbench.bench.timing import measure
 
 
 @triton.jit

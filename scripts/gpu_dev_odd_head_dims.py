@@ -11,14 +11,14 @@ import argparse
 
 import torch
 
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.attention import flash_attention
 from attnbench.operators.flash import reference
 from attnbench.operators.jvp_attention import reference as jvp_reference, routes
-from attnbench.kernels.flash_fwd import flash_fwd_kernel
+from attnbench.kernels.attention.flash_fwd import flash_fwd_kernel
 from attnbench.kernels.precision import accumulator_dtype, dot_precision, split_scale
 from attnbench.kernels.tuning import cdiv, head_dim_blocks, seq_bucket
-from attnbench.operators.flash.triton import flash_bwd, flash_fwd
+from attnbench.attention import flash_bwd, flash_fwd
 
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: through the interpreter

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Launches of kernels/sparse_bilinear.py's kernel on one mul case, for ncu:
+"""Launches of attnbench/kernels/sparse/bilinear.py's kernel on one mul case, for ncu:
 
     ATTNBENCH_AUTOTUNE=0 ncu --clock-control none -k regex:bilinear --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section WarpStateStats ... python3 scripts/gpu_dev_profile_bilinear.py [L N C DTYPE]
@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from attnbench.kernels import sparse_bilinear as sb
+from attnbench.kernels.sparse import bilinear as sb
 from attnbench.sparse.tensor_product import cg_product_infos
 
 l_max, n, channels, dtype = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),

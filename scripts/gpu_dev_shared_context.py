@@ -6,13 +6,13 @@
     OUT=/some/dir python scripts/gpu_dev_shared_context.py        # also write JSON (and a PNG) there
 
 Per anchor case: every variant's error against the float64 oracle (bf16 inputs), then its time
-(attnbench.timing.measure: CUDA events, L2 flushed, median), GB/s on the operator's minimum bytes,
+(attnbench.bench.timing.measure: CUDA events, L2 flushed, median), GB/s on the operator's minimum bytes,
 % of the machine's measured copy bandwidth and speed over the fastest peer; the fused Triton
 kernel is also timed at several explicit tile configurations and split counts. Beside each
 measurement stands the prediction made before any GPU run: the minimum bytes (context K/V once,
 valid buffer entries, q, o, lse) at ~3.75 TB/s, and the compute floors (tensor-core FLOPs at the
 measured matmul ceiling, exponentials at the SFU rate) that bind instead in the context-heavy cases.
-Decision verdicts (attnbench.decisions) close the run. On a CPU it runs the tiny cases through the
+Decision verdicts (attnbench.bench.decisions) close the run. On a CPU it runs the tiny cases through the
 interpreter (a check that the script works, not timings).
 """
 import argparse
@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 
 import attnbench
-from attnbench import decisions, verify
+from attnbench.bench import decisions
+from attnbench.bench import verify
 from attnbench.kernels import shared_context as kernels
 from attnbench.operators.shared_context import memory_traffic
-from attnbench.roofline import ceilings, exp_floor_s, machine_info
-from attnbench.timing import measure
+from attnbench.bench.roofline import ceilings, exp_floor_s, machine_info
+from attnbench.bench.timing import measure
 
 OP = attnbench.get("shared_context")
 PREDICTED_TBPS = 3.75  # assumed achievable bandwidth: ~88% of the H200's measured 4.27 TB/s copy

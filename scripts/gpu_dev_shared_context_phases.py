@@ -9,11 +9,11 @@
 Per case (B, H, Hkv, Lq, Nctx, Nbuf, D; bf16, full buffers): the autotuned fused kernel (its pick
 of tile config and split count), the phases alone (``buffer_launch``, ``context_launch``), the
 fused kernel under CUDA-graph replay (L2 warm, no host) and under triton's do_bench (the timing
-core before kernels/gpu_time.py), and with ``--configs`` explicit tile
+core before attnbench/kernels/gpu_time.py), and with ``--configs`` explicit tile
 configs and split counts. Times are medians of CUDA events with L2 flushed and host time kept out
-(attnbench.timing);
+(attnbench.bench.timing);
 GB/s counts the operator's minimum bytes. ``--baseline FILE`` loads another version of
-kernels/shared_context.py (``git show REV:kernels/shared_context.py``) and times it as "old" beside
+attnbench/kernels/shared_context/__init__.py (``git show REV:attnbench/kernels/shared_context/__init__.py``) and times it as "old" beside
 this tree's "new", in the same run.
 ``--profile`` runs each fused kernel once more inside cudaProfilerStart/Stop, after the timing, for
 ``ncu --profile-from-start off``.
@@ -27,11 +27,11 @@ import torch
 import triton.testing
 
 import attnbench
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.kernels import shared_context as current
 from attnbench.kernels.launch import forget_plans
 from attnbench.operators.shared_context import SharedContextCase
-from attnbench.timing import measure
+from attnbench.bench.timing import measure
 
 OP = attnbench.get("shared_context")
 DEFAULT_CASES = ["256,4,4,1,512,0,32", "4096,4,4,2,2048,0,32", "4096,4,4,2,512,32,32", "1024,4,4,2,2048,32,32",
@@ -159,7 +159,7 @@ def run_case(case, modules, with_configs, profile, overlap=False):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", help="B,H,Hkv,Lq,Nctx,Nbuf,D (repeatable)")
-    parser.add_argument("--baseline", help="an earlier kernels/shared_context.py to time beside this tree's")
+    parser.add_argument("--baseline", help="an earlier attnbench/kernels/shared_context/__init__.py to time beside this tree's")
     parser.add_argument("--configs", action="store_true", help="also the phases alone, tile configs, split counts")
     parser.add_argument("--profile", action="store_true", help="one fused launch per case inside cudaProfilerStart")
     parser.add_argument("--overlap", action="store_true", help="buffer and context kernels serial vs on two streams")

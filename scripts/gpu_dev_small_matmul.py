@@ -4,7 +4,7 @@
     python3 scripts/gpu_dev_small_matmul.py [--json OUT.json] [--batch N] [--extra] [--warm-shard I/K]
         [--l-max 3,4,6] [--dtypes float32,bfloat16] [--products apply,gram]
 
-The dense route (kernels/sparse_dense.py) runs two kinds of product per sample, P = (L + 1)^2 rows:
+The dense route (attnbench/kernels/sparse/dense.py) runs two kinds of product per sample, P = (L + 1)^2 rows:
 
     apply:  M [N, P, P] (fp32) @ x [N, P, C]     (vecsca and scavec: forward and every derivative)
     gram:   g [N, P, C] @ x[N]^T [N, C, P]       (inner: the backward's gy; x transposed, a strided view)
@@ -21,10 +21,10 @@ import json
 
 import torch
 
-from attnbench.kernels import small_matmul as module
+from attnbench.kernels.sparse import small_matmul as module
 from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.kernels.tuning import cfg
-from attnbench.roofline import ceilings, machine_info
+from attnbench.bench.roofline import ceilings, machine_info
 
 # every candidate tried when the module's list was chosen (warps, stages, samples, column tile, inner step):
 # the first list's 8 shapes at inner steps 16 and 64, then deeper steps on small tiles (fp32's FMA layout holds

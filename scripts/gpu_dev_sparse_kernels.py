@@ -11,7 +11,7 @@
     python3 scripts/gpu_dev_sparse_kernels.py --bilinear-baseline FILE [--json OUT.json] [--quick]
     python3 scripts/gpu_dev_sparse_kernels.py --fused-dense [--json OUT.json] [--quick]
 
-FILE is an earlier ``kernels/sparse_segment.py`` (``git show REV:kernels/sparse_segment.py > FILE``). For each
+FILE is an earlier ``attnbench/kernels/sparse/segment.py`` (``git show REV:attnbench/kernels/sparse/segment.py > FILE``). For each
 case and mode the operator's own timed callables run three times: the Triton variant on this tree's kernels
 (``new``), the same with the launchers swapped for FILE's (``old``), and the split-PyTorch variant; e3nn's
 tensor product joins on the vecsca cases where it is installed. ``--dense-route`` instead compares the dense
@@ -19,23 +19,23 @@ route of vecsca, scavec and inner (``new``) with the segment kernel on the same 
 over the vecsca anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5), forward, backward and double backward (the
 family is closed, so the derivatives take the route as well); old and the peers on N 1e4 only (the segment
 kernel's double backward at L 6 N 1e5 runs for seconds). ``--dense-baseline FILE`` compares the dense route on
-this tree (``new``) with the same route on an earlier ``kernels/sparse_dense.py`` (``old``), at every size of
+this tree (``new``) with the same route on an earlier ``attnbench/kernels/sparse/dense.py`` (``old``), at every size of
 those anchors (``--no-peers``: split and e3nn left out). ``--outer-sum-route`` compares the FC layer's
 shared-weight vecmat anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) with the batch sum of outer products (its weight
-gradient, in backward and double backward) on matrix units (``new``: kernels/sparse_outer_sum.py) against the
+gradient, in backward and double backward) on matrix units (``new``: attnbench/kernels/sparse/outer_sum.py) against the
 segment kernel on the same tree (``old``: the route off), old and split at N 1e4 only unless
 ``--old-every-size`` (the segment kernel's weight gradient runs for seconds at N 1e5). ``--fold-route`` compares
-the same vecmat anchors with the fold route of the shared-weight products (``new``: kernels/sparse_fold.py) against
+the same vecmat anchors with the fold route of the shared-weight products (``new``: attnbench/kernels/sparse/fold.py) against
 the route off (``old``), at every size. ``--fold-split`` compares the fold route's 16-bit products on
-kernels/split_matmul.py (``new``: the switch on for the run, its size cap lifted) against two cuBLAS GEMMs with
+attnbench/kernels/sparse/split_matmul.py (``new``: the switch on for the run, its size cap lifted) against two cuBLAS GEMMs with
 fp32 outputs (``old``), over the vecmat anchors in bf16 (fp32 does not split). ``--bilinear-route`` compares mul on
-its bilinear route (``new``: kernels/sparse_bilinear.py) with the segment kernel (``old``: the route off, ALL_ROWS as
+its bilinear route (``new``: attnbench/kernels/sparse/bilinear.py) with the segment kernel (``old``: the route off, ALL_ROWS as
 by default) over mul's anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) and L 2-3 C 32 at N 1e6, old where N is 1e4 or
 L at most 3 unless ``--old-every-size``, errors against float64 at N 1e4 up to L 4 (L 6's dense float64 einsum
 takes tens of GB; tests/test_gpu_sparse.py checks L 6). ``--bilinear-baseline FILE`` compares the bilinear route on
-this tree (``new``) with the same route on an earlier ``kernels/sparse_bilinear.py`` (``old``; one from before the
+this tree (``new``) with the same route on an earlier ``attnbench/kernels/sparse/bilinear.py`` (``old``; one from before the
 scaled fp16 split through baseline_bilinear), over the same cases at every size. ``--fused-dense`` compares vecsca,
-scavec and inner with the dense route's two steps in one program (``new``: kernels/sparse_fused_dense.py) against its
+scavec and inner with the dense route's two steps in one program (``new``: attnbench/kernels/sparse/fused_dense.py) against its
 two launches (``old``: the fused kernels off), at L 2 and 3 (where they apply; ``--fused-max-rows 32``: L 4 too, the
 cap raised for the run; ``--fused-fp32``: fp32 through them too), C 32 and 128, N 1e5 and 1e6, fp32 and bf16
 (``--quick``: N 1e6 bf16 C 32 alone).
@@ -55,11 +55,11 @@ import sys
 import torch
 
 import attnbench
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.operators.sparse import SparseCase
-from attnbench.roofline import ceilings, machine_info
+from attnbench.bench.roofline import ceilings, machine_info
 from attnbench.sparse import triton_ops
-from attnbench.timing import measure
+from attnbench.bench.timing import measure
 
 OP = attnbench.get("sparse")
 
@@ -196,7 +196,7 @@ def main():
         case_list = anchor_cases("mul", args.quick) + [SparseCase("mul", l_max, 1_000_000, 32, dtype)
                                                        for dtype in ("float32", "bfloat16") for l_max in (2, 3)]
     elif args.fused_dense:
-        from attnbench.kernels import sparse_fused_dense
+        from attnbench.kernels.sparse import fused_dense as sparse_fused_dense
         old_launchers = "fused-off"
         levels = (2, 3)
         if args.fused_fp32:
@@ -228,7 +228,7 @@ def main():
         old = load_baseline(args.baseline)
         old_launchers, case_list = (old.sparse_product_launch, old.sparse_scale_launch), cases(args.quick)
         if args.segment_ops:
-            from attnbench.kernels import sparse_segment
+            from attnbench.kernels.sparse import segment as sparse_segment
             sparse_segment.ALL_ROWS["min_batch"] = 0  # new: mul walks the rows at every batch; old: one row a program
             case_list = segment_cases()
     if args.match:
@@ -304,8 +304,13 @@ def main():
 
 def autotuner_picks():
     """The config each sparse kernel's autotuner chose, per tuning key, in this process (this tree's kernels)."""
-    from attnbench.kernels import (small_matmul, sparse_bilinear, sparse_dense, sparse_fused_dense, sparse_outer_sum,
-                                   sparse_segment, split_matmul)
+    from attnbench.kernels.sparse import small_matmul
+    from attnbench.kernels.sparse import bilinear as sparse_bilinear
+    from attnbench.kernels.sparse import dense as sparse_dense
+    from attnbench.kernels.sparse import fused_dense as sparse_fused_dense
+    from attnbench.kernels.sparse import outer_sum as sparse_outer_sum
+    from attnbench.kernels.sparse import segment as sparse_segment
+    from attnbench.kernels.sparse import split_matmul
 
     kernels = {"scale": sparse_segment.sparse_scale_kernel, "scale_rows": sparse_segment.sparse_scale_rows_kernel,
                "product": sparse_segment.sparse_product_kernel,

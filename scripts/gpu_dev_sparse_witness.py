@@ -9,7 +9,7 @@ items at least there), and the tl.dot route's tiles are 16 wide and more. Here e
 on a batch of 3001 (several ranges, a ragged last one), without it, and with a shared operand on odd channel counts
 (17, 33) (``--all-rows``: the product kernel's rows walked by one program, every op), vecsca, scavec and inner on
 the fused dense kernels (CG L 2 and 3; fp16 too), mul on its bilinear route
-(kernels/sparse_bilinear.py) where the held operand pads to 32 and 64 rows and the output spans two row tiles, and
+(attnbench/kernels/sparse/bilinear.py) where the held operand pads to 32 and 64 rows and the output spans two row tiles, and
 SparseScale on [M, C] (odd M, channels folded into lines and not), in fp32 and bf16, each against the split
 implementation in float64. Exits 1 on a mismatch.
 """
@@ -20,7 +20,7 @@ import torch
 
 import attnbench  # noqa: F401  sets up the kernels
 from attnbench.kernels import poisoned_outputs
-from attnbench.kernels.sparse_segment import CHANNEL_RANKS, batch_splits
+from attnbench.kernels.sparse.segment import CHANNEL_RANKS, batch_splits
 from attnbench.sparse import random_product_infos, random_scale_infos
 from attnbench.sparse.functional import sparse_product_split, sparse_scale_split
 from attnbench.sparse.tensor_product import cg_product_infos
@@ -39,7 +39,7 @@ def main():
                         help="the product kernel's ALL_ROWS route (a program walks every row): every op, any batch")
     args = parser.parse_args()
     if args.all_rows:  # every op, every batch
-        from attnbench.kernels import sparse_segment
+        from attnbench.kernels.sparse import segment as sparse_segment
         sparse_segment.ALL_ROWS.update(min_batch=0, ops=frozenset(CHANNEL_RANKS))
     gen = torch.Generator().manual_seed(0)
     info = random_product_infos(*SIZES, 60, gen, device=args.device)[0]
@@ -94,7 +94,7 @@ def main():
                 check(f"mul bilinear {mul_info.size1} x {mul_info.size2} -> {mul_info.out_size} shared x/y "
                       f"{shared_x}/{shared_y}", z, sparse_product_split("mul", x.double(), y.double(), mul_info), dtype)
     # vecsca, scavec and inner on the dense route at CG L 2 and 3 (9 and 16 rows), one operand shared or none, odd
-    # channels: in 16 bits both steps in one program (kernels/sparse_fused_dense.py; not inner at L 2), fp32 on two
+    # channels: in 16 bits both steps in one program (attnbench/kernels/sparse/fused_dense.py; not inner at L 2), fp32 on two
     # launches
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for l_max in (2, 3) if not args.scale_only else ():

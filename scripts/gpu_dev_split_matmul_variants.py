@@ -7,9 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.kernels.split_matmul import split_fp32, split_matmul
+from attnbench.kernels.sparse.split_matmul import split_fp32, split_matmul
 from attnbench.kernels.tuning import autotune, cfg
-from attnbench.timing import measure
+from attnbench.bench.timing import measure
 
 SHAPES = [(8, 3, 128, 128, 64), (4, 4, 128, 64, 64), (4, 4, 64, 128, 64), (4, 4, 64, 64, 64), (4, 3, 128, 32, 64),
           (4, 4, 64, 32, 32), (8, 4, 128, 128, 32), (4, 5, 128, 64, 32), (8, 3, 128, 256, 32), (4, 4, 128, 128, 32)]

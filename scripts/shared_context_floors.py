@@ -12,7 +12,7 @@ shared_context rows: the triton variant and the gated baselines (per_batch_flash
 Per case, the least time each resource allows:
 - the minimum bytes at the report's measured copy bandwidth;
 - the exponentials, one per visible (row, key) pair, on every SM's special-function units: 16 a clock at the highest
-  SM clock (attnbench.roofline.exp_floor_s), times --exp-rate-factor (2: as if half of them ran as polynomials on the
+  SM clock (attnbench.bench.roofline.exp_floor_s), times --exp-rate-factor (2: as if half of them ran as polynomials on the
   FMA units at no cost, FlashAttention-4's trick, more than a Hopper SM's issue slots allow);
 - the matmuls at the report's measured matmul ceiling, or at --matmul-tflops (e.g. a datasheet peak);
 - with --launch-floor-us, one timed kernel launch (scripts/gpu_dev_launch_floor.py; it holds for CUDA-event timings,
@@ -25,12 +25,12 @@ import argparse
 import sys
 
 import attnbench
-from attnbench.decisions import Comparison, decide
-from attnbench.results import BadResultFile, load, merge
-from attnbench.roofline import MAX_SM_CLOCK_GHZ, attainable_copy_pct, exp_floor_s
+from attnbench.bench.decisions import Comparison, decide
+from attnbench.bench.results import BadResultFile, load, merge
+from attnbench.bench.roofline import MAX_SM_CLOCK_GHZ, attainable_copy_pct, exp_floor_s
 
 OP = attnbench.get("shared_context")
-# the issue's speed bar: triton over the fastest gated baseline timed on its clock (attnbench.decisions)
+# the issue's speed bar: triton over the fastest gated baseline timed on its clock (attnbench.bench.decisions)
 GATE = Comparison("triton", tuple(OP.gate_baselines))
 
 

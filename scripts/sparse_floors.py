@@ -16,7 +16,7 @@ A model, no GPU. Per case and mode, the least time each resource allows:
     and unpadded ((2 l1 + 1)(2 l2 + 1)(2 l3 + 1) a path a (sample, channel) column); vecsca and scavec as M[n] @ x[n]
     over the (output, vector row) pairs; inner as the Gram matrix x[n] @ y[n]^T; the others at their own FLOPs.
   A derivative's products count as the forward's (the cost model's rule: 2 for bwd, 4 for double bwd).
-attainable % = the bytes' time over the longest floor (attnbench.roofline.attainable_copy_pct).
+attainable % = the bytes' time over the longest floor (attnbench.bench.roofline.attainable_copy_pct).
 
 design cap % (bwd, double bwd): the issue asks for backward as sibling products (seed section 2.3: each gradient one
 Function's .apply with the infos rotated), so each product reads its two operands and writes its output: backward
@@ -30,7 +30,7 @@ import sys
 
 import attnbench
 from attnbench.operators.sparse import CASE_SETS, PRODUCTS, PRODUCTS_PER_MODE, _cg_pairs
-from attnbench.roofline import attainable_copy_pct
+from attnbench.bench.roofline import attainable_copy_pct
 
 OP = attnbench.get("sparse")
 MODES = ("fwd", "bwd", "double_bwd")

@@ -39,7 +39,7 @@ def measurement(op_name, case_set="anchor", variants=None, modes=None):
             if reports:
                 return from_report(op_name, reports)
             import attnbench
-            from attnbench.runner import bench
+            from attnbench.bench.runner import bench
 
             op = attnbench.get(op_name)
             rows = bench(op, op.cases(case_set), "cuda", variants=variants, modes=modes, progress=True)
@@ -65,8 +65,8 @@ def from_report(op_name, directory):
 
     import torch
 
-    from attnbench import results
-    from attnbench.roofline import machine_info
+    from attnbench.bench import results
+    from attnbench.bench.roofline import machine_info
 
     name = machine_info(torch.device("cuda"))["device_name"]
     out = {}

@@ -53,7 +53,11 @@ def tuned_kernels():
     """Kernels autotuned as shipped. The GPU gate runs with ATTNBENCH_AUTOTUNE=0 (one default
     config per shape keeps tens of correctness shapes fast), and Triton's autotuner remembers its
     pick per key, so performance tests clear those picks and tune again."""
-    from attnbench.kernels import attention_bwd_jvp, attention_jvp, flash_bwd, flash_decode, flash_fwd
+    from attnbench.kernels.attention import attention_bwd_jvp
+    from attnbench.kernels.attention import attention_jvp
+    from attnbench.kernels.attention import flash_bwd
+    from attnbench.kernels.attention import flash_decode
+    from attnbench.kernels.attention import flash_fwd
 
     kernels = (flash_fwd.flash_fwd_kernel, flash_decode.flash_decode_kernel, flash_bwd.flash_bwd_dkdv_kernel,
                flash_bwd.flash_bwd_dq_kernel,
@@ -116,10 +120,10 @@ def spy_kernel(monkeypatch):
 
 @pytest.fixture
 def all_rows_launches(monkeypatch, spy_kernel):
-    """ALL_ROWS of the sparse product kernel (kernels/sparse_segment.py) allowed for every op at every batch, mul's
+    """ALL_ROWS of the sparse product kernel (attnbench/kernels/sparse/segment.py) allowed for every op at every batch, mul's
     bilinear route off (mul on the segment kernel), and the kernel's launches recorded: a list of each launch's
     constexpr keywords (ALL_ROWS, ACCUMULATE, DOT, ...)."""
-    from attnbench.kernels import sparse_segment
+    from attnbench.kernels.sparse import segment as sparse_segment
     from attnbench.sparse import CHANNEL_RANKS, triton_ops
 
     monkeypatch.setitem(triton_ops.BILINEAR_ROUTE, "enabled", False)

@@ -3,7 +3,7 @@
     pytest -m gpu tests/test_bench_flash.py --benchmark-json out.json
 
 pytest-benchmark's own rounds use a host clock that synchronizes the GPU first
-(``attnbench.timing.cuda_synchronized_clock``); each entry also carries the timing core's
+(``attnbench.bench.timing.cuda_synchronized_clock``); each entry also carries the timing core's
 CUDA-event median and IQR (L2 flushed), TF/s and the case, in ``extra_info``.
 """
 import functools
@@ -11,9 +11,9 @@ import functools
 import pytest
 
 import attnbench
-from attnbench import verify
-from attnbench.roofline import achieved, ceilings
-from attnbench.timing import cuda_synchronized_clock, measure
+from attnbench.bench import verify
+from attnbench.bench.roofline import achieved, ceilings
+from attnbench.bench.timing import cuda_synchronized_clock, measure
 
 pytestmark = pytest.mark.gpu
 

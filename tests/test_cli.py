@@ -9,8 +9,8 @@ import re
 # (or pytest collecting tests/test_bench_flash.py first) does: the CLI must work in that order too.
 import attnbench.operators.flash  # noqa: F401, E402
 from attnbench.cli import main  # noqa: E402
-from attnbench.tables import WIDTH  # noqa: E402
-from attnbench.timing import CPU_MIN_SAMPLES  # noqa: E402
+from attnbench.bench.tables import WIDTH  # noqa: E402
+from attnbench.bench.timing import CPU_MIN_SAMPLES  # noqa: E402
 
 
 def test_list_prints_variants(capsys):
@@ -174,7 +174,7 @@ def test_cpu_check_table_fits_120_columns(capsys):
 
 def test_a_failed_write_mid_run_stops_with_one_line(tmp_path, capsys, monkeypatch):
     """A full disk on the third rewrite: the run stops, exit 2, the file keeps the first two rows."""
-    from attnbench import results
+    from attnbench.bench import results
 
     path = tmp_path / "r.json"
     real_replace, calls = results.os.replace, []
@@ -195,8 +195,8 @@ def test_a_failed_write_mid_run_stops_with_one_line(tmp_path, capsys, monkeypatc
 def test_summary_line_fits_with_large_counts():
     from types import SimpleNamespace as Row
 
-    from attnbench.tables import summary_line
-    from attnbench.timing import Timing
+    from attnbench.bench.tables import summary_line
+    from attnbench.bench.timing import Timing
 
     checks = [Row(passed=True, skipped="")] * 9000 + [Row(passed=False, skipped="")] * 900 + [Row(passed=False, skipped="x")]
     rows = [Row(timing=Timing(1.0, 0.5, 1.5, 9, "cpu-wall"))] * 9000 + [Row(timing=None)] * 999

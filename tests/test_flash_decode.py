@@ -1,4 +1,4 @@
-"""flash's split-KV forward (kernels/flash_decode.py) on the interpreter: against the float64
+"""flash's split-KV forward (attnbench/kernels/attention/flash_decode.py) on the interpreter: against the float64
 reference and FA2's query tiles, over GQA packing, row tiles, key splits (empty ones included),
 both causal alignments, rows that see no key, non-finite inputs and strided views."""
 import math
@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.attention import flash_attention, flash_fwd
-from attnbench.kernels.flash_decode import DECODE_MAX_NQ, decode_applies, decode_splits, flash_decode_launch
-from attnbench.kernels.flash_fwd import forward_route
-from attnbench.verify import BOUNDS
+from attnbench.kernels.attention.flash_decode import DECODE_MAX_NQ, decode_applies, decode_splits, flash_decode_launch
+from attnbench.kernels.attention.flash_fwd import forward_route
+from attnbench.bench.verify import BOUNDS
 
 pytestmark = pytest.mark.interpreter
 
@@ -93,7 +93,7 @@ def test_split_counts_agree(splits):
 def test_public_forward_takes_the_route_by_shape_and_routes_agree(monkeypatch):
     """Nq <= DECODE_MAX_NQ goes to the split-KV route, longer queries to the tiles; forcing either
     route gives the same function through the public API, and the override ends with its block."""
-    from attnbench.kernels import flash_fwd as module
+    from attnbench.kernels.attention import flash_fwd as module
 
     calls = []
     real = module.flash_decode_launch

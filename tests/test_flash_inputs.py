@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import attnbench.attention.ops as api
-from attnbench.operators.flash.triton import flash_attention, flash_bwd, flash_fwd
+from attnbench.attention import flash_attention, flash_bwd, flash_fwd
 
 
 @pytest.fixture(autouse=True)

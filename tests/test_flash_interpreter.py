@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnbench import verify
-from attnbench.kernels.flash_bwd import dkdv_route, dq_route
-from attnbench.kernels.flash_fwd import forward_route
+from attnbench.bench import verify
+from attnbench.kernels.attention.flash_bwd import dkdv_route, dq_route
+from attnbench.kernels.attention.flash_fwd import forward_route
 from attnbench.operators.flash import TINY_SHAPES, FlashCase, reference
-from attnbench.operators.flash.triton import flash_attention, flash_bwd, flash_fwd
+from attnbench.attention import flash_attention, flash_bwd, flash_fwd
 
 pytestmark = pytest.mark.interpreter
 
@@ -236,7 +236,7 @@ def test_split_dkdv_route_gradcheck_fp64_and_refuses_an_atomic_dq():
 @pytest.mark.parametrize("head_dim,passes", [(256, 2), (192, 1), (160, 1), (64, 1)])
 def test_default_dkdv_route_splits_at_head_width_256_and_keeps_one_pass_for_an_atomic_dq(spy_kernel, head_dim,
                                                                                       passes):
-    from attnbench.kernels import flash_bwd as kernels
+    from attnbench.kernels.attention import flash_bwd as kernels
 
     q, k, v, do = (_fp64(1, 1, 5, head_dim, seed=s).float() for s in range(4))
     o, lse = flash_fwd(q, k, v)
@@ -321,8 +321,8 @@ def test_gluon_routes_refuse_what_they_cannot_run_here_and_the_default_never_pic
     (whose answer the GPU tests hold the Gluon kernels to)."""
     from attnbench.attention import flash_bwd as bwd
     from attnbench.attention import flash_fwd as fwd
-    from attnbench.kernels import flash_fwd_hopper as hopper
-    from attnbench.kernels.flash_bwd import dkdv_route
+    from attnbench.kernels.attention import flash_fwd_hopper as hopper
+    from attnbench.kernels.attention.flash_bwd import dkdv_route
 
     q, k, v = (torch.randn(1, 2, 70, 64, dtype=torch.float16) for _ in range(3))
     assert not hopper.hopper_applies(q, k, v)
@@ -350,10 +350,10 @@ def test_gluon_routes_refuse_what_they_cannot_run_here_and_the_default_never_pic
 @pytest.mark.parametrize("head_dim,causal", [(72, "top_left"), (88, None), (40, "bottom_right"), (24, "top_left")])
 def test_masked_column_block_head_dims_run_padded_and_match_float64(route, head_dim, causal):
     """Head dims whose column blocks would be masked (72 = 64 + 16 up to 80, 88 = 64 + 32 up to 96,
-    40 = 32 + 16 up to 48, 24 in one block of 32) run zero-padded on CUDA (kernels/head_padding.py:
+    40 = 32 + 16 up to 48, 24 in one block of 32) run zero-padded on CUDA (attnbench/kernels/attention/head_padding.py:
     Triton 3.6 goes wrong at some of them there). Here the padded path runs through the interpreter,
     at an odd query length and GQA, forward and backward, against float64; other head dims are not padded."""
-    from attnbench.kernels import head_padding
+    from attnbench.kernels.attention import head_padding
 
     assert head_padding.padded_width(head_dim, "cuda") == {72: 80, 88: 96, 40: 48, 24: 32}[head_dim]
     assert head_padding.padded_width(head_dim, "cpu") == head_dim

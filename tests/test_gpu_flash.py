@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import attnbench
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.operators.flash import FlashCase
-from attnbench.runner import bench
+from attnbench.bench.runner import bench
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +64,7 @@ def test_atomic_dq_routes_match_the_oracle_on_their_first_call_after_tuning(flas
     must still return dS K summed once (reset_to_zero), within the dtype's bound. "tma_atomic" adds
     whole tiles through the copy engine: rows past N_Q and columns past D are clipped by the
     descriptor (a query length off the tile, head dims in two column blocks)."""
-    from attnbench.kernels.flash_bwd import dq_route
+    from attnbench.kernels.attention.flash_bwd import dq_route
 
     x, oracle, lowp = oracles(case, 0)
     with dq_route(route):
@@ -80,8 +80,8 @@ def test_atomic_dq_routes_match_the_oracle_on_their_first_call_after_tuning(flas
 def test_head_dims_with_a_masked_column_block_match_the_oracle(flash, oracles, case, route):
     """D 72 and 88 at an odd query length: Triton 3.6 miscompiled the pointer forward there (out-of-range
     shared memory, or outputs off by 0.85; results/gpu/nvidia-h100/odd-dims-configs.log), so the launchers
-    run them zero-padded to the column blocks' width (kernels/head_padding.py)."""
-    from attnbench.kernels.flash_fwd import forward_route
+    run them zero-padded to the column blocks' width (attnbench/kernels/attention/head_padding.py)."""
+    from attnbench.kernels.attention.flash_fwd import forward_route
 
     x, oracle, lowp = oracles(case, 0)
     with forward_route(route):
@@ -92,7 +92,7 @@ def test_head_dims_with_a_masked_column_block_match_the_oracle(flash, oracles, c
 def hopper_cases():
     """The GPU cases the Gluon forward takes (D 64-256 but 24), and shapes that stress its key ring:
     many key blocks, keys ending one past a block, GQA with odd lengths, blind rows, D past a power of two."""
-    from attnbench.kernels.flash_fwd_hopper import HOPPER_HEAD_DIMS
+    from attnbench.kernels.attention.flash_fwd_hopper import HOPPER_HEAD_DIMS
 
     return [c for c in gpu_cases() if c.head_dim in HOPPER_HEAD_DIMS] + [
         FlashCase(1, 4, 4, 4096, 4096, 128, None, "bfloat16"),
@@ -118,7 +118,7 @@ def test_forward_route_matches_oracle_repeats_bitwise_and_agrees_with_the_tiles(
     lengths, GQA, D 80/96/160/192 in two column blocks) or the Gluon wgmma kernel ("hopper", its head
     dims): the forward and the backward that reads its (O, LSE) against float64, bit-for-bit repeats,
     and the pointer tiles' answer to the dtype's bound."""
-    from attnbench.kernels.flash_fwd import forward_route
+    from attnbench.kernels.attention.flash_fwd import forward_route
 
     if route == "hopper":
         _needs_sm90()
@@ -143,7 +143,7 @@ def test_forward_route_matches_oracle_repeats_bitwise_and_agrees_with_the_tiles(
 def test_hopper_dkdv_route_matches_oracle_and_repeats_bitwise(flash, oracles, case):
     """The Gluon dK/dV pass (dkdv_route("hopper"), not the default): the backward against float64 and
     bit-for-bit repeats, at the shapes the forward route is tested on (GQA groups, blind rows, odd lengths)."""
-    from attnbench.kernels.flash_bwd import dkdv_route
+    from attnbench.kernels.attention.flash_bwd import dkdv_route
 
     _needs_sm90()
     x, oracle, lowp = oracles(case)
@@ -157,7 +157,7 @@ def test_hopper_route_reads_any_aligned_strides_and_keeps_nan_and_blind_rows_apa
     """[B, N, H, D] storage seen as [B, H, N, D] (strided heads) gives the contiguous answer; a NaN
     key makes the rows that see it NaN while rows that see no key stay (O = 0, LSE = -inf)."""
     from attnbench.attention import flash_fwd
-    from attnbench.kernels.flash_fwd import forward_route
+    from attnbench.kernels.attention.flash_fwd import forward_route
 
     _needs_sm90()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -181,7 +181,7 @@ def test_hopper_route_reads_any_aligned_strides_and_keeps_nan_and_blind_rows_apa
 def test_hopper_route_refuses_what_it_does_not_take():
     """D 48, fp32 and a 16-byte-misaligned base: the forced route says so before any kernel runs."""
     from attnbench.attention import flash_fwd
-    from attnbench.kernels.flash_fwd import forward_route
+    from attnbench.kernels.attention.flash_fwd import forward_route
 
     _needs_sm90()
     bad = [torch.randn(1, 2, 100, 48, device="cuda", dtype=torch.bfloat16),
@@ -197,7 +197,7 @@ def test_tma_route_refuses_strides_the_copy_engine_cannot_take():
     """A row stride of 40 bytes (D 20 in fp16) cannot be a descriptor's: the forced route
     says so before any kernel runs, and the default route takes the pointer tiles."""
     from attnbench.attention import flash_fwd
-    from attnbench.kernels.flash_fwd import forward_route
+    from attnbench.kernels.attention.flash_fwd import forward_route
 
     q, k, v = (torch.randn(1, 2, 100, 20, device="cuda", dtype=torch.float16) for _ in range(3))
     with pytest.raises(ValueError, match="16 bytes"):
@@ -211,7 +211,7 @@ def test_tma_route_refuses_strides_the_copy_engine_cannot_take():
 def test_decode_route_is_bitwise_deterministic_and_agrees_with_the_tiles(flash):
     """The split-KV forward (several splits here, merged in a fixed order) repeats bit for bit and
     computes what FA2's query tiles compute, to the dtype's bound."""
-    from attnbench.kernels.flash_fwd import forward_route
+    from attnbench.kernels.attention.flash_fwd import forward_route
 
     case = FlashCase(4, 32, 8, 3, 8191, 128, "bottom_right", "bfloat16")
     x = flash.make_inputs(case, "cuda", 0)
@@ -267,7 +267,7 @@ def test_decode_reads_kv_near_copy_bandwidth_and_beats_sdpa_flash(flash, tuned_k
     """Perf gate for the split-KV route at the issue's decode anchor (B64 H32/8 Nq1 Nk8192 D128,
     2.1 GB of K/V): >= 1.0x SDPA FLASH and >= 80% of the measured copy bandwidth. Measured on an
     H200 at B32 (scripts/gpu_dev_flash_decode.py, 160a5e3): 1.60x FLASH, 101.6% of copy bandwidth."""
-    from attnbench.roofline import ceilings
+    from attnbench.bench.roofline import ceilings
 
     case = FlashCase(64, 32, 8, 1, 8192, 128, None, "bfloat16")
     rows = bench(flash, [case], "cuda", variants=["triton", "sdpa_flash"], modes=["fwd"], baseline="sdpa_flash",
@@ -282,7 +282,7 @@ def test_decode_reads_kv_near_copy_bandwidth_and_beats_sdpa_flash(flash, tuned_k
 def test_cuda_graph_timing_agrees_with_cuda_events(flash, tuned_kernels):
     """--graphs replays a captured graph; for a 0.7 ms kernel launch overhead is negligible, so the
     two clocks must agree (graph replays skip the L2 flush, hence a little faster, never slower)."""
-    from attnbench.timing import measure
+    from attnbench.bench.timing import measure
 
     case = flash.cases("anchor")[0]
     x = flash.make_inputs(case, "cuda", 0)

@@ -12,10 +12,10 @@ import torch
 import torch.func as tf
 
 import attnbench
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_fwd
 from attnbench.operators.flash import FlashCase
-from attnbench.runner import bench
+from attnbench.bench.runner import bench
 
 pytestmark = pytest.mark.gpu
 

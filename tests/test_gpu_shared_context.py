@@ -4,16 +4,17 @@ bf16 and fp16 at real sizes against the float64 oracle; the peers that run are r
 fused kernel's in-kernel split-K merge is race-free (bitwise repeatable, equal to one split); int64
 offsets past 2**31 elements; the decode loop's backends agree on a GPU; and the perf gate: at every
 anchor decode case the shipped Triton path must stay at "prioritize" (>= 1.30x) over the fastest
-of its baselines (attnbench.decisions, the operator's gate_baselines).
+of its baselines (attnbench.bench.decisions, the operator's gate_baselines).
 """
 import pytest
 import torch
 
 import attnbench
-from attnbench import decisions, verify
+from attnbench.bench import decisions
+from attnbench.bench import verify
 from attnbench.operators.shared_context import SharedContextCase
-from attnbench.operators.shared_context.triton import shared_context_attention, shared_context_attention_composed
-from attnbench.runner import bench
+from attnbench.shared_context import shared_context_attention, shared_context_attention_composed
+from attnbench.bench.runner import bench
 
 pytestmark = pytest.mark.gpu
 
@@ -86,7 +87,7 @@ def test_fused_split_k_is_race_free(oracles, case):
                                   SharedContextCase(16, 32, 8, 1, 5000, 200, 128, False, "full")],
                          ids=lambda c: c.label)
 def test_launch_plans_repeat_the_usual_launch_bitwise(oracles, case):
-    """A repeated call signature launches the compiled kernel from its plan (kernels/launch.py),
+    """A repeated call signature launches the compiled kernel from its plan (attnbench/kernels/launch.py),
     skipping Triton's launcher: bitwise what the usual launch gives, on new data too, and inside a
     CUDA graph replayed on new inputs."""
     from attnbench.kernels import launch
@@ -169,7 +170,7 @@ def test_decode_loop_backends_agree_on_gpu():
 
 @pytest.mark.parametrize("case", OP.cases("anchor"), ids=lambda c: c.label)
 def test_triton_stays_prioritized_over_the_best_baseline(oracles, tuned_shared_context, case):
-    """Perf gate (the decision rule of attnbench.decisions): the fused Triton kernel must be
+    """Perf gate (the decision rule of attnbench.bench.decisions): the fused Triton kernel must be
     >= 1.30x the fastest of the issue's baselines {per-batch SDPA flash, split-PyTorch, Hydragen
     folding (SDPA flash) + merge} and the stride-0 expand that can run the case, side by side in
     one run. (cuDNN peers are judged in the decisions file, not gated.)"""

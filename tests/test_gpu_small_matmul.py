@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from attnbench.kernels import outputs as kernel_outputs
-from attnbench.kernels import small_matmul as module
-from attnbench.verify import gamma
+from attnbench.kernels.sparse import small_matmul as module
+from attnbench.bench.verify import gamma
 
 pytestmark = pytest.mark.gpu
 
@@ -81,7 +81,7 @@ def test_every_config_matches_float64(pairing, one_config):
     assert not failures, "\n".join(failures)
 
 
-# gram_stack (kernels/sparse_dense.py): x [N, P, C] times y's transposed view, P and Q <= 16 (L 2 and 3), deep C
+# gram_stack (attnbench/kernels/sparse/dense.py): x [N, P, C] times y's transposed view, P and Q <= 16 (L 2 and 3), deep C
 GRAM_SHAPES = [(9, 9, 32), (16, 16, 128), (7, 13, 37), (1, 16, 200)]  # (P, Q, C)
 
 
@@ -91,7 +91,7 @@ def test_gram_stack_matches_float64(shape, shared, monkeypatch):
     """fp32 Gram matrices BLOCK_N samples at a time, a batch that leaves the last program partly empty, ragged
     rows, columns and channel steps, one operand shared, NaN-poisoned output: within gamma_{C+1}(2**-24) |x| |y|^T
     of float64 (the FMA dot, no TF32)."""
-    from attnbench.kernels.sparse_dense import gram_stack
+    from attnbench.kernels.sparse.dense import gram_stack
 
     monkeypatch.setattr(kernel_outputs, "_poisoning", lambda: True)
     p, q, c = shape

@@ -39,12 +39,14 @@ import pytest
 import torch
 
 import attnbench
-from attnbench import verify
-from attnbench.verify import gamma
+from attnbench.bench import verify
+from attnbench.bench.verify import gamma
 from attnbench.kernels import outputs as kernel_outputs
-from attnbench.kernels import sparse_bilinear, sparse_fused_dense, sparse_segment
-from attnbench.kernels.sparse_outer_sum import outer_sum_kernel
-from attnbench.kernels.sparse_segment import product_out_shape
+from attnbench.kernels.sparse import bilinear as sparse_bilinear
+from attnbench.kernels.sparse import fused_dense as sparse_fused_dense
+from attnbench.kernels.sparse import segment as sparse_segment
+from attnbench.kernels.sparse.outer_sum import outer_sum_kernel
+from attnbench.kernels.sparse.segment import product_out_shape
 from attnbench.operators.sparse import SparseCase, peers
 from attnbench.sparse import (CHANNEL_RANKS, functional, product_infos, product_terms, random_product_infos,
                               random_scale_infos, scale_infos, scale_terms, so3, sparse_product,
@@ -111,7 +113,7 @@ def error_factor(dtype, m, roundings, exact=False):
 
 
 def matrix_unit_chain(case, dtype, m):
-    """m of the bound where mul's bilinear route (kernels/sparse_bilinear.py) runs on the tensor cores: their fp32
+    """m of the bound where mul's bilinear route (attnbench/kernels/sparse/bilinear.py) runs on the tensor cores: their fp32
     accumulation may truncate instead of rounding (up to 2u an add: each rounding counted twice); fp32's tf32x3
     products leave up to 5 x 2^-22 = 20 u32 of each product (the two low parts cut to TF32, the dropped lo x lo), and
     16-bit inputs' coefficients in two halves up to 2^-16 = 256 u32 of each. The route's chain is otherwise no
@@ -305,7 +307,7 @@ class ProductCase:
 
     def bilinear(self, dtype):
         """Whether mul's forward, or the mul of one of its derivatives, in ``dtype`` takes the bilinear route
-        (kernels/sparse_bilinear.py: tensor cores); each info as if both operands were batched."""
+        (attnbench/kernels/sparse/bilinear.py: tensor cores); each info as if both operands were batched."""
         if self.op != "mul":
             return False
 
@@ -447,17 +449,17 @@ def test_scale_matches_float64_to_second_order(case, dtype, triton_only):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op,l_max", [("vecmat", 4), ("mat_t_vec", 3)])
 def test_fold_route_matches_float64(op, l_max, dtype, split, triton_only, monkeypatch):
-    """The fold route of the shared-weight products (kernels/sparse_fold.py: the weight folded into the
+    """The fold route of the shared-weight products (attnbench/kernels/sparse/fold.py: the weight folded into the
     coefficients, one GEMM over the batch) at a real size: z, the batched vectors' gradient (the other op of the
     pair against the weight transposed: folded too) and the weight's (outer summed over the batch: one GEMM over the
     batch, the fold transposed) against float64. Normwise a-priori bound, A = the same of |x|, |y|, |scale|, |gz|:
     a per-sample output sums m = P C + P products (the GEMM over (i, a), the fold over i2), the weight's gradient
     N + P^2, so (u_out + gamma_m) A with u_out the output's rounding (bf16: 2^-8; fp32: none beyond gamma) and
-    2^-16 for the hi + lo split in 16 bits. ``split``: the 16-bit products on kernels/split_matmul.py (both halves
+    2^-16 for the hi + lo split in 16 bits. ``split``: the 16-bit products on attnbench/kernels/sparse/split_matmul.py (both halves
     in one program) instead of cuBLAS."""
     import dataclasses
 
-    from attnbench.kernels import sparse_fold
+    from attnbench.kernels.sparse import fold as sparse_fold
     from attnbench.sparse import cg_product_infos, sparse_product, sparse_product_reference, use_implementation
     from attnbench.sparse.triton_ops import FOLD_ROUTE
 
@@ -497,7 +499,7 @@ def test_fold_route_matches_float64(op, l_max, dtype, split, triton_only, monkey
     # z and the vectors' gradient take split_matmul in 16 bits when it is on (not in the dry run: bf16 runs upcast)
     assert len(calls) == (2 if split and dtype != torch.float32 and not DRYRUN else 0), calls
 
-# mul on its bilinear route (kernels/sparse_bilinear.py) where it pads differently: CG L 2 (9 rows a 16 tile; bf16
+# mul on its bilinear route (attnbench/kernels/sparse/bilinear.py) where it pads differently: CG L 2 (9 rows a 16 tile; bf16
 # only: fp32 keeps the segment kernel there), L 4 (25: 32), L 6 (49: 64), and a random structure of 24 x 70 -> 80
 # (held x of 24 rows, 80 output rows: two row tiles).
 BILINEAR_CASES = sized([
@@ -526,7 +528,7 @@ def test_bilinear_route_matches_float64_to_second_order(case, dtype, triton_only
     assert launches.launches >= 5 if routed else not launches.launches  # z, gx, gy, and the double backward's
 
 
-# vecsca, scavec and inner with both steps of the dense route in one program (kernels/sparse_fused_dense.py): CG L 2
+# vecsca, scavec and inner with both steps of the dense route in one program (attnbench/kernels/sparse/fused_dense.py): CG L 2
 # and 3 (9 and 16 rows: one padded tile), batches not a multiple of a program's samples, channels not a multiple of
 # the channel tile (37, 33) or below it (5). inner at L 2 (a 9 x 9 Gram grid) and fp32 keep the two launches.
 FUSED_CASES = sized([
@@ -618,7 +620,7 @@ SHARED_CASES = sized([
     ProductCase("mul", SMALL_RANDOM, 2048, (32,), (32,), out_accumulated=True, integer=True),
     ProductCase("mul", DENSER_RANDOM, 2048, (32,), (32,), "shared_y", integer=True),  # on the bilinear route
     ProductCase("outer", SMALL_RANDOM, 512, (16,), (8,), "shared_x", True, integer=True),
-    # both batched: the FC layer's weight gradient, on matrix units (kernels/sparse_outer_sum.py)
+    # both batched: the FC layer's weight gradient, on matrix units (attnbench/kernels/sparse/outer_sum.py)
     ProductCase("outer", SMALL_RANDOM, 2048, (128,), (64,), out_accumulated=True, integer=True),
     ProductCase("inner", SMALL_RANDOM, 1, (32,), (32,), "shared_both", integer=True),
     ProductCase("vecmat", SMALL_RANDOM, 2048, (32,), (32, 16), "shared_y", integer=True),
@@ -674,7 +676,7 @@ def test_odd_sizes_and_rows_without_terms(case, triton_only):
 
 @pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: c.label)
 def test_odd_sizes_walking_every_row(case, triton_only, all_rows_launches):
-    """The odd cases with ALL_ROWS allowed for every op at every batch (kernels/sparse_segment.py: a program walks
+    """The odd cases with ALL_ROWS allowed for every op at every batch (attnbench/kernels/sparse/segment.py: a program walks
     every output row of its batch block; by default mul's from 1e4 items): to second order against the oracle,
     NaN-poisoned. Every launch of the segment kernel that may walk the rows does (the others: batch sums, the
     shared-matrix tl.dot route); the forwards the dense, fold and outer-by-dot routes take do not launch it."""

@@ -9,7 +9,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.func as tf
 
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_bwd, flash_fwd
 from attnbench.operators.flash import FlashCase
 from attnbench.operators.flash.reference import attention as reference_attention

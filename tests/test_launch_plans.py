@@ -1,4 +1,4 @@
-"""Launch plans (kernels/launch.py) on the shared_context launchers: a call signature seen before
+"""Launch plans (attnbench/kernels/launch.py) on the shared_context launchers: a call signature seen before
 is launched from its plan, never with the previous call's data, and a plan is made only where its
 key fixes everything the kernel specializes on. Through the interpreter (plans there launch through
 the JIT function with the remembered arguments; on a GPU they call the compiled kernel, which
@@ -11,7 +11,7 @@ import attnbench
 from attnbench.kernels import launch
 from attnbench.kernels import shared_context as sc
 from attnbench.operators.shared_context import SharedContextCase
-from attnbench.operators.shared_context import triton as api
+from attnbench import shared_context as api
 
 pytestmark = pytest.mark.interpreter
 

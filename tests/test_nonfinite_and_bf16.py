@@ -12,7 +12,7 @@ tests/test_gpu_jvp_attention.py repeats the propagation checks on the compiled G
 import pytest
 import torch
 
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_bwd, flash_fwd
 from attnbench.operators.flash import split
 from attnbench.operators.flash.reference import attention as reference_attention

@@ -1,5 +1,5 @@
-"""The wheel and sdist carry the package as designed: kernels/ installed as attnbench.kernels
-(never as a top-level ``kernels`` module, a name another PyPI package owns); the wheel holds no
+"""The wheel and sdist carry the package as designed: the kernels inside it as attnbench.kernels
+(never a top-level ``kernels`` module, a name another PyPI package owns); the wheel holds no
 tests or suites, and the sdist holds the whole test gate with everything it needs (MANIFEST.in)."""
 import os
 import shutil
@@ -20,9 +20,9 @@ def build(kind, out):
 
 def test_wheel_layout(tmp_path):
     names = zipfile.ZipFile(build("wheel", tmp_path)).namelist()
-    assert "attnbench/kernels/flash_fwd.py" in names
-    assert "attnbench/kernels/flash_bwd.py" in names
-    assert "attnbench/operators/flash/triton.py" in names
+    assert "attnbench/kernels/attention/flash_fwd.py" in names
+    assert "attnbench/kernels/attention/flash_bwd.py" in names
+    assert "attnbench/shared_context/spec.py" in names and "attnbench/bench/runner.py" in names
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "suites/"))]
     license_file = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))  # MIT, as declared
     assert "MIT License" in zipfile.ZipFile(build("wheel", tmp_path / "license")).read(license_file).decode()
@@ -32,7 +32,7 @@ def test_wheel_layout(tmp_path):
 
 def test_sdist_has_sources(tmp_path):
     names = tarfile.open(build("sdist", tmp_path)).getnames()
-    assert any(n.endswith("kernels/flash_fwd.py") for n in names)
+    assert any(n.endswith("attnbench/kernels/attention/flash_fwd.py") for n in names)
     assert any(n.endswith("pyproject.toml") for n in names)
 
 
@@ -55,8 +55,7 @@ def clean_copy(dest):
 def test_sdist_runs_its_own_tests(tmp_path):
     """Unpacked, the sdist holds every test and suite file of this tree, and pytest collects the
     whole gate there without an error (a missing conftest.py or suites/ gave 179 errors) and runs
-    a test that imports the asv suites. (attnbench.kernels still comes from the installed package:
-    the source tree has no attnbench/kernels folder, by design.)"""
+    a test that imports the asv suites."""
     source = clean_copy(tmp_path / "checkout")
     subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path / "dist"),
                     str(source)], check=True, capture_output=True)

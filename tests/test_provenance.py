@@ -1,10 +1,10 @@
-"""attnbench.provenance: the code a result file names (its "code" record, and the report's "Code:" line)."""
+"""attnbench.bench.provenance: the code a result file names (its "code" record, and the report's "Code:" line)."""
 import json
 import subprocess
 from pathlib import Path
 
 import attnbench
-from attnbench import provenance
+from attnbench.bench import provenance
 from attnbench.cli import main
 
 ROOT = Path(attnbench.__file__).parent.parent

@@ -4,7 +4,7 @@ import torch
 
 import attnbench
 from attnbench.operators.flash import FlashCase, FlashOperator
-from attnbench.registry import Operator, Variant, all_operators, register
+from attnbench.bench.registry import Operator, Variant, all_operators, register
 
 
 def _noop_prepare(case, x, mode):

@@ -32,7 +32,7 @@ def test_markdown_ratios_and_plot(tmp_path, capsys):
 
 def test_plot_goes_logarithmic_where_bars_span_decades(tmp_path):
     """Peers 100x slower would be flat on a linear axis: that panel is logarithmic, a 2x panel stays linear."""
-    from attnbench import report
+    from attnbench.bench import report
 
     def row(mode, variant, tflops):
         return {"op": "toy", "case": "c1", "mode": mode, "variant": variant, "tflops": tflops,

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from attnbench import results
+from attnbench.bench import results
 
 
 class Row:

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from attnbench import second_order
+from attnbench.bench import second_order
 from attnbench.cli import main
 from attnbench.operators.flash import FlashCase
 from attnbench.operators.jvp_attention import capabilities

@@ -1,4 +1,4 @@
-"""attnbench.decisions: the seed's rule as data, verdicts computed from bench rows (generic over
+"""attnbench.bench.decisions: the seed's rule as data, verdicts computed from bench rows (generic over
 operators; tested here with shared_context's comparisons and with made-up rows)."""
 import json
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 
 import attnbench
-from attnbench import decisions
-from attnbench.decisions import BEST_PEER, Comparison, decide, verdict
+from attnbench.bench import decisions
+from attnbench.bench.decisions import BEST_PEER, Comparison, decide, verdict
 
 
 @pytest.mark.parametrize("speedup,expected", [(0.5, "defer"), (1.0, "defer"), (1.0999, "defer"), (1.10, "implement"),

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-import attnbench.operators.shared_context.triton as api
-from attnbench.operators.shared_context.spec import check_inputs
+import attnbench.shared_context as api
+from attnbench.shared_context.spec import check_inputs
 
 APIS = (api.shared_context_attention, api.shared_context_attention_composed)
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import attnbench
-from attnbench import verify
+from attnbench.bench import verify
 from attnbench.kernels.shared_context import buffer_steps
 from attnbench.operators.shared_context import GPU_SHAPES, TINY_SHAPES, SharedContextCase, peers
-from attnbench.operators.shared_context.triton import (buffer_attention, context_attention,
+from attnbench.shared_context import (buffer_attention, context_attention,
                                                        shared_context_attention, shared_context_attention_composed)
 
 pytestmark = pytest.mark.interpreter
@@ -138,7 +138,7 @@ def test_rows_that_see_no_key_give_zero_and_minus_inf(variant):
 
 
 def test_poisoning_exposes_an_unwritten_output(oracles, monkeypatch):
-    import attnbench.operators.shared_context.triton as api
+    import attnbench.shared_context as api
 
     case = CASES[0]
     x, oracle, lowp = oracles(case)

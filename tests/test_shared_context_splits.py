@@ -11,7 +11,7 @@ import attnbench
 from attnbench.kernels import shared_context as sc
 from attnbench.kernels import tuning
 from attnbench.operators.shared_context import SharedContextCase
-from attnbench.operators.shared_context.triton import context_attention, shared_context_attention
+from attnbench.shared_context import context_attention, shared_context_attention
 
 pytestmark = pytest.mark.interpreter
 

@@ -9,7 +9,7 @@ import torch
 
 from attnbench.kernels.outputs import poisoned_outputs
 from attnbench.kernels.offsets import slice_needs_copy
-from attnbench.kernels.small_matmul import small_matmul
+from attnbench.kernels.sparse.small_matmul import small_matmul
 
 pytestmark = pytest.mark.interpreter
 

@@ -1,4 +1,4 @@
-"""mul's bilinear route (kernels/sparse_bilinear.py: dense coefficient blocks on the matrix units) on the
+"""mul's bilinear route (attnbench/kernels/sparse/bilinear.py: dense coefficient blocks on the matrix units) on the
 interpreter: values against the float64 reference and the segment kernel it replaces, every sharing, both held
 operands, output rows past one row tile, odd sizes and strides; first and second derivatives (mul is closed under
 differentiation, so the backward takes the route too); where the route does not apply the segment kernel runs;
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from attnbench.kernels import sparse_bilinear
+from attnbench.kernels.sparse import bilinear as sparse_bilinear
 from attnbench.sparse import (product_infos, random_product_infos, sparse_product, sparse_product_reference,
                               triton_ops, use_implementation)
 from attnbench.sparse.tensor_product import cg_product_infos

@@ -1,4 +1,4 @@
-"""The dense route of vecsca, scavec and inner (kernels/sparse_dense.py) on the interpreter: its tables
+"""The dense route of vecsca, scavec and inner (attnbench/kernels/sparse/dense.py) on the interpreter: its tables
 (``SparseProductInfo.dense_rows``) against a loop over the terms, its values and derivatives against the float64
 reference and the segment kernel it replaces, the cases that keep the segment kernel, and that the route is taken
 where it should be (a counting spy on its gather launcher). The per-sample sums run both ways: as a GEMM on the
@@ -10,7 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from attnbench.kernels import sparse_dense, sparse_fused_dense, tuning
+from attnbench.kernels.sparse import dense as sparse_dense
+from attnbench.kernels.sparse import fused_dense as sparse_fused_dense
+from attnbench.kernels import tuning
 from attnbench.sparse import (CHANNEL_RANKS, product_infos, random_product_infos, sparse_product,
                               sparse_product_reference, use_implementation)
 from attnbench.sparse.info import DENSE_GRID_PER_TERM, GATHER_MATRIX_PER_TERM, product_terms

@@ -1,4 +1,4 @@
-"""The fold route of vecmat with a shared y and mat_t_vec with a shared x (kernels/sparse_fold.py) on the CPU: its
+"""The fold route of vecmat with a shared y and mat_t_vec with a shared x (attnbench/kernels/sparse/fold.py) on the CPU: its
 values against the float64 reference and the segment kernel it replaces, its derivatives (the backward's mat_t_vec
 takes it too), the cases that keep the other kernels, and that it runs where it should (a counting spy on its
 launcher). It is GEMMs only: no Triton launch, so these are cheap. bf16 runs as an fp32 upcast on the interpreter, so
@@ -11,7 +11,7 @@ import torch
 
 from attnbench.sparse import (cg_product_infos, random_product_infos, sparse_product, sparse_product_reference,
                               use_implementation)
-from attnbench.kernels import sparse_fold
+from attnbench.kernels.sparse import fold as sparse_fold
 from attnbench.sparse import triton_ops
 from attnbench.sparse.triton_ops import fold_route
 
@@ -88,7 +88,7 @@ def test_fp16_values_and_weight_gradient(folds, split, cap, monkeypatch):
     fp32 there, exact for 16-bit values): z of both ops and the weight gradient (outer summed over the batch) within
     an a-priori bound of float64: the output's rounding (u16 of |exact|), fp32 sums of at most ``chain`` products
     and the fold's hi + lo split (2**-21), each of the sum of |terms| (the same computation on |inputs|).
-    ``split``: the products against the fold on kernels/split_matmul.py (the weight gradient has no fold to split);
+    ``split``: the products against the fold on attnbench/kernels/sparse/split_matmul.py (the weight gradient has no fold to split);
     ``cap``: a fold with more entries than ``max_entries`` takes the cuBLAS pair with the kernel on (the default
     cap is measured on the H200: sparse_fold.py)."""
     monkeypatch.setitem(sparse_fold.SPLIT_MATMUL, "enabled", split)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import attnbench
-from attnbench import runner
+from attnbench.bench import runner
 from attnbench.cli import main
 from attnbench.operators.sparse import (ANCHOR_C, ANCHOR_L, ANCHOR_N, OPS, SWEEP_BYTE_CAP, SparseCase, num_terms,
                                         peers, work_terms)
-from attnbench.registry import Unsupported
+from attnbench.bench.registry import Unsupported
 
 OP = attnbench.get("sparse")
 
@@ -207,7 +207,7 @@ def test_a_case_out_of_memory_is_kept_and_the_run_goes_on(monkeypatch, short_of)
     `attnbench run`. Now a case whose inputs or oracle run out of memory keeps its check rows, skipped with the
     reason; its bench rows are timed and marked unverified (the oracle) or skipped (the inputs); the cases after
     it run."""
-    from attnbench.tables import bench_table, summary_line
+    from attnbench.bench.tables import bench_table, summary_line
 
     cases = [c for c in OP.cases("tiny") if c.is_scale][:2]
     original = getattr(OP, short_of)

@@ -1,4 +1,4 @@
-"""outer summed over the batch on matrix units (kernels/sparse_outer_sum.py), on the interpreter: the fully
+"""outer summed over the batch on matrix units (attnbench/kernels/sparse/outer_sum.py), on the interpreter: the fully
 connected layer's weight gradient. Against float64 with a priori bounds; the route asserted (a spy on its
 launcher) and refused where it does not apply (fp64, a shared input, the switch off); odd channel counts over
 several tiles, a batch over several splits, the backward infos' gather_index, strided views (and the compact copy
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from attnbench.kernels import poisoned_outputs
-from attnbench.kernels import sparse_outer_sum
-from attnbench.kernels.sparse_segment import compact_channels
+from attnbench.kernels.sparse import outer_sum as sparse_outer_sum
+from attnbench.kernels.sparse.segment import compact_channels
 from attnbench.sparse import (product_infos, product_terms, random_product_infos, sparse_outer, sparse_product,
                               sparse_product_reference, sparse_vecmat, triton_ops, use_implementation)
-from attnbench.verify import gamma
+from attnbench.bench.verify import gamma
 
 pytestmark = pytest.mark.interpreter
 

@@ -1,4 +1,4 @@
-"""The Triton CSR segment kernels of the sparse operator (kernels/sparse_segment.py) on the interpreter, against
+"""The Triton CSR segment kernels of the sparse operator (attnbench/kernels/sparse/segment.py) on the interpreter, against
 the float64 dense reference: every product and SparseScale, batched and shared inputs on each side,
 out_accumulated on and off, float64/float32/float16/bfloat16, odd channel counts, empty structures; gradcheck and
 gradgradcheck through the Functions with the Triton implementation forced (so the backward kernels are Triton
@@ -120,12 +120,12 @@ def test_product_odd_channels(infos, op, channels):
 
 @pytest.mark.parametrize("op", OPS)
 def test_products_walking_every_row(infos, op, monkeypatch, all_rows_launches):
-    """ALL_ROWS (a program walks every output row of its batch block: kernels/sparse_segment.py; by default mul's
+    """ALL_ROWS (a program walks every output row of its batch block: attnbench/kernels/sparse/segment.py; by default mul's
     from 1e4 items) forced for every op at any batch: bitwise the one-row-a-program result (each output's terms
     summed in the same CSR order) and float64's, batched and shared, the backward infos (gather_index) too, 17
     channels in fp32; out_accumulated keeps its batch-split launch. The routes that take some of these products
     elsewhere (dense, fold, outer by dot) off."""
-    from attnbench.kernels import sparse_segment
+    from attnbench.kernels.sparse import segment as sparse_segment
     from attnbench.sparse import triton_ops
 
     for switch in (triton_ops.DENSE_ROUTE, triton_ops.FOLD_ROUTE, triton_ops.OUTER_SUM_BY_DOT):
@@ -161,7 +161,7 @@ def test_products_walking_every_row(infos, op, monkeypatch, all_rows_launches):
 def test_all_rows_defaults_to_mul_from_1e4_items():
     """By default only mul walks the rows (the op it was measured on), from 1e4 batch items, and never a batch sum
     or the shared-matrix tl.dot route."""
-    from attnbench.kernels.sparse_segment import walks_all_rows
+    from attnbench.kernels.sparse.segment import walks_all_rows
 
     assert walks_all_rows("mul", 10_000) and walks_all_rows("mul", 10 ** 6)
     assert not walks_all_rows("mul", 9_999)
@@ -192,7 +192,7 @@ def test_scale_folds_wide_channels_of_a_batch_of_one(long_rows_pair, triton_only
     """SparseScale on [M, C] (no batch) runs as [C / line, M, line] (kernels/sparse_segment.channel_line): values
     against float64 and first and second derivatives through the kernels (the backward's short rows: 3 lines of
     16, so the row-tile kernel), for a few foldable widths."""
-    from attnbench.kernels.sparse_segment import channel_line
+    from attnbench.kernels.sparse.segment import channel_line
 
     assert channel_line(1, 2048, 1) == 64 and channel_line(1, 96, 1) == 32 and channel_line(1, 48, 1) == 16
     assert channel_line(1, 64, 1) == 32  # two lines at least
@@ -213,7 +213,7 @@ def test_scale_routes_of_a_batch_of_one(spy_kernel, triton_only):
     LINES_OVER_ROWS or more (1024: 16 of 64); longer rows the batched one with channels folded into lines; both
     against float64, with empty rows and repeated terms, odd and foldable channel counts, and the batched kernel
     for a real batch."""
-    from attnbench.kernels import sparse_segment
+    from attnbench.kernels.sparse import segment as sparse_segment
 
     spies = {name: spy_kernel(sparse_segment, name) for name in ("sparse_scale_rows_kernel", "sparse_scale_kernel")}
     short = random_scale_infos(9, 13, 13, torch.Generator().manual_seed(6))[0]  # 1 term a row on average
@@ -238,7 +238,7 @@ def test_scale_routes_of_a_batch_of_one(spy_kernel, triton_only):
 def test_scale_row_tiles_of_strided_channels_and_no_scale(spy_kernel, long_rows_pair, triton_only):
     """The row-tile kernel on x whose channels are not contiguous (a transposed [M, C], every other channel) and
     on an info without scales (scale None: 1, never the dummy pointer the launcher passes), against float64."""
-    from attnbench.kernels import sparse_segment
+    from attnbench.kernels.sparse import segment as sparse_segment
 
     spy = spy_kernel(sparse_segment, "sparse_scale_rows_kernel")
     short = long_rows_pair[1]
@@ -267,7 +267,7 @@ def test_scale_of_an_empty_input_size(triton_only):
 
 def test_batch_splits_of_a_batch_sum():
     """out_accumulated: enough batch ranges to fill the GPU, each of 256 items at least, within the caps."""
-    from attnbench.kernels.sparse_segment import MAX_BATCH_SPLITS, PROGRAMS_PER_SM, batch_splits
+    from attnbench.kernels.sparse.segment import MAX_BATCH_SPLITS, PROGRAMS_PER_SM, batch_splits
 
     assert batch_splits(100_000, rows=9, cz=1024, sms=132) == -(-PROGRAMS_PER_SM * 132 // (9 * 16))
     assert batch_splits(1_000, rows=9, cz=1024, sms=132) == 4  # 256 items a range at least

@@ -1,4 +1,4 @@
-"""kernels/split_matmul.py: a 16-bit batch times an fp32 matrix split into hi + lo, one rounding. On the
+"""attnbench/kernels/sparse/split_matmul.py: a 16-bit batch times an fp32 matrix split into hi + lo, one rounding. On the
 interpreter in fp16 (numpy has no bf16: bf16 there takes an fp32 matmul), on a GPU in fp16 and bf16 with every
 launch config forced in turn. Bounds are a priori, elementwise: the output's rounding (u_out |exact|), fp32 sums of
 K products (gamma_{K+1}(2**-24)) and the split (scale (hi + lo) misses b by at most 2**-16 |b| in bf16, 2**-22 in
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnbench.kernels import outputs as kernel_outputs
-from attnbench.kernels.split_matmul import split_fp32, split_matmul, split_matmul_kernel
-from attnbench.verify import gamma
+from attnbench.kernels.sparse.split_matmul import split_fp32, split_matmul, split_matmul_kernel
+from attnbench.bench.verify import gamma
 
 SPLIT_ERROR = {torch.float16: 2.0 ** -22, torch.bfloat16: 2.0 ** -16}
 

@@ -86,10 +86,10 @@ def test_asv_reads_run_reports_split_in_parts_and_only_their_cuda_event_rows(tmp
     other GPUs are ignored."""
     import json
 
-    import attnbench.roofline
+    import attnbench.bench.roofline
     from suites._anchor import from_report
 
-    monkeypatch.setattr(attnbench.roofline, "machine_info", lambda device: {"device_name": "GPU X"})
+    monkeypatch.setattr(attnbench.bench.roofline, "machine_info", lambda device: {"device_name": "GPU X"})
 
     def row(mode, ms, method="cuda-events"):
         return {"op": "jvp_attention", "case": "c", "variant": "triton", "mode": mode, "tflops": 1.0, "gbps": 1.0,

@@ -10,10 +10,10 @@ import triton
 import triton.testing
 
 from attnbench.kernels import interpreting
-from attnbench.roofline import (Ceilings, achieved, attainable_copy_pct, calibrate, ceilings, exp_floor_s, machine_info,
+from attnbench.bench.roofline import (Ceilings, achieved, attainable_copy_pct, calibrate, ceilings, exp_floor_s, machine_info,
                                 machine_slug)
-from attnbench.runner import Progress
-from attnbench.timing import (CPU_MIN_SAMPLES, NOISY_IQR_FRACTION, Timing, comparable, measure, peak_memory_bytes,
+from attnbench.bench.runner import Progress
+from attnbench.bench.timing import (CPU_MIN_SAMPLES, NOISY_IQR_FRACTION, Timing, comparable, measure, peak_memory_bytes,
                               summarize)
 
 
@@ -127,7 +127,7 @@ def test_noisy_flag_and_comparable_clocks():
 def test_bench_reports_rows_as_they_finish_and_divides_comparable_clocks_only(flash):
     """on_row sees each row when it is done; the baseline runs last here, so the earlier rows get
     their speedup afterwards, on the same objects. Interpreter rows get none."""
-    from attnbench.runner import bench
+    from attnbench.bench.runner import bench
 
     seen = []
     rows = bench(flash, flash.cases("tiny")[:1], "cpu", ["triton", "split", "reference"], ["fwd"], baseline="reference",
@@ -154,7 +154,7 @@ def test_gpu_time_quantiles_pick_sorted_samples(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_time_keeps_the_host_out_and_the_gpu_in():
     """A call that spends 2 ms on the host and ~0.2 ms on the GPU reads its GPU time. With
-    triton's do_bench, the timing core before kernels/gpu_time.py, the same call reads >= 2 ms."""
+    triton's do_bench, the timing core before attnbench/kernels/gpu_time.py, the same call reads >= 2 ms."""
     cycles_200us = 200 * 1000  # at most 2 GHz: at least 0.1 ms even at the top clock
 
     def host_heavy():
@@ -274,7 +274,7 @@ def test_progress_disabled_prints_nothing():
 def test_graph_mode_declines_autograd_backward(flash):
     """Capturing autograd's backward fails on a GPU (legacy stream); the variant must say so."""
     from attnbench import Unsupported
-    from attnbench.timing import measure
+    from attnbench.bench.timing import measure
 
     case = flash.cases("tiny")[0]
     x = flash.make_inputs(case, "cpu", 0)

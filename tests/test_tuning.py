@@ -1,11 +1,12 @@
-"""Tile choices made on the host (kernels/tuning.py and the flash backward's config filters): the
+"""Tile choices made on the host (attnbench/kernels/tuning.py and the flash backward's config filters): the
 head dim's column blocks, the register filter that keeps accumulator tiles from spilling, and the
 shared-memory budget. Pure functions: no kernel runs here."""
 import pytest
 import torch
 import triton.language as tl
 
-from attnbench.kernels import flash_bwd, tuning
+from attnbench.kernels.attention import flash_bwd
+from attnbench.kernels import tuning
 from attnbench.kernels.tuning import cfg, head_dim_blocks
 
 

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from attnbench import verify
-from attnbench.kernels import new_output, outputs as kernel_outputs, poisoned_outputs
+from attnbench.bench import verify
+from attnbench.kernels import new_output, poisoned_outputs
+from attnbench.kernels import outputs as kernel_outputs
 from attnbench.operators.flash import FlashCase
-from attnbench.verify import BOUNDS, FLOORS, CheckResult, OutputCheck, judge, mismatch_report, relative_error
+from attnbench.bench.verify import BOUNDS, FLOORS, CheckResult, OutputCheck, judge, mismatch_report, relative_error
 
 
 def _ref():
@@ -379,8 +380,8 @@ def test_run_poisoned_reaches_the_triton_launcher(flash, monkeypatch):
         seen.append(kernel_outputs._poisoning())
         return real(shape, dtype, device)
 
-    import attnbench.kernels.flash_decode as decode_module
-    import attnbench.kernels.flash_fwd as fwd_module
+    import attnbench.kernels.attention.flash_decode as decode_module
+    import attnbench.kernels.attention.flash_fwd as fwd_module
     import attnbench.kernels.merge_states as merge_module
 
     for module in (fwd_module, decode_module, merge_module):  # both forward routes, and the split merge

@@ -18,13 +18,13 @@ from torch import Tensor
 
 from ..kernels import interpreting
 from ..kernels import unavailable_reason as kernels_unavailable_reason
-from ..kernels.attention_bwd_jvp import attention_bwd_jvp_launch
-from ..kernels.attention_jvp import attention_jvp_launch
-from ..kernels.flash_bwd import flash_bwd_launch
-from ..kernels.flash_fwd import flash_fwd_launch
+from ..kernels.attention.attention_bwd_jvp import attention_bwd_jvp_launch
+from ..kernels.attention.attention_jvp import attention_jvp_launch
+from ..kernels.attention.flash_bwd import flash_bwd_launch
+from ..kernels.attention.flash_fwd import flash_fwd_launch
 from ..kernels.offsets import slice_needs_copy
 from ..kernels.precision import lse_dtype
-from ..kernels.row_dot import row_dot_launch
+from ..kernels.attention.row_dot import row_dot_launch
 
 
 # ----------------------------------------------------------------------------- device rules

@@ -45,13 +45,13 @@ def _split(q, k_ctx, v_ctx, k_buf, v_buf, causal, scale):
 
 
 def _triton(q, k_ctx, v_ctx, k_buf, v_buf, causal, scale):
-    from ..operators.shared_context.triton import shared_context_attention
+    from ..shared_context import shared_context_attention
 
     return shared_context_attention(q, k_ctx, v_ctx, k_buf, v_buf, causal=causal, scale=scale)[0]
 
 
 def _triton_composed(q, k_ctx, v_ctx, k_buf, v_buf, causal, scale):
-    from ..operators.shared_context.triton import shared_context_attention_composed
+    from ..shared_context import shared_context_attention_composed
 
     return shared_context_attention_composed(q, k_ctx, v_ctx, k_buf, v_buf, causal=causal, scale=scale)[0]
 

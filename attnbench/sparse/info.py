@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..kernels.sparse_bilinear import coefficient_splits
+from ..kernels.sparse.bilinear import coefficient_splits
 
 __all__ = [
     "SparseProductInfo", "SparseScaleInfo", "product_infos", "scale_infos", "product_terms", "scale_terms",

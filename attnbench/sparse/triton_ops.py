@@ -1,4 +1,4 @@
-"""The sparse kernels (``kernels/sparse_segment.py``) as PyTorch custom ops.
+"""The sparse kernels (``attnbench/kernels/sparse/segment.py``) as PyTorch custom ops.
 
 ``attnbench::sparse_product`` and ``attnbench::sparse_scale`` take the info's tensors one by one (custom ops
 take no dataclasses) and keep each launch opaque to torch.compile: a fake implementation gives the output
@@ -20,19 +20,19 @@ from torch import Tensor
 from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.offsets import INT32_MAX
-from ..kernels.sparse_bilinear import MAX_HELD, bilinear_launch
-from ..kernels.sparse_dense import DENSE_OPS, dense_product_launch
-from ..kernels.sparse_dense import FUSED as FUSED_DENSE
-from ..kernels.sparse_fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
-from ..kernels.sparse_outer_sum import outer_sum_launch
-from ..kernels.sparse_segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
+from ..kernels.sparse.bilinear import MAX_HELD, bilinear_launch
+from ..kernels.sparse.dense import DENSE_OPS, dense_product_launch
+from ..kernels.sparse.dense import FUSED as FUSED_DENSE
+from ..kernels.sparse.fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
+from ..kernels.sparse.outer_sum import outer_sum_launch
+from ..kernels.sparse.segment import (CHANNEL_RANKS, product_out_shape, scale_out_shape, sparse_product_launch,
                                       sparse_scale_launch)
 from ..kernels.tuning import next_pow2
 
 __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul",
            "outer_sum_by_dot", "fused_dense", "fold_route", "fold_split_matmul", "bilinear_route"]
 
-# vecsca, scavec and inner take the dense route (kernels/sparse_dense.py) where the info has its table and the
+# vecsca, scavec and inner take the dense route (attnbench/kernels/sparse/dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
 DENSE_ROUTE = {"enabled": True}
 # Terms per entry of the dense matrix below which the segment kernel stays. Measured on the H200 (sparse-dense-
@@ -48,20 +48,20 @@ MIN_DENSITY = 1.0
 GATHER_BY_MATMUL = {"enabled": True}
 
 # outer summed over the batch with both inputs batched (the FC layer's weight gradient) as tl.dot with the batch
-# as the contraction dim (kernels/sparse_outer_sum.py), except in fp64; tests turn it off to check the segment
+# as the contraction dim (attnbench/kernels/sparse/outer_sum.py), except in fp64; tests turn it off to check the segment
 # kernel on the same cases.
 OUTER_SUM_BY_DOT = {"enabled": True}
 
 # vecmat with a shared y and mat_t_vec with a shared x (the FC layer and its input gradient) as one GEMM against the
 # weight folded into the coefficients, and outer summed over the batch (its weight gradient) as one GEMM over the
-# batch and the fold transposed (kernels/sparse_fold.py), where the info's table has its matrix form, holds at
+# batch and the fold transposed (attnbench/kernels/sparse/fold.py), where the info's table has its matrix form, holds at
 # least MIN_DENSITY terms a folded entry, the batch repays the fold (its FLOPs at most the kernels') and the folded
 # matrix stays under FOLD_MAX_ENTRIES; tests turn it off to check the other kernels on the same cases.
 FOLD_ROUTE = {"enabled": True}
 FOLD_MAX_ENTRIES = 2 ** 27  # 512 MiB in fp32 (L 6 C 128: 39.3M entries)
 
 
-# mul as dense bilinear forms on the matrix units (kernels/sparse_bilinear.py) where the info's gram table has its
+# mul as dense bilinear forms on the matrix units (attnbench/kernels/sparse/bilinear.py) where the info's gram table has its
 # matrix form (and its split for the dtype), one operand has at most MAX_HELD rows, the output is not summed over a
 # batch and the terms are at least MIN_BILINEAR_DENSITY of the route's multiply-adds on the matrix units (P_out P1 P2,
 # the dims as the kernel pads them); tests turn it off to check the segment kernel on the same cases.
@@ -96,7 +96,7 @@ def gather_by_matmul(enabled: bool):
 
 
 def fused_dense(enabled: bool):
-    """Within the block, the dense route runs both steps in one program (kernels/sparse_fused_dense.py) where the
+    """Within the block, the dense route runs both steps in one program (attnbench/kernels/sparse/fused_dense.py) where the
     table has its matrix form (and ``gather_by_matmul`` is on) and the sparse sizes are small (the default), or as
     two launches with the per-sample matrices in memory."""
     return _switched(FUSED_DENSE, enabled)
@@ -115,7 +115,7 @@ def fold_route(enabled: bool):
 
 
 def fold_split_matmul(enabled: bool):
-    """Within the block, the fold route's 16-bit products run on kernels/split_matmul.py (both halves of the fp32
+    """Within the block, the fold route's 16-bit products run on attnbench/kernels/sparse/split_matmul.py (both halves of the fp32
     fold in one program) where the fold has at most ``SPLIT_MATMUL["max_entries"]`` entries (the default), or
     always as two cuBLAS GEMMs with fp32 outputs."""
     return _switched(SPLIT_MATMUL, enabled)
@@ -283,10 +283,10 @@ def _outer_sum(op, x, y, out_accumulated):
 
 
 def sparse_product_triton(op, x, y, info, out_accumulated=False):
-    """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the fold route (kernels/sparse_fold.py)
-    for vecmat with a shared y and mat_t_vec with a shared x, mul's bilinear route (kernels/sparse_bilinear.py), the
-    dense route (kernels/sparse_dense.py) for vecsca, scavec and inner, where they apply; outer summed over the batch
-    on kernels/sparse_outer_sum.py, else the segment kernel."""
+    """``sparse_product_split`` on the Triton kernels (same shapes and dtype): the fold route (attnbench/kernels/sparse/fold.py)
+    for vecmat with a shared y and mat_t_vec with a shared x, mul's bilinear route (attnbench/kernels/sparse/bilinear.py), the
+    dense route (attnbench/kernels/sparse/dense.py) for vecsca, scavec and inner, where they apply; outer summed over the batch
+    on attnbench/kernels/sparse/outer_sum.py, else the segment kernel."""
     route = {}
     if (table := _fold_table(op, x, y, info, out_accumulated)) is not None:
         route = {"fold_matrix": table.matrix if x.dtype == torch.float64 else table.matrix32}

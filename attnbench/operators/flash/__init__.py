@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...registry import Operator, Unsupported, Variant, register
-from ...timing import not_graph_capturable
+from ...bench.registry import Operator, Unsupported, Variant, register
+from ...bench.timing import not_graph_capturable
 from . import peers, reference, split
 from ...attention.spec import causal_offset
 
@@ -260,7 +260,7 @@ class FlashOperator(Operator):
         return reference.evaluate(q, k, v, do, case.softmax_scale, case.causal_offset, dtype)
 
     def _register_variants(self):
-        from .triton import flash_bwd as triton_bwd, flash_fwd as triton_fwd, unavailable_reason
+        from ...attention import flash_bwd as triton_bwd, flash_fwd as triton_fwd, unavailable_reason
 
         self.add_variant(Variant(
             "reference", "reference",

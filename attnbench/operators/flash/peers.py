@@ -9,7 +9,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ...registry import Unsupported
+from ...bench.registry import Unsupported
 
 try:
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -65,7 +65,7 @@ def lse_dtype(dtype):
 
 def finish_rows(acc, l, m, offset):
     """(O, LSE, 1/l) of online-softmax rows ([..., Nq, D] acc, [..., Nq] l and m), by the kernels'
-    rule (kernels/softmax_rows.py): rows the mask leaves without keys give (0, -inf, 0); a zero or
+    rule (attnbench/kernels/attention/softmax_rows.py): rows the mask leaves without keys give (0, -inf, 0); a zero or
     NaN sum on any other row (a non-finite input) gives NaN, never that pair."""
     rows = torch.arange(l.shape[-1], device=l.device)
     blind = rows + offset < 0 if offset is not None else torch.zeros_like(rows, dtype=torch.bool)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...registry import Operator, Unsupported, Variant, register
+from ...bench.registry import Operator, Unsupported, Variant, register
 from ..flash import FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
 from . import peers, reference, routes, split
@@ -222,7 +222,7 @@ class JvpAttentionOperator(Operator):
     def extra_checks(self, device, seed=0):
         """Second-order consistency (seed 003): forward-over-reverse vs reverse-over-reverse vs
         finite differences, per dtype, for our attention and PyTorch's layer/batch/rms norms."""
-        from ...second_order import consistency_checks
+        from ...bench.second_order import consistency_checks
 
         return consistency_checks(device, seed=seed, op_name=self.name)
 

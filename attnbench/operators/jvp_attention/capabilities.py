@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ... import verify
+from ...bench import verify
 from ..flash import FlashCase
 from ..flash import reference as flash_reference
 from ..flash.peers import SDPA_BACKENDS, flex_forward, flex_unavailable, sdpa_forward, sdpa_unavailable
@@ -170,7 +170,7 @@ def _short(verdict, width=70):
 
 
 def compute(device, impl_names=None, progress=None) -> Matrix:
-    from ...roofline import machine_info
+    from ...bench.roofline import machine_info
 
     device = torch.device(device)
     op_inputs = __import__("attnbench").get("jvp_attention").make_inputs
@@ -207,7 +207,7 @@ def compute(device, impl_names=None, progress=None) -> Matrix:
 
 
 def write(matrix, json_path=None, markdown_path=None):
-    from ...results import write_atomic
+    from ...bench.results import write_atomic
 
     if json_path:
         write_atomic(json_path, json.dumps(matrix.as_dict(), indent=1))

@@ -8,7 +8,7 @@ xfail witnesses), and each peer's failure is reported with its own first error l
 import functools
 import importlib.util
 
-from ...registry import Unsupported
+from ...bench.registry import Unsupported
 from ..flash.peers import flex_forward, flex_unavailable, sdpa_forward, sdpa_unavailable  # noqa: F401 (re-exported)
 
 JVP_FLASH_BLOCK = 128  # its kernels' largest query/key tile

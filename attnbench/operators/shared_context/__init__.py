@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...registry import Operator, Unsupported, Variant, register
+from ...bench.registry import Operator, Unsupported, Variant, register
 from . import peers, reference, split
-from .spec import check_inputs, visible_buffer_keys
+from ...shared_context.spec import check_inputs, visible_buffer_keys
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
@@ -202,7 +202,7 @@ class SharedContextOperator(Operator):
     case_sets = tuple(CASE_SETS)
     # the "x baseline" column: today's per-batch cache with the best backend there is
     baselines = ("per_batch_cudnn", "per_batch_flash", "reference")
-    # what the shipped Triton path must beat by the decision rule (attnbench.decisions): the issue's
+    # what the shipped Triton path must beat by the decision rule (attnbench.bench.decisions): the issue's
     # "best of {per-batch flash, split-PyTorch, folded flash + merge}" plus the stride-0 expand
     # (also FlashAttention-2). The cuDNN peers are measured and judged too ("triton vs best peer").
     gate_baselines = ("per_batch_flash", "split", "expand0_flash", "fold_flash")
@@ -263,7 +263,7 @@ class SharedContextOperator(Operator):
         return reference.evaluate(*_tensors(inputs), case.causal, case.softmax_scale, dtype)
 
     def _register_variants(self):
-        from .triton import shared_context_attention, shared_context_attention_composed, unavailable_reason
+        from ...shared_context import shared_context_attention, shared_context_attention_composed, unavailable_reason
 
         def checked_once(api):
             """Check the inputs (lengths included) once in prepare; the timed call skips the

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ...merge import merge_states, merge_states_triton
-from ...registry import Unsupported
+from ...bench.registry import Unsupported
 from . import reference
 
 try:

@@ -14,7 +14,7 @@ Modes, each timed alone (what it needs beforehand is built in prepare, untimed):
 Cost model. A product term does ``w`` multiply-adds of channel work (C for mul, inner, vecsca, scavec; C^2 for outer,
 vecmat, mat_t_vec), so fwd = 2 T w N FLOPs (T terms), with one exception: where the matrix operand is shared (the FC
 layer's weight: vecmat shared-y, mat_t_vec shared-x), the terms of one (output row, batched row) pair fold into one
-C x C block of the weight (kernels/sparse_fold.py), so T counts those pairs where they are fewer (CG L 6: 2401
+C x C block of the weight (attnbench/kernels/sparse/fold.py), so T counts those pairs where they are fewer (CG L 6: 2401
 against 11896 terms; without this the fold route ran at up to 198% of a roofline of the terms' work). bwd = 2 x fwd:
 grad_x and grad_y are each one product over the same T terms with the same channel work (the Functions' rotated
 infos). double_bwd = 4 x fwd: the backward of grad_x = Bx(y, g) gives two products (w.r.t. y and g), that of
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...registry import Operator, Variant, register
+from ...bench.registry import Operator, Variant, register
 from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
 from ...sparse.info import random_scale_infos, scale_infos
@@ -336,7 +336,7 @@ class SparseOperator(Operator):
         self.add_variant(_functions_variant(
             "triton", lambda: functional.use_implementation("triton"),
             unavailable_reason=triton_ops.unavailable_reason,
-            description="the autograd Functions on the Triton kernels: CSR segments (kernels/sparse_segment.py), the "
+            description="the autograd Functions on the Triton kernels: CSR segments (attnbench/kernels/sparse/segment.py), the "
                         "dense route of vecsca/scavec/inner (sparse_dense.py), batch sums of outer products on "
                         "matrix units (sparse_outer_sum.py); no atomics; backward by rotated infos, so every order "
                         "runs on them"))

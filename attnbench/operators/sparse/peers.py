@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from ...registry import Unsupported
+from ...bench.registry import Unsupported
 
 
 def _module():

@@ -1,0 +1,161 @@
+"""Turn a ``--json`` report of ``attnbench bench``/``run`` into a markdown summary and a plot.
+
+    attnbench report results/gpu/nvidia-h200/flash-nvidia-h200.json --markdown out.md --plot out.png
+
+The markdown gives, per case and mode, each variant's latency and TF/s and the Triton variant's
+speed as a multiple of every peer's; the plot shows TF/s per variant, one panel per mode.
+"""
+import math
+import os
+from collections import defaultdict
+
+from . import results
+from .provenance import describe
+
+
+def load(path):
+    """A validated result file, complete or partial; ``results.BadResultFile`` says what is wrong."""
+    return results.load(path)
+
+
+def _rows(report):
+    return [r for r in report.get("bench", []) if r.get("timing")]
+
+
+def _claim(report, op_name):
+    """(subject, peers) of an operator: as recorded in the file, else the registered operator's."""
+    recorded = (report.get("operators") or {}).get(op_name) or {}
+    if "ratio_subject" in recorded and "ratio_peers" in recorded:
+        return recorded["ratio_subject"], tuple(recorded["ratio_peers"])
+    from .registry import all_operators
+
+    op = all_operators().get(op_name)
+    return (op.ratio_subject, tuple(op.ratio_peers)) if op else ("triton", ())
+
+
+def _num(value, spec):
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _comparable(a, b):
+    ma, mb = a["timing"].get("method"), b["timing"].get("method")  # files from before "method": one clock
+    return ma == mb and ma != "interpreter"
+
+
+def _code_lines(code):
+    """The code that produced the report (attnbench.bench.provenance): one line, or one a part where parts differ."""
+    if isinstance(code, dict) and "parts" in code:
+        return [f"Code: parts from {len({describe(c) for c in code['parts']})} versions:",
+                *(f"- {os.path.basename(str(c.get('file')))}: {describe(c)}" for c in code["parts"])]
+    return [f"Code: {describe(code)}."]
+
+
+def markdown(report, subject=None, peers=None) -> str:
+    """Per operator, one row per case and mode: the subject's latency and TF/s (GPU clocks only),
+    its speed as a multiple of each peer's (peer latency over ours, same clock only), % of
+    roofline, error."""
+    machine = report.get("machine") or {}
+    ceil = report.get("ceilings") or {}
+    rows = _rows(report)
+    ops = list(dict.fromkeys(r["op"] for r in report.get("bench", []) + report.get("checks", [])))
+    lines = [f"# {', '.join(ops) or 'attnbench'} on {machine.get('device_name', '?')}", "",
+             f"torch {machine.get('torch')}, triton {machine.get('triton')}, CUDA {machine.get('cuda')}.",
+             *_code_lines(report.get("code"))]
+    status = report.get("status", "complete")
+    if status != "complete":
+        lines.append(f"**Partial run** (status: {status}): {len(report.get('bench', []))} bench and "
+                     f"{len(report.get('checks', []))} check rows finished; the rest never ran.")
+    if machine.get("device") == "cpu":
+        lines.append("CPU run: Triton timings come from the interpreter; they show that code runs, not how fast.")
+    if ceil:
+        lines.append(f"Measured ceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TF/s, "
+                     f"device copy {ceil['copy_gbps']:.0f} GB/s.")
+    checks = report.get("checks", [])
+    if checks:
+        passed = sum(1 for c in checks if c.get("passed"))
+        skipped = sum(1 for c in checks if c.get("skipped"))
+        lines.append(f"Checks: {passed} passed, {len(checks) - passed - skipped} failed, {skipped} skipped.")
+    for op in ops:
+        op_subject, op_peers = _claim(report, op)
+        op_subject, op_peers = subject or op_subject, op_peers if peers is None else peers
+        by_key = defaultdict(dict)
+        for r in rows:
+            if r["op"] == op:
+                by_key[r["case"], r["mode"]][r["variant"]] = r
+        if len(ops) > 1:
+            lines += ["", f"## {op}"]
+        lines += ["", f"| case | mode | {op_subject} ms | {op_subject} TF/s | "
+                  + "".join(f"vs {p} | " for p in op_peers) + "% roofline | max rel. error |",
+                  "| --- | --- | --- | --- | " + "".join("--- | " for _ in op_peers) + "--- | --- |"]
+        shown = 0
+        for (case, mode), variants in by_key.items():
+            ours = variants.get(op_subject)
+            if not ours:
+                continue
+            shown += 1
+            ratios = []
+            for p in op_peers:
+                peer = variants.get(p)
+                ok = peer and _comparable(peer, ours)
+                ratios.append(f"{peer['timing']['median_ms'] / ours['timing']['median_ms']:.2f}x" if ok else "n/a")
+            tflops = ours.get("tflops") if ours["timing"].get("method", "cuda").startswith("cuda") else None
+            lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {_num(tflops, '.0f')} | "
+                         + "".join(f"{x} | " for x in ratios)
+                         + f"{_num(ours.get('roofline_pct'), '.0f')} | "
+                         + ("unverified" if ours.get("unverified") else _num(ours.get("max_error"), ".1e")) + " |")
+        if not shown:
+            lines.append(f"\n(no timed {op_subject} row for {op})")
+    named = " / ".join(dict.fromkeys(subject or _claim(report, op)[0] for op in ops)) or "the subject"
+    lines += ["", f"'vs peer' is the peer's median latency over {named}'s, measured in the same run on the same "
+              f"clock: above 1 means {named} is faster; n/a: the peer did not run, or the clocks differ."]
+    return "\n".join(lines) + "\n"
+
+
+# max / min of a panel's bars beyond which its axis is logarithmic
+LOG_SPAN = 20
+
+
+def plot(report, path):
+    """Grouped bars of TF/s: one panel per mode, cases along x, one bar per variant; a logarithmic axis where a
+    panel's bars span more than LOG_SPAN (peers 10x-300x slower, as sparse's are, would be flat on a linear one)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _rows(report)
+    if not rows:
+        raise results.BadResultFile("--plot: the file has no timed rows to plot")
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    value = {(r["case"], r["mode"], r["variant"]): math.nan if r.get("tflops") is None else r["tflops"] for r in rows}
+    # a few cases get wide groups and flat labels; a sweep of tens of cases, narrow bars and slanted labels
+    many = len(cases) > 8
+    per_case = min(2.2, 0.12 * len(variants) + 0.1) if many else 2.2
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, per_case * len(cases)), (4.5 if many else 3.2) * len(modes)),
+                             squeeze=False)
+    width = 0.8 / len(variants)
+    for ax, mode in zip(axes[:, 0], modes):
+        for i, variant in enumerate(variants):
+            ys = [value.get((c, mode, variant), math.nan) for c in cases]
+            ax.bar([x + i * width for x in range(len(cases))], ys, width, label=variant)
+        ax.set_title(f"{mode}")
+        positive = [v for (_, m, _), v in value.items() if m == mode and v > 0]  # NaN compares False
+        log = bool(positive) and max(positive) > LOG_SPAN * min(positive)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel("TF/s (log scale)" if log else "TF/s")
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))], cases, fontsize=6 if many else 8,
+                      rotation=75 if many else 0, ha="right" if many else "center")
+        ax.set_xlim(-0.5, len(cases))
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].legend(ncol=min(4, len(variants)), fontsize=8)
+    ops = ", ".join(dict.fromkeys(r["op"] for r in rows if r.get("op")))
+    fig.suptitle(f"{report.get('machine', {}).get('device_name', '')}: {ops or 'throughput'} by variant "
+                 f"(each operator's FLOP model)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    scales = [ax.get_yscale() for ax in axes[:, 0]]
+    plt.close(fig)
+    return scales

@@ -1,0 +1,170 @@
+"""Timing core shared by pytest, the CLI and asv.
+
+On a GPU: one untimed call first (compilation and autotuning happen there), then CUDA events
+around each call, the L2 cache flushed before each, and each call queued behind a GPU sleep longer
+than its host time (``attnbench/kernels/gpu_time.py``: with ``triton.testing.do_bench`` the small calls' samples
+read their host time, not the GPU's); all samples returned so that we report the median and the
+interquartile range ourselves. ``cuda_graph=True`` replays a captured graph instead.
+
+On a CPU the same call returns wall-clock samples labelled "cpu-wall" (``CPU_SAMPLING`` says how
+many); the CLI says that Triton variants there run in the interpreter, so CPU numbers check that
+code runs, never how fast.
+"""
+import gc
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..kernels.gpu_time import gpu_time_samples
+
+# CPU sampling rule: after the untimed first call, warm up until ``warmup_ms`` has passed, then
+# sample until at least ``cpu_reps`` samples AND ``rep_ms`` of sampling (the same budget do_bench
+# gets on a GPU), or until the hard cap ``cpu_budget_s`` (at least one sample). Python's garbage
+# collector is off while sampling, as in ``timeit``: a collection inside one sample is an outlier
+# that belongs to no variant. torch runs on ONE intra-op thread while sampling: with its default two
+# threads on a shared 2-core VM, the eager reference's forward on the first tiny case read 32 ms
+# instead of 0.098 ms (an OpenMP worker waits for a core that someone else holds), and the same 102
+# tiny-set rows timed three times differed between runs by 25x at the median and 350x at worst
+# (the likely cause of the run that read 500x high); on one thread: 1.3x and 2.1x.
+CPU_MIN_SAMPLES = 5
+CPU_BUDGET_S = 2.0
+CPU_MAX_SAMPLES = 10_000
+# A timing whose IQR exceeds this fraction of its median is flagged as noisy (``Timing.noisy``).
+# Measured IQR/median: H200 anchor run (CUDA events) median 0.2%, worst 5.8% of 96 rows; CPU, one
+# thread, an idle 2-core VM, 400 samples of the reference backward (0.27 ms): 6%; the same VM while
+# other jobs shared its cores: median 19-26%, 90th percentile 50-75% over 306 rows, and medians
+# moved up to 2.1x between three runs. At 25% the quartiles cannot separate the decision rules'
+# 1.30 "prioritize" step, while no GPU or quiet-CPU row above comes near it.
+NOISY_IQR_FRACTION = 0.25
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    samples: int
+    method: str  # "cuda-events", "cuda-graph", "cpu-wall", or "interpreter" (Triton on a CPU)
+
+    @property
+    def iqr_ms(self) -> float:
+        return self.q3_ms - self.q1_ms
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.method.startswith("cuda")
+
+    @property
+    def noisy(self) -> bool:
+        """The spread is wide: IQR above ``NOISY_IQR_FRACTION`` of the median."""
+        return self.samples > 1 and self.iqr_ms > NOISY_IQR_FRACTION * self.median_ms
+
+    def as_dict(self):
+        return {**asdict(self), "iqr_ms": self.iqr_ms}
+
+
+def comparable(a: Timing, b: Timing) -> bool:
+    """Two timings can be divided: the same clock, and not the interpreter's (it times numpy
+    emulating a GPU, not the kernel)."""
+    return a.method == b.method and a.method != "interpreter"
+
+
+def not_graph_capturable(fn):
+    """Mark a timed callable that cannot be captured in a CUDA graph. Autograd's backward is one:
+    on an H200 (torch 2.11) capturing it failed with 'operation would make the legacy stream depend
+    on a capturing blocking stream', the engine's work being on the legacy stream."""
+    fn.graph_capturable = False
+    return fn
+
+
+def summarize(samples_ms, method: str) -> Timing:
+    samples = sorted(float(s) for s in samples_ms)
+    if not samples:
+        raise ValueError("no timing samples")
+    if len(samples) == 1:
+        return Timing(samples[0], samples[0], samples[0], 1, method)
+    q1, med, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return Timing(med, q1, q3, len(samples), method)
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cuda_synchronized_clock() -> float:
+    """A host clock that first waits for the GPU: for pytest-benchmark's ``--benchmark-timer``."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_graph: bool = False,
+            cpu_reps: int = CPU_MIN_SAMPLES, cpu_budget_s: float = CPU_BUDGET_S,
+            cpu_max_samples: int = CPU_MAX_SAMPLES) -> Timing:
+    """Median and IQR of ``fn()`` on ``device``, compilation and autotuning kept out of the samples."""
+    device = torch.device(device)
+    if cuda_graph and device.type == "cuda" and not getattr(fn, "graph_capturable", True):
+        from .registry import Unsupported
+
+        raise Unsupported("autograd backward cannot be captured in a CUDA graph; time it without --graphs")
+    start = time.perf_counter()
+    fn()  # untimed: compile, autotune, allocate
+    synchronize(device)
+    if device.type == "cuda":
+        import triton.testing
+
+        if cuda_graph:
+            try:
+                samples = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
+            except RuntimeError as exc:  # a capture PyTorch refuses is a property of the route: report it
+                from .registry import Unsupported
+
+                torch.cuda.synchronize(device)
+                raise Unsupported(f"CUDA-graph capture failed: {str(exc).strip().splitlines()[0][:160]}") from None
+            return summarize(samples, "cuda-graph")
+        with torch.cuda.device(device):
+            samples = gpu_time_samples(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
+        return summarize(samples, "cuda-events")
+    return summarize(_cpu_samples(fn, start, warmup_ms, rep_ms, cpu_reps, cpu_budget_s, cpu_max_samples), "cpu-wall")
+
+
+def _cpu_samples(fn, start, warmup_ms, rep_ms, min_samples, budget_s, max_samples):
+    """Wall-clock samples by the CPU sampling rule (see ``CPU_MIN_SAMPLES``)."""
+    samples = []
+    gc_was_enabled, threads = gc.isenabled(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        while (time.perf_counter() - start) * 1e3 < warmup_ms:  # a slow first call is warm-up enough
+            fn()
+        gc.disable()
+        begin = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            samples.append((t1 - t0) * 1e3)
+            elapsed = t1 - begin
+            if elapsed >= budget_s or len(samples) >= max_samples:
+                return samples
+            if len(samples) >= min_samples and elapsed * 1e3 >= rep_ms:
+                return samples
+    finally:
+        torch.set_num_threads(threads)
+        if gc_was_enabled:
+            gc.enable()
+
+
+def peak_memory_bytes(fn, device) -> int | None:
+    """GPU memory high-water mark of one ``fn()`` above what was allocated before it (None on CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before

@@ -1,0 +1,167 @@
+"""The Triton shared_context operator's public API (forward only: the decode step is a forward).
+
+    o, lse = shared_context_attention(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=False)
+        the shipped path: one fused launch (context, buffer and the split-K merge)
+    o, lse = shared_context_attention_composed(...)
+        path (a): context kernel (+ split reduction), buffer kernel, merge_states kernel
+    o, lse = context_attention(q, k_ctx, v_ctx)         the shared context alone
+    o, lse = buffer_attention(q, k_buf, v_buf, buf_lens) each sample's buffer alone
+
+Shapes and the mask are those of spec.py; lse is float32 (float64 for float64 inputs), natural
+log, -inf for rows that see no key. Every argument is checked here, before any kernel launches.
+There is no backward: inputs that require grad under grad mode are refused, never silently
+detached.
+"""
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from ..attention.ops import interpreter_upcasts
+from ..kernels import unavailable_reason as kernels_unavailable_reason
+from ..kernels.launch import tensor_signature
+from ..kernels.offsets import slice_needs_copy
+from ..kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
+from .spec import check_inputs
+
+
+def unavailable_reason(device) -> str | None:
+    """Why the kernels cannot run on ``device`` in this process, or None."""
+    return kernels_unavailable_reason(device, "shared_context")
+
+
+def unsupported_on_cuda(dtype, head_dim):
+    """fp64 tiles take 8 bytes a value: past head_dim 128 no configuration fits shared memory."""
+    if dtype == torch.float64 and head_dim > 128:
+        return f"float64 on CUDA supports head_dim <= 128 (got {head_dim}); use float32 or run on CPU"
+    return None
+
+
+def _needs_copy(name, t) -> bool:
+    """Whether ``t`` must be copied: the kernels take a contiguous head dimension and int32-safe
+    offsets inside one head (row x row stride); the batch and head offsets are int64 in them."""
+    return t is not None and slice_needs_copy(t, name, "head", unit_last=True)
+
+
+def _unit_stride(name, t):
+    return t.contiguous() if _needs_copy(name, t) else t
+
+
+_CHECKED = {}  # call signature -> (Shapes, which tensors to copy to unit stride): see _checked
+MAX_REMEMBERED = 4096  # signatures; past this the memo starts over (a sweep of shapes, not a decode loop)
+
+
+def _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale):
+    """Everything check_inputs reads, when it reads no values (None: not memoizable, check in full)."""
+    if not (isinstance(causal, bool) and (scale is None or type(scale) in (float, int))):
+        return None
+    tensors = (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens)
+    if not all(t is None or type(t) is torch.Tensor for t in tensors):
+        return None
+    return (*(tensor_signature(t) for t in tensors), causal, scale)
+
+
+def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths):
+    """Check a call and bring its tensors to what the kernels take. A decode loop repeats one call
+    signature every step; the checks that read only shapes, strides, dtypes and devices passed for
+    it once and are not repeated (host time is the decode step's bound at small sizes)."""
+    _refuse_derivatives((q, k_ctx, v_ctx, k_buf, v_buf))
+    reads_values = check_lengths and buf_lens is not None
+    key = None if reads_values else _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale)
+    known = _CHECKED.get(key) if key is not None else None
+    if known is None:
+        shapes = check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale,
+                              check_lengths=check_lengths)
+        if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, shapes.head_dim)):
+            raise ValueError(reason)
+        copies = tuple(_needs_copy(n, t) for n, t in
+                       (("q", q), ("k_ctx", k_ctx), ("v_ctx", v_ctx), ("k_buf", k_buf), ("v_buf", v_buf)))
+        known = shapes, copies
+        if key is not None:
+            if len(_CHECKED) >= MAX_REMEMBERED:
+                _CHECKED.clear()
+            _CHECKED[key] = known
+    shapes, copies = known
+    if reason := unavailable_reason(q.device):
+        raise ValueError(reason)
+    if shapes.n_buf == 0:
+        k_buf = v_buf = buf_lens = None
+    elif buf_lens is not None and not buf_lens.is_contiguous():
+        buf_lens = buf_lens.contiguous()
+    tensors = [t.contiguous() if copy else t for t, copy in zip((q, k_ctx, v_ctx, k_buf, v_buf), copies)]
+    if interpreter_upcasts(q.dtype):  # numpy has no bfloat16: the interpreter runs it as float32
+        tensors = [None if t is None else t.float() for t in tensors]
+    return shapes, (*tensors, buf_lens), key
+
+
+def _refuse_derivatives(tensors):
+    """The kernels have no derivatives: refuse every way one could be asked for, rather than drop it (a
+    forward-AD tangent would vanish silently) or fail inside a launch (torch.func's wrapped tensors have no
+    storage)."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]  # the others fail check_inputs
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+        raise NotImplementedError("shared_context's Triton kernels do not run under torch.func transforms (grad, "
+                                  "jvp, vmap, ...): they have no derivatives and no batching rule; use the "
+                                  "reference variant there")
+    if fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError("shared_context's Triton kernels have no forward-mode derivative: a dual input's "
+                                  "tangent would be dropped; use the reference variant for tangents")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError("shared_context's Triton kernels have no backward: call them under torch.no_grad() "
+                           "(inference / decode) or use the reference for gradients")
+
+
+def _in_dtype(out, shapes):
+    """(o, lse) with o in the inputs' dtype (bfloat16 results of the interpreter's float32 run)."""
+    o, lse = out
+    return (o if o.dtype == shapes.dtype else o.to(shapes.dtype)), lse
+
+
+def _num_splits(num_splits):
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None (automatic), got {num_splits!r}")
+    return num_splits
+
+
+def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False, scale=None,
+                             check_lengths=True, num_splits=None, config=None):
+    """The shipped path: context, buffer and merge in one fused launch. ``num_splits`` forces the
+    split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
+    attnbench/kernels/shared_context/__init__.py); ``config`` forces one launch configuration."""
+    num_splits = _num_splits(num_splits)
+    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
+                                                                            causal, scale, check_lengths)
+    return _in_dtype(fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
+                                  num_splits=num_splits, config=config, signature=signature), shapes)
+
+
+def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False,
+                                      scale=None, check_lengths=True, num_splits=None, context_config=None,
+                                      buffer_config=None):
+    """Path (a): the context kernel (and its split reduction), the buffer kernel, then merge_states."""
+    num_splits = _num_splits(num_splits)
+    shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), _ = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
+                                                                    scale, check_lengths)
+    return _in_dtype(composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
+                                     num_splits=num_splits, context_config=context_config,
+                                     buffer_config=buffer_config), shapes)
+
+
+def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=None):
+    """Every sample's queries against the shared context alone (e.g. batched point prediction)."""
+    num_splits = _num_splits(num_splits)
+    shapes, (q, k_ctx, v_ctx, *_), _ = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
+    if shapes.n_ctx == 0:
+        raise ValueError("context_attention needs n_ctx >= 1")
+    return _in_dtype(context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config), shapes)
+
+
+def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None, check_lengths=True, config=None):
+    """Each sample's queries against its own buffer alone."""
+    if not isinstance(k_buf, torch.Tensor):
+        raise TypeError(f"k_buf must be a torch.Tensor, got {type(k_buf).__name__}")
+    if k_buf.dim() != 4:
+        raise ValueError(f"k_buf must have 4 dimensions [batch, heads_kv, n_buf, head_dim]; got shape "
+                         f"{tuple(k_buf.shape)}")
+    empty_ctx = k_buf.new_empty((k_buf.shape[1], 0, k_buf.shape[3]))
+    shapes, (q, _, _, k_buf, v_buf, buf_lens), _ = _checked(q, empty_ctx, empty_ctx, k_buf, v_buf, buf_lens, causal,
+                                                            scale, check_lengths)
+    return _in_dtype(buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config), shapes)
