@@ -132,7 +132,7 @@ def test_rows_that_see_no_key_on_gpu():
 
 def test_offsets_past_int32_in_the_buffer():
     """k_buf with more than 2**31 elements: the last samples must be right (int64 offsets)."""
-    from attnbench.operators.shared_context import reference
+    from attnbench.shared_context import reference
 
     batch, heads_kv, n_buf, d = 2200, 8, 1024, 128
     assert batch * heads_kv * n_buf * d > 2**31

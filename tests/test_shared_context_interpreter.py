@@ -194,7 +194,7 @@ def test_unchecked_lengths_out_of_range_never_read_out_of_bounds(oracles):
 
 def test_context_and_buffer_primitives_alone(oracles):
     """context_attention is the no-buffer case; buffer_attention the no-context case."""
-    from attnbench.operators.shared_context import reference
+    from attnbench.shared_context import reference
 
     case = SharedContextCase(4, 4, 2, 2, 27, 10, 24, True, "varied", "float64")
     x, _, _ = oracles(case)

@@ -33,13 +33,13 @@ import torch.nn.functional as F
 
 
 def _reference(q, k_ctx, v_ctx, k_buf, v_buf, causal, scale):
-    from ..operators.shared_context import reference
+    from ..shared_context import reference
 
     return reference.attention(q, k_ctx, v_ctx, k_buf, v_buf, None, causal, scale)[0]
 
 
 def _split(q, k_ctx, v_ctx, k_buf, v_buf, causal, scale):
-    from ..operators.shared_context import split
+    from ..shared_context import split
 
     return split.shared_context_fwd(q, k_ctx, v_ctx, k_buf, v_buf, None, causal, scale)[0]
 

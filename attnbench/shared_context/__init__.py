@@ -10,7 +10,8 @@
 Shapes and the mask are those of spec.py; lse is float32 (float64 for float64 inputs), natural
 log, -inf for rows that see no key. Every argument is checked here, before any kernel launches.
 There is no backward: inputs that require grad under grad mode are refused, never silently
-detached.
+detached. ``reference`` (the per-batch cache, the float64 oracle) and ``split`` (the seed's
+PyTorch: context einsum, buffer matmul, merge) compute the same function in plain PyTorch.
 """
 import torch
 import torch.autograd.forward_ad as fwAD

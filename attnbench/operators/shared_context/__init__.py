@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from ...bench.registry import Operator, Unsupported, Variant, register
-from . import peers, reference, split
+from . import peers
+from ...shared_context import reference, split
 from ...shared_context.spec import check_inputs, visible_buffer_keys
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ...merge import merge_states, merge_states_triton
 from ...bench.registry import Unsupported
-from . import reference
+from ...shared_context import reference
 
 try:
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -7,7 +7,7 @@ the "what plain PyTorch gets in this dtype" bar of the 2x rule. It never imports
 """
 import torch
 
-from ...shared_context.spec import buffer_visibility
+from .spec import buffer_visibility
 
 
 def per_batch_cache(k_ctx, v_ctx, k_buf, v_buf, batch):

@@ -14,8 +14,8 @@ accuracy), float64 in float64. No autograd inside, no Triton.
 """
 import torch
 
-from ...merge import merge_states
-from ...shared_context.spec import buffer_visibility
+from ..merge import merge_states
+from .spec import buffer_visibility
 
 
 def _compute_dtype(dtype):
