@@ -10,6 +10,7 @@ import torch
 import attnbench
 from attnbench.kernels import shared_context as sc
 from attnbench.kernels import tuning
+from attnbench.kernels.shared_context import split_count
 from attnbench.operators.shared_context import SharedContextCase
 from attnbench.shared_context import context_attention, shared_context_attention
 
@@ -31,14 +32,14 @@ def no_timing(monkeypatch):
     def refuse(fn):
         raise AssertionError("split counts were timed where they must not be")
 
-    monkeypatch.setattr(sc, "time_ms", refuse)
+    monkeypatch.setattr(split_count, "time_ms", refuse)
 
 
 @pytest.fixture
 def measuring(monkeypatch):
     """The measured path on CPU tensors: the gate open, no CUDA stream capturing (the CPU build of
     torch cannot even ask)."""
-    monkeypatch.setattr(sc, "_measured_splits_enabled", lambda device: True)
+    monkeypatch.setattr(split_count, "_measured_splits_enabled", lambda device: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
 
@@ -62,7 +63,7 @@ def test_no_measuring_in_the_interpreter_or_with_autotune_off(monkeypatch):
     cuda = torch.device("cuda", 0)
     assert not sc._measured_splits_enabled(cuda)  # this gate runs under TRITON_INTERPRET=1
     assert not sc._measured_splits_enabled(torch.device("cpu"))
-    monkeypatch.setattr(sc, "interpreting", lambda: False)
+    monkeypatch.setattr(split_count, "interpreting", lambda: False)
     monkeypatch.setenv("ATTNBENCH_AUTOTUNE", "1")
     assert sc._measured_splits_enabled(cuda)
     assert not sc._measured_splits_enabled(torch.device("cpu"))
@@ -101,7 +102,7 @@ def _tagged_runner(prepared):
 def test_pick_is_the_fastest_and_timed_once_per_key(monkeypatch):
     times = {1: 0.291, 2: 0.196, 3: 0.328, 4: 0.235, 8: 0.350}  # the H200 row of the B256 case
     timed = []
-    monkeypatch.setattr(sc, "time_ms", lambda fn: timed.append(fn.splits) or times[fn.splits])
+    monkeypatch.setattr(split_count, "time_ms", lambda fn: timed.append(fn.splits) or times[fn.splits])
     prepared = []
     runner = _tagged_runner(prepared)
     candidates = [1, 2, 3, 4, 8]
@@ -119,16 +120,16 @@ def test_pick_is_the_fastest_and_timed_once_per_key(monkeypatch):
 
 
 def test_ties_go_to_fewer_splits(monkeypatch):
-    monkeypatch.setattr(sc, "time_ms", lambda fn: 1.0)
+    monkeypatch.setattr(split_count, "time_ms", lambda fn: 1.0)
     assert sc.pick_splits("key", [1, 2, 4], _tagged_runner([])) == 1
 
 
 def test_fused_and_context_picks_are_kept_apart(monkeypatch, measuring):
     q = torch.zeros(2, 2, 1, 16)
     key = (16, 64, 16, 16, 4, False, True, None)  # the same shape key for both kernels
-    monkeypatch.setattr(sc, "time_ms", lambda fn: {1: 2.0, 2: 1.0, 3: 3.0}[fn.splits])
+    monkeypatch.setattr(split_count, "time_ms", lambda fn: {1: 2.0, 2: 1.0, 3: 3.0}[fn.splits])
     assert sc._split_count("fused", None, 4, 1, 48, q, key, _tagged_runner([])) == 2
-    monkeypatch.setattr(sc, "time_ms", lambda fn: {1: 1.0, 2: 2.0, 3: 3.0}[fn.splits])
+    monkeypatch.setattr(split_count, "time_ms", lambda fn: {1: 1.0, 2: 2.0, 3: 3.0}[fn.splits])
     assert sc._split_count("context", None, 4, 1, 48, q, key, _tagged_runner([])) == 1
     assert sc._split_count("fused", None, 4, 1, 48, q, key, _tagged_runner([])) == 2
     assert len(sc._SPLIT_PICKS) == 2
@@ -137,7 +138,7 @@ def test_fused_and_context_picks_are_kept_apart(monkeypatch, measuring):
 def test_explicit_num_splits_wins(monkeypatch, measuring):
     """Over the measured pick, without timing anything, and past the candidates' cap."""
     q = torch.zeros(2, 2, 1, 16)
-    monkeypatch.setattr(sc, "time_ms", lambda fn: pytest.fail("timed although num_splits was given"))
+    monkeypatch.setattr(split_count, "time_ms", lambda fn: pytest.fail("timed although num_splits was given"))
     assert sc._split_count("fused", 5, 4, 1, 48, q, ("key",), None) == 5
     assert not sc._SPLIT_PICKS
     sc._SPLIT_PICKS[("fused", "key", 1, q.dtype, None)] = 2
@@ -157,9 +158,9 @@ def test_capture_and_compile_never_time_but_reuse_a_pick(monkeypatch, measuring,
     the one measured before (so the graph splits like the eager calls before it), else the heuristic's."""
     q = torch.zeros(2, 2, 1, 16)
     heuristic = sc.choose_splits(4, 1, 48, q.device)
-    monkeypatch.setattr(sc, "time_ms", lambda fn: {1: 2.0, 2: 1.0, 3: 3.0}[fn.splits])
+    monkeypatch.setattr(split_count, "time_ms", lambda fn: {1: 2.0, 2: 1.0, 3: 3.0}[fn.splits])
     assert sc._split_count("fused", None, 4, 1, 48, q, ("measured",), _tagged_runner([])) == 2
-    monkeypatch.setattr(sc, "time_ms", lambda fn: pytest.fail("timed inside a capture or trace"))
+    monkeypatch.setattr(split_count, "time_ms", lambda fn: pytest.fail("timed inside a capture or trace"))
     if hook == "capture":
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     else:
@@ -182,7 +183,7 @@ def test_measured_launches_leave_tickets_at_zero_and_the_result_alone(monkeypatc
         assert all(not c.any() for c in sc._COUNTERS.values())
         return next(fake_times)
 
-    monkeypatch.setattr(sc, "time_ms", run_once)
+    monkeypatch.setattr(split_count, "time_ms", run_once)
     o, lse = shared_context_attention(*_args(x))
     assert len(timed_outputs) == 3 * sc.PICK_ROUNDS and sc._COUNTERS  # the split candidates took tickets
     assert list(sc._SPLIT_PICKS.values()) == [2]
@@ -207,7 +208,7 @@ def test_measured_context_pick_is_used(monkeypatch, measuring):
         fn()
         return next(fake_times)
 
-    monkeypatch.setattr(sc, "time_ms", run_once)
+    monkeypatch.setattr(split_count, "time_ms", run_once)
     o, lse = context_attention(x["q"], x["k_ctx"], x["v_ctx"])
     assert list(sc._SPLIT_PICKS.values()) == [1]
     o_1, lse_1 = context_attention(x["q"], x["k_ctx"], x["v_ctx"], num_splits=1)

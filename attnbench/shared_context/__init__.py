@@ -126,7 +126,7 @@ def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=N
                              check_lengths=True, num_splits=None, config=None):
     """The shipped path: context, buffer and merge in one fused launch. ``num_splits`` forces the
     split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
-    attnbench/kernels/shared_context/__init__.py); ``config`` forces one launch configuration."""
+    attnbench/kernels/shared_context/split_count.py); ``config`` forces one launch configuration."""
     num_splits = _num_splits(num_splits)
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
                                                                             causal, scale, check_lengths)
