@@ -1,12 +1,11 @@
 """GPU time of a call, the host's time kept out of it.
 
 ``triton.testing.do_bench`` records an event, calls ``fn``, records another, with an L2 flush (a
-256 MB memset, ~60 us on an H200) queued before each call. The flush is the only GPU work ahead
+256 MB memset, tens of microseconds) queued before each call. The flush is the only GPU work ahead
 of the call: when the call's host time (argument checks, Triton's launcher) is near it or longer,
 the GPU reaches the start event first and waits for the host inside the timed interval, and the
-sample reads the host. Measured on an H200 with do_bench: shared_context's launch-bound anchor
-(B256 H4 Lq1 Nctx512 Nbuf0 D32) read 12.7-24.4 us against 6.6 us in graph replay, and its ratio
-over a peer read 0.37x, 0.86x, 0.97x, 1.18x and 5.16x in five runs of the same code.
+sample reads the host: a launch-bound call's time, and its ratio over a peer, then vary from run
+to run of the same code (docs/measurements/shared_context.md).
 
 Here each call is queued behind the flush and a GPU sleep longer than the call's host time
 (measured in the warm-up), so the whole call is submitted before the GPU reaches its start event:
@@ -18,8 +17,8 @@ import time
 
 import torch
 
-FLUSH_BYTES = 256 << 20  # larger than any L2 of the GPUs we run on (H100/H200: 50 MB)
-# The sleep is given in GPU cycles; counting them at 2 GHz (above H100/H200 clocks) makes it at
+FLUSH_BYTES = 256 << 20  # larger than the L2 of the GPUs it runs on (Hopper's: 50 MB)
+# The sleep is given in GPU cycles; counting them at 2 GHz (above Hopper's clocks) makes it at
 # least as long as asked.
 SLEEP_CYCLES_PER_US = 2000
 ESTIMATE_CALLS = 5

@@ -2,12 +2,12 @@
 Triton's Python launcher.
 
 A decode step's kernels run for microseconds, and Triton's launcher (autotuner key, argument
-binding and specialization, cache lookup) costs tens of them with fifty arguments: measured on an
-H200 host, an empty kernel with 47 arguments takes 20 us to launch, the shared_context decode call
-took 125 us of host time against 6-90 us on the GPU. The first launch of a call signature goes the
-usual way (autotuning, compiling); a ``LaunchPlan`` then keeps what it resolved (the compiled
-kernel, its grid, every non-tensor argument) and later launches pass only the new tensors, calling
-the compiled kernel the way torch.compile's generated code does.
+binding and specialization, cache lookup) costs tens of them with fifty arguments: the host time
+of a shared_context decode call exceeds its GPU time (docs/measurements/shared_context.md). The
+first launch of a call signature goes the usual way (autotuning, compiling); a ``LaunchPlan`` then
+keeps what it resolved (the compiled kernel, its grid, every non-tensor argument) and later
+launches pass only the new tensors, calling the compiled kernel the way torch.compile's generated
+code does.
 
 Keys must fix every argument the kernel specializes on: ``tensor_signature`` gives a tensor's
 part (shape, strides, dtype, device, 16-byte alignment of its pointer); the launcher adds its
@@ -22,7 +22,7 @@ from . import interpreting
 from .tuning import gpu_property
 
 # Triton 3.4+ (with ``triton.knobs``): a CompiledKernel's runner takes every argument of the
-# function in order, constexprs included. Older runners took another list, so those (and the
+# function in order, constexprs included. Older runners take another list, so those (and the
 # interpreter, which has no compiled kernel) launch through the JIT function with the plan's
 # arguments instead: the same arguments, the usual launcher cost.
 DIRECT_LAUNCH = hasattr(triton, "knobs")
@@ -95,7 +95,7 @@ def descriptors_apply(tensors, gpu_dtypes=False) -> bool:
     """Whether kernels may read ``tensors`` ([B, H, N, D], last dim contiguous) through tensor
     descriptors made per (batch, head): every base pointer a program forms and every row stride a
     multiple of 16 bytes (the copy engine's rule), on a GPU that has the engine or under the
-    interpreter. ``gpu_dtypes`` also asks for fp16/bf16, the dtypes the descriptor kernels were
+    interpreter. ``gpu_dtypes`` also asks for fp16/bf16, the dtypes the descriptor kernels are
     measured at (the default route's test)."""
     for t in tensors:
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):

@@ -102,8 +102,8 @@ def registers_per_thread(elements: int, num_warps: int, itemsize: int = 4) -> fl
 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for the launchers' grids. triton.cdiv and triton.next_power_of_2 are
-    constexpr functions in recent Triton: ~5 us a host call (triton 3.9), paid several times per
-    launch, which the decode loop's small launches cannot afford."""
+    constexpr functions in recent Triton, microseconds of host time a call, paid several times per
+    launch, which the decode loop's small launches cannot afford (docs/measurements/shared_context.md)."""
     return -(-a // b)
 
 

@@ -8,8 +8,8 @@ masked block-diagonally. Padding wastes tensor-core work, not bytes: the buffer 
 (each element serves G*Lq rows), as long as its instructions per byte are few. Short buffers
 (TabPFN's) take whole samples a step (``_buffer_whole``: one softmax, offsets advanced by a
 constant); long ones are walked in key blocks with an online softmax (``_buffer_keyblocks``, ONE
-flat loop over (sample group, row chunk, key block)). On an H200 (bf16, B4096 H4 Lq2 Nbuf32 D32)
-the buffer alone took 35.0 us by key blocks and 29.6 us whole (67 MB: 2.3 TB/s).
+flat loop over (sample group, row chunk, key block)). Where both apply, whole samples are the
+faster: they spend fewer instructions on each byte (docs/measurements/shared_context.md).
 
 ``buffer_rows`` and ``buffer_steps`` are the host side: the step geometry the launchers pass in
 as compile-time constants.

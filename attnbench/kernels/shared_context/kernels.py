@@ -40,12 +40,10 @@ def _fits(config, element_size, block_d):
 # BLOCK_NB counts the keys of one buffer step over all the samples it takes (see _buffer_phase).
 # Few configurations per head-dim class (D <= 64: the TabPFN regime; D > 64: LLM heads), so that
 # autotuning a new shape compiles three to five kernels, not ten. The small-D lists' last two (four
-# warps for 128 rows; 128-key context blocks) were added after an H200 study of 11 tile configs at
-# nine cases (shared_context-ctxloop-*): each is the fastest at some D32 cases, 3-10% ahead of the
-# first three (B4096 Lq2 ctx512 buf32: 41.8 against 46.1 us; B1024 ctx10000 buf0: 49.9 against
-# 53.0). Under the interpreter: 16-row tiles, 16-key context blocks, 8-key buffer steps and 4-row
-# buffer tiles (BLOCK_R, set by the launcher), so that tiny cases span several of each. The pruner
-# drops what does not fit.
+# warps for 128 rows; 128-key context blocks) are each the fastest at some D 32 shapes where none
+# of the first three is (docs/measurements/shared_context.md). Under the interpreter: 16-row
+# tiles, 16-key context blocks, 8-key buffer steps and 4-row buffer tiles (BLOCK_R, set by the
+# launcher), so that tiny cases span several of each. The pruner drops what does not fit.
 _FUSED_CONFIGS = {
     "small_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
                             cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256),

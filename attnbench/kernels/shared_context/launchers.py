@@ -60,9 +60,9 @@ def _launch(kernel, grid, args, constexprs, config):
 
 def _repeatable(made, n_tensors, scalars):
     """A LaunchPlan repeating the launch ``_launch`` made; the split-count candidates are timed
-    through it. (Timed through the autotuner's launch path with do_bench, the pick once compared
-    host times, not kernels: 2 splits for B4096 H4 Lq2 Nctx512 Nbuf32 on an H200, 56.5 us, over 1,
-    45.8 us. time_ms now keeps host time out; the plan keeps the candidates' launches cheap.)"""
+    through it, so that their launches cost little host time and the pick compares kernels, not
+    launch paths (time_ms keeps host time out of the samples as well:
+    docs/measurements/shared_context.md)."""
     fn, compiled, grid, kwargs = made
     return LaunchPlan(fn, compiled, grid, n_tensors, scalars, kwargs)
 

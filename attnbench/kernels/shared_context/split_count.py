@@ -5,11 +5,10 @@ context is cut into NUM_SPLITS chunks, one program per (row tile, chunk, KV head
 buffer goes to chunk b % NUM_SPLITS; each program's partial state is merged exactly
 (``merge_states``), flash-decoding style. How many is measured, not guessed: the fastest count
 depends on more than the row tiles (the buffer's bytes, how programs fall into waves, the merge's
-partial-state traffic). On an H200 (bf16, D 128, H 32/8, Lq 1), B256 Nctx4096 Nbuf512 takes
-0.196 ms at 2 splits but 0.328 ms at the 3 that ``choose_splits`` (~2 programs per SM) would pick,
-while B512 Nctx8192 Nbuf256 is fastest at its pick of 1 (0.283 ms; 0.319 at 2). So on CUDA the
-first call for a key times the launch at ``split_candidates`` (the heuristic's count and 1, 2, 4,
-8) and remembers the fastest (``pick_splits``; ``forget_split_picks`` forgets), as Triton's
+partial-state traffic): the count ``choose_splits`` (~2 programs per SM) picks is the fastest
+at some decode shapes and far from it at others (docs/measurements/shared_context.md). So on
+CUDA the first call for a key times the launch at ``split_candidates`` (the heuristic's count and
+1, 2, 4, 8) and remembers the fastest (``pick_splits``; ``forget_split_picks`` forgets), as Triton's
 autotuner does for tile configs. ``choose_splits`` alone decides where nothing can be timed: the
 interpreter, ATTNBENCH_AUTOTUNE=0, and CUDA-graph capture or torch.compile tracing (these two reuse
 a pick already measured, so a captured graph splits like the eager calls before it). An explicit
@@ -71,9 +70,9 @@ def time_ms(fn) -> float:
     return gpu_time_median_ms(fn)
 
 
-# Rounds of timing per candidate, interleaved, each candidate's best kept. Added when the pick
-# flipped between processes; the flip's cause was host time (see _repeatable), and the second round
-# has not been measured on its own since: it is a guard, costing one more timing per candidate.
+# Rounds of timing per candidate, interleaved, each candidate's best kept: a guard against a pick
+# that flips between processes (host time in the samples flips it, which launchers._repeatable and
+# time_ms keep out), costing one more timing per candidate.
 PICK_ROUNDS = 2
 
 
