@@ -37,7 +37,7 @@ def unavailable_reason(device) -> str | None:
 def unsupported_on_cuda(dtype, head_dim):
     """Why a CUDA launch of these inputs cannot run, or None. fp64 is the gradcheck path: its tiles
     take 8 bytes a value and past head_dim 128 none of the launch configurations fits in shared
-    memory (measured on an H200: 280 KB wanted for D = 256)."""
+    memory (docs/measurements/flash.md)."""
     if dtype == torch.float64 and head_dim > 128:
         return f"float64 on CUDA supports head_dim <= 128 (got {head_dim}); use float32 or run on CPU"
     return None

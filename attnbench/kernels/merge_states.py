@@ -146,7 +146,8 @@ def _lead3(t, lead_dims):
 def _block_sizes(head_dim, device, n_rows, fewest=1):
     """(rows a program, padded head dim). Rows a program shrink (to ``fewest``) until the grid has
     two programs an SM: a stack of many states over few rows (flash-decoding at B8 Hkv8 Nq1: 256
-    rows, 10 splits) ran its whole reduction on 4 programs, ~20 us of a 0.27 ms call on an H200."""
+    rows, 10 splits) would run its whole reduction on 4 programs, a visible share of the call
+    (docs/measurements/flash.md)."""
     block_d = max(16, next_pow2(head_dim))
     if device.type == "cpu":
         return 16, block_d

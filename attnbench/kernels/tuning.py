@@ -16,9 +16,9 @@ from .gpu_time import gpu_time_quantiles
 
 # A block's shared memory when the device cannot be asked.
 SHARED_MEMORY_BUDGET = 200 * 1024
-# Room left for the compiler's own buffers (barriers, scratch). On an H200 (triton 3.6) the flash
-# backward's compiled needs were within 1 KiB of the staged tiles that the kernels' estimates count
-# (dK/dV at D 256, 64 x 128 tiles, 2 stages: 262,656 bytes needed, 262,144 estimated).
+# Room left for the compiler's own buffers (barriers, scratch): what the flash backward's compiled
+# kernels need beyond the staged tiles that the kernels' estimates count fits in it
+# (docs/measurements/flash.md).
 COMPILER_SHARED_BYTES = 2 * 1024
 # fp32 accumulator registers a thread may hold before the rest of a tile's state spills (255 in all);
 # a kernel whose measurements put its limit elsewhere keeps its own (flash_bwd.py).
@@ -151,7 +151,7 @@ def gpu_property(cache, device, off_gpu, query):
 
 
 def _shared_budget_of(index) -> int:
-    try:  # the limit Triton's compiler checks ("Hardware limit: 232448" on an H200)
+    try:  # the limit Triton's compiler checks ("Hardware limit: 232448" on Hopper)
         limit = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
     except (AttributeError, KeyError, RuntimeError):  # another driver or Triton version
         return SHARED_MEMORY_BUDGET

@@ -107,7 +107,7 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
                 dq_desc2.atomic_add([bh, m0, BLOCK_D], tl.reshape(dq_part2, [1, BLOCK_M, BLOCK_D2]))
         else:
             # relaxed: nothing reads dQ before the kernel ends (the default, acq_rel, is an ordered round trip
-            # per element: 0.39-0.45x the recompute route on an H200, against 0.70-0.90x relaxed on an H100)
+            # per element, far slower: docs/measurements/flash.md)
             dq_rows = DQ_head + offs_m[:, None] * HEAD_DIM
             tl.atomic_add(dq_rows + offs_d[None, :], dq_part, mask=row_mask, sem="relaxed")
             if BLOCK_D2 > 0:
@@ -115,10 +115,9 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
     return dk, dv, dk2, dv2
 
 
-# Accumulator registers a thread may hold (registers_per_thread). Measured on an H200 (bf16,
-# flash-bwd-configs-*): dK and dV at 256 registers a thread spill (D 256, 4 warps x 64 keys: 89 TF/s;
-# 32 keys: 249), at 160-192 they do not (D 160 as 128 + 32 columns, 4 warps x 64 keys: 323 TF/s, the
-# fastest there; D 192, 8 warps x 128 keys: 272).
+# Accumulator registers a thread may hold (registers_per_thread): dK and dV at 256 registers a thread
+# spill (D 256 at 4 warps x 64 keys), at 160-192 they do not (D 160 as 128 + 32 columns at 4 warps x
+# 64 keys is the fastest tile there; docs/measurements/flash.md).
 ACCUMULATOR_REGISTERS = 192
 
 
@@ -129,7 +128,7 @@ def _dkdv_shared_bytes(config, element_size, block_d):
 
 def _dkdv_atomic_shared_bytes(config, constexprs):
     """The tma_atomic route's fp32 dQ tile, staged for the copy engine, and the transposed dS operand of
-    dS K (a D 256 launch at 64 x 32 tiles asked for 238,592 bytes: 73 KiB past its K, V, Q and dO stages)."""
+    dS K (a D 256 launch at 64 x 32 tiles asks for 238,592 bytes: 73 KiB past its K, V, Q and dO stages)."""
     if not constexprs.get("ATOMIC_DQ"):
         return 0
     kw = config.kwargs
@@ -149,10 +148,9 @@ def _dkdv_accumulators_fit(config, constexprs):
     return _accumulators_fit(count * config.kwargs["BLOCK_N"] * head_width(constexprs), config, constexprs)
 
 
-# Ordered by the H200 study at D 64-256 (flash-bwd-configs-*, bf16): the first that fits is the
+# Ordered fastest first over D 64-256 (bf16; docs/measurements/flash.md): the first that fits is the
 # default when autotuning is off. The 128-key tiles lead at D <= 128 (and at D 192); at D 256 only
-# 32- and 64-key tiles keep dK and dV in registers (4 warps x 32 keys: 249 TF/s causal; 8 x 64:
-# 287 TF/s without a mask; the 4 x 64 tile that was all D 256 had: 89 TF/s).
+# 32- and 64-key tiles keep dK and dV in registers (4 warps x 32 keys, 8 warps x 64 keys).
 _DKDV_CONFIGS = config_list(
     [
         cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
@@ -161,7 +159,7 @@ _DKDV_CONFIGS = config_list(
         cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
         cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
         cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=16, BLOCK_N=64),  # the D 256 dK pass's (split route), on an H100
+        cfg(4, 2, BLOCK_M=16, BLOCK_N=64),  # the D 256 dK pass's (split route)
     ],
     cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
 )
@@ -304,8 +302,8 @@ def _dq_accumulator_fits(config, constexprs):
     return _accumulators_fit(config.kwargs["BLOCK_M"] * head_width(constexprs), config, constexprs)
 
 
-# As above: 8 warps on 128 x 64 tiles lead at D <= 128 (631 TF/s at D 128) and D 160, 128 x 32 at D 256
-# (445 TF/s causal, against 278 for the 64 x 32 tile that D 256 had), 4 warps on 64 x 64 at D 192.
+# Ordered as above: 8 warps on 128 x 64 tiles lead at D <= 128 and D 160, 128 x 32 at D 256, 4 warps
+# on 64 x 64 at D 192 (docs/measurements/flash.md).
 _DQ_CONFIGS = config_list(
     [
         cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
@@ -385,13 +383,12 @@ def dq_route(route):
     CUDA GPUs with tensor descriptors, compute capability 9.0+, head dims a multiple of 4, not fp64; **not
     deterministic** either; at D 256 no tile keeps dK, dV and the staged dQ tile without spilling, so it is
     slow there). ``with dq_route("atomic"):``.
-    Measured on an H100 (bf16, flash-dq-routes-fixed-nvidia-h100.json, relaxed atomics): the atomic
-    route ran at 0.70-0.90x the recompute route's speed at D 64-128 and 0.29-0.39x at D 256: every key
-    block adds a [rows, D] fp32 tile per query block (2 GB of atomic traffic at B4 H16 N4096 D64), which
-    costs more than the two matmuls it saves. (Deterministic fixed-point atomics were measured too, at
-    0.40-0.47x, and dropped: commit 00853f2.) "tma_atomic" ran 0.72-0.89x (flash-dq-routes-tma-nvidia-h100.json):
-    the sum is not what binds; with dS K and its fp32 tile the fused pass's best tile ran 337-366 TF/s
-    against 460-478 for the dK/dV pass alone (flash-bwd-configs-fused-dq-d128-nvidia-h100.json)."""
+    Both atomic routes are slower than "recompute" at every head dim, hence the default
+    (docs/measurements/flash.md): with "atomic" every key block adds a [rows, D] fp32 tile per query
+    block (2 GB of atomic traffic at B4 H16 N4096 D64), which costs more than the two matmuls it
+    saves; with "tma_atomic" the sum is not what binds, but dS K and its fp32 tile slow the fused
+    pass's best tile below the dK/dV pass alone. (Deterministic fixed-point atomics are slower still,
+    so there is no such route.)"""
     return _DQ_ROUTE(route)
 
 
@@ -399,10 +396,9 @@ DKDV_ROUTES = ("tiles", "split", "hopper")
 _DKDV_ROUTE = RouteSwitch(DKDV_ROUTES, "dK/dV route")
 # Whether the Gluon dK/dV pass (flash_bwd_hopper.py) takes the shapes it applies to on sm_90.
 HOPPER_DKDV_BY_DEFAULT = False
-# Padded head widths (head_dim_blocks) from which the default forms dV and dK in two passes ("split").
-# Measured on an H100 (bf16, whole backward, flash-dkdv-split-*-nvidia-h100.json): at D 256 the dV pass
-# runs 547 TF/s (8 warps, 64 x 128 tiles) and the dK pass 372 (4 warps, 16 x 64), 12.9 ms against the
-# one pass's 15.4 at N 16384 causal (1.17x); D 160 0.81x and D 192 1.01x, so those keep one pass.
+# Padded head widths (head_dim_blocks) from which the default forms dV and dK in two passes ("split"):
+# at D 256 the dV pass (8 warps, 64 x 128 tiles) and the dK pass (4 warps, 16 x 64) together beat the
+# one pass; at D 160 and D 192 they gain nothing, so those keep one pass (docs/measurements/flash.md).
 SPLIT_DKDV_MIN_WIDTH = 256
 
 

@@ -2,8 +2,8 @@
 
 FA2's forward (flash_fwd.py) gives a program BLOCK_M query rows of one query head. At Nq = 1 that
 tile holds one useful row, every query head of a GQA group re-reads its KV head, and B x Hq
-programs of one key loop each cannot keep the memory system busy (B64 H32/8 Nq1 Nk8192 D128 on
-an H200: 2.14 ms against 0.50 ms to read K and V once). Here a program owns the rows of one
+programs of one key loop each cannot keep the memory system busy (they take several times as long
+as one read of K and V: docs/measurements/flash.md). Here a program owns the rows of one
 (batch, KV head): every query head of the group times every query row, packed into one tile, so
 each K/V head is read once; and the keys are split over NUM_SPLITS programs so that B x Hkv alone
 need not fill the GPU. Each split writes its partial state (O, LSE) in fp32 (fp64 for fp64), and
@@ -121,7 +121,8 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)  # finite: see key_block.attend_key_block
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     # One head-dim block, padded to a power of two: reading K and V binds here, not the matmuls
-    # (D 96 ran at 95% of copy bandwidth), so the second block of key_block.py is not used.
+    # (a padded D 96 runs near copy bandwidth: docs/measurements/flash.md), so the second block of
+    # key_block.py is not used.
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
     lo, mid, hi = _split_range(i, valid, split, N_K, NUM_SPLITS, causal_offset, CAUSAL, BLOCK_N)
     for n0 in range(lo, mid, BLOCK_N):
@@ -166,9 +167,9 @@ def decode_splits(programs: int, n_k: int, device) -> int:
     """Key splits for ``programs`` (row tiles x batch x KV heads) over ``n_k`` keys: the fewest
     splits, none shorter than the minimum, within 4% of the best balance of programs over the
     multiprocessors at >= WAVES programs an SM (an SM with one program more than another is what
-    costs). A function of the shape and the GPU only, so a run is bitwise repeatable. On an H200
-    (D 128, Nq 1, B8 Hkv8 Nk32768) 6 splits ran at 0.271 ms, 5 at 0.274, 10 at 0.281, the last
-    before the merge kernel got more programs (merge_states._block_sizes)."""
+    costs). A function of the shape and the GPU only, so a run is bitwise repeatable. Counts near
+    the best balance take nearly the same time, so the fewest of them is taken
+    (docs/measurements/flash.md)."""
     min_keys = INTERPRETER_MIN_KEYS_PER_SPLIT if interpreting() else MIN_KEYS_PER_SPLIT
     sms = multiprocessors(device)
     programs = max(programs, 1)

@@ -10,9 +10,9 @@ A row that sees no key at all (bottom-right causal with Nq > Nk) gets O = 0 and 
 non-finite input gives NaN, never that pair (softmax_rows.finish_rows). The key-block step is
 key_block.attend_key_block. Few query rows (decode) go to flash_decode.py instead.
 
-On sm_90 the forward in fp16/bf16 at the head dims it was measured at (64-256 but 24) is
+On sm_90 the forward in fp16/bf16 at the head dims that kernel is measured at (64-256 but 24) is
 flash_fwd_hopper.py's Gluon kernel (asynchronous wgmma, the softmax beside the P V product, a loader
-warp; 1.1x-1.7x these tiles on an H100, results/gpu/nvidia-h100/flash-hopper-*).
+warp), faster than these tiles there (docs/measurements/flash.md).
 On Hopper (and the interpreter, when forced) the same tiles may also read K and V through tensor
 descriptors (``flash_fwd_tma_kernel``: TMA copies, optionally a warp-specialized key loop); the
 pointer kernel is the fallback wherever descriptors do not apply (older GPUs, strides that are not
@@ -123,8 +123,8 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
 
 
 # The descriptor kernel's configs: the pointer kernel's, with the key loop not warp-specialized
-# (WARP_SPECIALIZE: Triton's automatic producer/consumer split; measured no faster on an H200, and
-# its 4-warp configs do not compile with triton 3.6: results/gpu/nvidia-h200/flash-tma-configs-*).
+# (WARP_SPECIALIZE: Triton's automatic producer/consumer split; it is no faster, and its 4-warp
+# configs do not compile with triton 3.6: docs/measurements/flash.md).
 _FWD_TMA_CONFIGS = [triton.Config({**c.kwargs, "WARP_SPECIALIZE": False}, num_warps=c.num_warps,
                                   num_stages=c.num_stages) for c in _FWD_CONFIGS]
 
@@ -175,12 +175,12 @@ def flash_fwd_tma_kernel(Q, K, V, O, LSE,
 
 ROUTES = ("tiles", "tma", "hopper", "decode")
 _ROUTE = RouteSwitch(ROUTES, "forward route")
-# Whether the query tiles read K and V through tensor descriptors where they apply; set from the
-# side-by-side measurement on an H200 (results/gpu/nvidia-h200/flash-tma-*).
+# Whether the query tiles read K and V through tensor descriptors where they apply: no, side by
+# side with the pointer tiles they are no faster (docs/measurements/flash.md).
 TMA_BY_DEFAULT = False
 # Whether the Gluon wgmma kernel (flash_fwd_hopper.py) takes the shapes it applies to on sm_90: it
-# does, 1.08x-1.25x the pointer tiles at the D 64 / D 128 anchors on an H100
-# (results/gpu/nvidia-h100/flash-hopper-*).
+# does, being faster than the pointer tiles at the D 64 / D 128 anchors
+# (docs/measurements/flash.md).
 HOPPER_BY_DEFAULT = True
 
 

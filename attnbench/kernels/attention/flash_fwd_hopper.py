@@ -2,7 +2,7 @@
 
 Why a second kernel: Triton 3.6 lowers ``tl.dot`` on Hopper to wgmma but waits for each one before
 the next instruction, so a key block's Q K^T, softmax and P V run one after another inside a
-warpgroup (results/gpu/nvidia-h200/flash-notes.md, "Item 1, first pass"). Here the MMAs are
+warpgroup (docs/measurements/flash.md, "Item 1, first pass"). Here the MMAs are
 issued asynchronously and waited for by hand, as in FlashAttention-3's intra-warpgroup overlap:
 
     S_j = Q K_j^T        issued
@@ -37,18 +37,18 @@ from ..precision import LN2
 HOPPER_HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
 # Tiles per (head dim, causal): (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, loader warp,
-# maxnreg[, "pair", compute registers]]), 64 query rows a warpgroup. Measured on an H100
-# (results/gpu/nvidia-h100/flash-hopper-*.json, each pick beside the others in one process):
-# - two warpgroups a program in step (M 128, one key loop, barriers between them): 0.66x-0.95x the
-#   pointer tiles; one warpgroup a program, two or three programs an SM: 1.13x-1.16x at D 64;
+# maxnreg[, "pair", compute registers]]), 64 query rows a warpgroup; each pick is the fastest of
+# the layouts timed beside it (docs/measurements/flash.md):
+# - D 64: one warpgroup a program, two or three programs an SM. Two warpgroups a program in step
+#   (M 128, one key loop, barriers between them) are slower than the pointer tiles, and the pair
+#   below gains nothing over them at D 64.
 # - D 128: a pair of warpgroups a program, each on its own 64 rows, not kept in step, sharing K/V
-#   blocks of 128 keys that a loader warp brings in (each block crosses L2 once per 128 query rows):
-#   1.31x-1.38x the pointer tiles, against 1.14x-1.28x for one warpgroup a program with a loader;
-#   Q as the register operand (each S wgmma then reads only K from shared memory). At D 64 the pair
-#   ran 0.97x-1.01x the pointer tiles and one warpgroup a program is kept.
+#   blocks of 128 keys that a loader warp brings in (each block crosses L2 once per 128 query rows),
+#   ahead of one warpgroup a program with a loader; Q as the register operand (each S wgmma then
+#   reads only K from shared memory).
 # - 256 columns (D 160-256): the pair on 64-key blocks, Q from shared memory (its registers go to the
-#   64 x 256 accumulator): 1.68x-1.73x the pointer tiles at D 256, 1.01x-1.02x at D 160 and 192, whose
-#   columns past D are zeros the MMAs still multiply (flash-hopper-dims.json); three stages do not fit.
+#   64 x 256 accumulator). It gains most at D 256 and little at D 160 and 192, whose columns past D
+#   are zeros the MMAs still multiply; three stages do not fit.
 _PAIR = (True, 168, "pair", 240)  # 12 warps (one program an SM): maxnreg 168, 240 for the compute warps
 _TILES = {(64, False): (64, 128, 2, 4, False), (64, True): (64, 128, 2, 4, False),
           (128, False): (128, 128, 2, 4, True) + _PAIR, (128, True): (128, 128, 2, 4, True) + _PAIR,
@@ -57,7 +57,7 @@ _TILES = {(64, False): (64, 128, 2, 4, False), (64, True): (64, 128, 2, 4, False
 
 # Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies and dropped
 # shared_memory_descriptor._reinterpret; 3.5 lacks the list form of warp_specialize): these kernels
-# run only on the Triton they were written and measured with; elsewhere the pointer tiles run.
+# run only on the Triton they are written and measured with; elsewhere the pointer tiles run.
 GLUON_TRITON = "3.6."
 try:
     import triton

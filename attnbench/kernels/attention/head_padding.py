@@ -2,14 +2,13 @@
 
 head_dim_blocks tiles a head dim in one or two power-of-two column blocks; where they are wider than D the
 kernels mask the extra columns (72 = 64 + 16 with columns 72-79 masked, 88 = 64 + 32 with 88-95, 24 in one
-block of 32). On an H100 with Triton 3.6 the forward's pointer kernel goes wrong at some of these: D 72
-causal at Nq 129 reads shared memory out of range in 4 of its 5 configs, and D 88 at Nq 129 returns
-wrong outputs (relative error 0.84-0.95) in all 5, while the interpreter, D 80 and D 72 at Nq 128 are
-right (results/gpu/nvidia-h100/odd-dims-configs.log, memcheck-odd-dims.log; scripts/gpu_dev_odd_head_dims.py).
-Triton 3.6 compiles D 72 and D 68 at Nq 129 to the same PTX for sm_90, and a review helper saw D 68 run
-right there, so the fault would depend on the mask's runtime bound, not on a specialization; it is not
-understood. Until it is, the flash launchers run every head dim whose blocks would be masked on CUDA as
-zero-padded copies at the blocks' width: zero columns add nothing to the scores, and the outputs' padding
+block of 32). On sm_90 with Triton 3.6 the forward's pointer kernel goes wrong at some of these: D 72 causal
+at Nq 129 reads shared memory out of range in most of its configs, and D 88 at Nq 129 returns wrong outputs
+in all of them, while the interpreter, D 80 and D 72 at Nq 128 are right (docs/measurements/flash.md;
+scripts/gpu_dev_odd_head_dims.py). Triton 3.6 compiles D 72 and D 68 at Nq 129 to the same PTX for sm_90,
+and D 68 runs right there, so the fault would depend on the mask's runtime bound, not on a specialization;
+it is not understood. Until it is, the flash launchers run every head dim whose blocks would be masked on
+CUDA as zero-padded copies at the blocks' width: zero columns add nothing to the scores, and the outputs' padding
 is cut off. The copies cost one extra read and write of the inputs (a few percent of a long attention);
 the kernels compute the padded columns either way.
 """

@@ -33,7 +33,7 @@ def key_weights(s, m_i, l_i, offs_n, offs_m, N_K, causal_offset, qk_scale_log2,
     MASKED applies the key-length and causal masks (row i sees key j <= i + causal_offset). The row
     max is taken on the raw scores and scaled (the scale is positive: spec.check_scale), so each
     score costs one fused multiply-add before its exponential instead of a multiply and an add
-    (1-3% of the forward at D 128 on an H200: results/gpu/nvidia-h200/flash-fwd-variants-*)."""
+    (docs/measurements/flash.md)."""
     if MASKED:
         keep = offs_n[None, :] < N_K
         if CAUSAL:
