@@ -231,8 +231,9 @@ class AttentionBackwardJvp(Function):
 
 def _cache_signatures(*functions):
     """Function.apply binds its arguments with inspect.signature(forward) on every call (torch
-    2.11-2.13), ~30 us of host time per apply measured on a CPU; a signature stored on the function
-    is returned at once. A Hessian-vector product applies five or six of these Functions."""
+    2.11-2.13), host time paid on every apply (docs/measurements/jvp_attention.md); a signature
+    stored on the function is returned at once. A Hessian-vector product applies five or six of
+    these Functions."""
     for function in functions:
         function.forward.__signature__ = inspect.signature(function.forward)
 
