@@ -126,7 +126,8 @@ def _clebsch_gordan_cached(l1, l2, l3):
                 C[m1 + l1, m2 + l2, m1 + m2 + l3] = _complex_cg(l1, m1, l2, m2, l3, m1 + m2)
     # F_c = sum C[m1,m2,c] Y1^m1 Y2^m2 transforms like Y3^c, and Y_c = U^H Y_real, so in the real basis
     # C_real[a,b,c] = sum conj(U1[a,m1]) conj(U2[b,m2]) U3[c,m3] C[m1,m2,m3]
-    # (numpy: torch's multithreaded complex matmul on tiny tensors is 10-100x slower on a busy CPU)
+    # (numpy: torch's multithreaded complex matmul on tiny tensors is far slower on a busy CPU:
+    # docs/measurements/sparse.md)
     U1, U2, U3 = (_complex_to_real(l).numpy() for l in (l1, l2, l3))
     C = np.einsum("am,bn,cp,mnp->abc", U1.conj(), U2.conj(), U3, C, optimize=True)
     C = C * (-1j) ** (l1 + l2 + l3)  # the global phase (unique up to sign) that leaves it real

@@ -35,11 +35,10 @@ __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason",
 # vecsca, scavec and inner take the dense route (attnbench/kernels/sparse/dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
 DENSE_ROUTE = {"enabled": True}
-# Terms per entry of the dense matrix below which the segment kernel stays. Measured on the H200 (sparse-dense-
-# route-*): Clebsch-Gordan L 2 (1.7 terms an entry) ran 0.99x-2.55x of the segment kernel in fp32, L 3 (2.4) and
-# up 2.6x-36x. bf16 L 2 lost (0.38x-0.85x) while the route made two cuBLAS products for M's hi and lo parts, and
-# needed 2 terms an entry; on small_matmul (both parts in one program) it gains 1.4x-8.6x on the H100
-# (results/gpu/nvidia-h100/sparse-l2-bf16-route-*), so one threshold serves every dtype.
+# Terms per entry of the dense matrix below which the segment kernel stays: in fp32 the route is at least even with
+# the segment kernel from Clebsch-Gordan L 2 (1.7 terms an entry) and far ahead from L 3 (2.4) up, and with M's hi
+# and lo parts in one small_matmul program bf16 gains at L 2 too, so one threshold serves every dtype
+# (docs/measurements/sparse.md).
 MIN_DENSITY = 1.0
 
 
@@ -67,10 +66,9 @@ FOLD_MAX_ENTRIES = 2 ** 27  # 512 MiB in fp32 (L 6 C 128: 39.3M entries)
 # the dims as the kernel pads them); tests turn it off to check the segment kernel on the same cases.
 BILINEAR_ROUTE = {"enabled": True}
 MIN_BILINEAR_DENSITY = 1 / 64
-# fp32 (three TF32 products a dot) takes the route from this many terms an output row: measured against the segment
-# kernel on the H100 (results/gpu/nvidia-h100/sparse-bilinear-route*), Clebsch-Gordan L 2 (15 terms a row) ran
-# 0.76x-1.12x, L 3 (38) 2.1x-5.0x, L 4 (82) 1.9x-3.2x, L 6 (243) 2.8x-4.7x; bf16 (two bf16 products) won from L 2
-# (1.5x-1.9x).
+# fp32 (three TF32 products a dot) takes the route from this many terms an output row: against the segment kernel
+# it is no steady gain at Clebsch-Gordan L 2 (15 terms a row) and well ahead from L 3 (38 terms) up, while bf16 (two
+# bf16 products) gains from L 2 and has no such floor (docs/measurements/sparse.md).
 FP32_MIN_TERMS_PER_ROW = 24
 
 

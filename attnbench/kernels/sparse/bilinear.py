@@ -5,8 +5,8 @@ SparseMul (the channel-wise tensor product, e3nn's "uvu" paths) sums, for every 
     z[n, o, c] = sum_{t in o's segment} s[t] x[n, i1[t], c] y[n, i2[t], c]
 
 and the segment kernel does one multiply-add per term with two gathered loads and an index load: at L 3-4 it
-issues ~T (P1 + P2) / P_out loads for the minimum bytes' one, and ran at 2-8% of the copy bandwidth on the H100
-(results/gpu/nvidia-h200/sparse-notes.md, tenth session). Written with the terms' dense coefficient tensor
+issues ~T (P1 + P2) / P_out loads for the minimum bytes' one, and runs far below the copy bandwidth
+(docs/measurements/sparse.md, tenth session). Written with the terms' dense coefficient tensor
 A[o, i, j] (the info's "gram" table stored dense: ``matrix[i * size2 + j, o]``),
 
     V_i = A[:, i, :] @ Y        [P_out, P2] @ [P2, columns]     (a tensor-core product)
@@ -24,11 +24,10 @@ products apply whatever P_out, with Y in shared memory), fp32 and fp64 as writte
 Precision: fp32 inputs run as three TF32 products (Triton's tf32x3: hi * hi + hi * lo + lo * hi); each misses at
 most about 5 x 2**-22 of itself (the low parts cut to TF32 by the tensor cores, the dropped lo * lo), 20 fp32 unit
 roundoffs, which tests/test_gpu_sparse.py's fp32 bound counts. (Splitting A on the host and the held tile once a
-program into TF32 parts rounded to nearest measured 6-25% slower on the H100 than tf32x3: results/gpu/nvidia-h100/
-sparse-bilinear-route-*.) 16-bit inputs meet A as two 16-bit halves (hi + lo, split once per table on the host) on
-the tensor cores, as small_matmul does, so that the coefficients are not rounded to 16 bits (fp16's scaled by a power
-of two into its range: kernels/split_matmul.split_fp32, the result scaled back exactly); fp64 (the gradcheck
-path) in fp64.
+program into TF32 parts rounded to nearest is slower than tf32x3: docs/measurements/sparse.md.) 16-bit inputs meet A
+as two 16-bit halves (hi + lo, split once per table on the host) on the tensor cores, as small_matmul does, so that
+the coefficients are not rounded to 16 bits (fp16's scaled by a power of two into its range:
+kernels/split_matmul.split_fp32, the result scaled back exactly); fp64 (the gradcheck path) in fp64.
 Accumulation in fp32 (fp64 for fp64). No atomics, one summation order: deterministic.
 
 Either operand may be shared by every sample (no batch dim). The operand with fewer rows is held (Y above):
@@ -58,12 +57,12 @@ MAX_HELD = 64
 # A's row tile (P_out): up to 64 rows a program, more rows take more programs
 MAX_BLOCK_O = 64
 
-# (warps, stages, samples, channels) a program; columns = samples x channels. Chosen on the H100 from 17 candidates
-# (scripts/gpu_dev_bilinear_configs.py, results/gpu/nvidia-h100/sparse-bilinear-configs.md: CG L 3, 4, 6, C 32 and 128,
-# N 1e5, fp32 and bf16): each is the fastest at some of those or within 1% of it, but 16-channel tiles (for channel
-# counts of 16, not measured); 8 warps ran 2x slower at L 6, 4 warps 1.2x-1.5x at L 4, and the autotuner's best of
-# this list was 1.06x-1.15x faster than of the first list's (deeper pipelines at L 3 bf16 and L 4 fp32). Default
-# (ATTNBENCH_AUTOTUNE=0) first: 128 columns at 4 warps, the fastest at L 6 and within 1.5x everywhere.
+# (warps, stages, samples, channels) a program; columns = samples x channels. Chosen from a wider candidate set
+# (scripts/gpu_dev_bilinear_configs.py: CG L 3, 4, 6, C 32 and 128, N 1e5, fp32 and bf16; docs/measurements/sparse.md):
+# each is the fastest at some of those shapes or close to it, but the 16-channel tile (for channel counts of 16, not
+# measured). Both warp counts stay, 8 warps alone being slow at L 6 and 4 warps alone at L 4, and deeper pipelines
+# serve L 3 bf16 and L 4 fp32. Default (ATTNBENCH_AUTOTUNE=0) first: 128 columns at 4 warps, the fastest at L 6 and
+# never far behind elsewhere.
 _SHAPES = [(4, 1, 4, 32), (4, 3, 4, 32), (8, 3, 8, 32), (8, 1, 8, 32), (8, 2, 8, 32), (4, 1, 8, 16), (8, 1, 4, 64)]
 _CONFIGS = config_list(
     [cfg(w, st, BLOCK_N=n, BLOCK_C=c) for w, st, n, c in _SHAPES],
@@ -185,11 +184,10 @@ def coefficient_splits(matrix32):
     return splits
 
 
-# The dtypes whose dots take A's rows as M, measured on the H100 against A's rows as M for every dtype (the kernel
-# before; results/gpu/nvidia-h100/sparse-bilinear-columns-m*): with the columns as M, bf16 ran 1.34x-1.39x at L 6,
-# 1.06x-1.09x at L 4, 0.92x-1.04x at L 2-3; fp32 on tf32x3 0.81x-0.87x at L 3, 0.53x-0.56x at L 6 (1.04x-1.09x at L 4),
-# on TF32 parts split by hand 0.84x-0.91x and 0.75x; one body with fp32 through tl.trans 0.92x-0.99x. fp64 (the
-# interpreter's gradcheck) keeps the kernel it was checked on.
+# The dtypes whose dots take A's rows as M; the others take the columns as M. With the columns as M, bf16 gains at
+# L 4-6 and about breaks even at L 2-3, while fp32 loses at L 3 and L 6 on tf32x3, on TF32 parts split by hand and
+# through tl.trans in one body alike (docs/measurements/sparse.md). fp64 (the interpreter's gradcheck) keeps the
+# kernel it is checked on.
 ROWS_M_DTYPES = (torch.float32, torch.float64)
 
 

@@ -6,24 +6,23 @@ Grouping the terms by (o, i1) first,
     M[n, o, i1] = sum_{t: (o, i1)} s[t] y[n, i2[t]]        (once per sample: no channel)
     z[n]        = M[n] @ x[n]                              (a batched matrix product: small_matmul.py)
 
-does the i2 sum once per sample instead of once per channel: at L 6 (Clebsch-Gordan terms of 0..6 x 0..6 -> 0..6)
-the per-channel work falls from 11896 multiply-adds to 49 x 49 = 2401, on matrix units instead of one gathered
-x row per term from L2 (the segment kernel's bound: sparse-notes.md). scavec is the same with x and y swapped,
-and inner, z[n, o] = sum_t s[t] <x[n, i1[t]], y[n, i2[t]]>, is the Gram matrix G[n] = x[n] @ y[n]^T followed by
-the same per-sample gather: z[n, o] = sum_t s[t] G[n, i1[t], i2[t]]. The three are closed under differentiation
-(vecsca's gx is a scavec, its gy an inner), so forward, backward and double backward all take this route.
+does the i2 sum once per sample instead of once per channel: at L 6 (Clebsch-Gordan terms of 0..6 x 0..6 -> 0..6) the
+per-channel work falls from 11896 multiply-adds to 49 x 49 = 2401, on matrix units instead of one gathered x row per
+term from L2 (the segment kernel's bound: docs/measurements/sparse.md). scavec is the same with x and y swapped, and
+inner, z[n, o] = sum_t s[t] <x[n, i1[t]], y[n, i2[t]]>, is the Gram matrix G[n] = x[n] @ y[n]^T followed by the same
+per-sample gather: z[n, o] = sum_t s[t] G[n, i1[t], i2[t]]. The three are closed under differentiation (vecsca's gx
+is a scavec, its gy an inner), so forward, backward and double backward all take this route.
 
-The per-sample sums (a sparse matrix applied to every sample's row of scalars, the info's ``dense_rows`` tables)
-are one GEMM on the table's dense matrix form where it has one (cuBLAS, TF32 off: the Clebsch-Gordan tables hold
-~10 entries a term, and the GEMM's zeros add nothing), else ``gather_rows_kernel`` (CSR, every row looped to the
-longest one's length, a gathered load a term, fixed order: deterministic). At L 6 the kernel took ~1.9 ms of the
-3.5 ms bf16 forward at N 1e5 on the H100, the GEMM route's forward 3.0 ms and backward 2x faster (results/gpu/
-nvidia-h100/sparse-gather-gemm-*). The matrix products (``small_matmul``: one launch, each
-sample's product in registers) run in fp32 for fp32 inputs (never TF32), fp64 for fp64, and for 16-bit inputs on
-the tensor cores with fp32 accumulation, M kept in fp32 and split into two half-precision parts (hi + lo) so that
-it is not rounded to 16 bits. The fp32 and fp64 Gram matrices (a deep channel inner dim) go to cuBLAS instead, but
-for the fp32 ones of L 2 and 3 (``gram_stack_kernel``: a batch of samples in one 3-D dot) and small, shallow fp64 ones
-(small_matmul): ``_gram``, measured faster there.
+The per-sample sums (a sparse matrix applied to every sample's row of scalars, the info's ``dense_rows`` tables) are
+one GEMM on the table's dense matrix form where it has one (cuBLAS, TF32 off: the Clebsch-Gordan tables hold ~10
+entries a term, and the GEMM's zeros add nothing), else ``gather_rows_kernel`` (CSR, every row looped to the longest
+one's length, a gathered load a term, fixed order: deterministic). At L 6 the kernel is over half of the bf16
+forward, and the GEMM makes forward and backward faster (docs/measurements/sparse.md). The matrix products
+(``small_matmul``: one launch, each sample's product in registers) run in fp32 for fp32 inputs (never TF32), fp64 for
+fp64, and for 16-bit inputs on the tensor cores with fp32 accumulation, M kept in fp32 and split into two
+half-precision parts (hi + lo) so that it is not rounded to 16 bits. The fp32 and fp64 Gram matrices (a deep channel
+inner dim) go to cuBLAS instead, but for the fp32 ones of L 2 and 3 (``gram_stack_kernel``: a batch of samples in one
+3-D dot) and small, shallow fp64 ones (small_matmul): ``_gram``, measured faster there.
 """
 import torch
 import triton
@@ -118,14 +117,12 @@ def full_precision_matmul(a, b):
 
 
 # fp32 Gram matrices of at most GRAM_STACK_ROWS rows and columns (L 2 and 3: 9 x 9, 16 x 16) go to gram_stack_kernel,
-# BLOCK_N samples in one 3-D dot. On the H200 (results/gpu/nvidia-h200/gram-stack-configs.log: N 1e5, the kernel
-# against small_matmul and cuBLAS, one process): 9 x 9 over 32 channels 0.192 ms (small_matmul 0.521, cuBLAS 0.719),
-# over 128 0.716 (cuBLAS 0.847); 16 x 16 over 32 0.215 (cuBLAS 0.337), over 128 0.748 (cuBLAS 0.988). 25 x 25 (L 4):
-# cuBLAS 2.5x-3.5x faster. Of its configs only 8 samples a program at 4 warps ran fast: 2, 4 or 16 samples, or 8
-# warps, ran 2.2x-2.7x slower (fp32's FMA-dot layout). bf16 stays on small_matmul (tensor cores: 54-95% of copy
-# there). Channels measured: 32 and 128 (the kernel streams them in steps of 32). fp64 Gram matrices with fewer rows
-# and columns than GRAM_ON_CUBLAS_ROWS and an inner dim of at most SMALL_MATMUL_GRAM_DEPTH go to small_matmul (as
-# fp32's did: small-matmul-gram-fp32-l23.md), the rest to cuBLAS.
+# BLOCK_N samples in one 3-D dot: there it is faster than small_matmul and cuBLAS, while from 25 x 25 (L 4) cuBLAS is
+# the faster (docs/measurements/sparse.md). Its one config, 8 samples a program at 4 warps, is the only fast one of
+# those tried (fp32's FMA-dot layout). bf16 stays on small_matmul (tensor cores, near copy bandwidth there). Channels
+# measured: 32 and 128 (the kernel streams them in steps of 32). fp64 Gram matrices with fewer rows and columns than
+# GRAM_ON_CUBLAS_ROWS and an inner dim of at most SMALL_MATMUL_GRAM_DEPTH go to small_matmul, which is faster there
+# (docs/measurements/sparse.md), the rest to cuBLAS.
 GRAM_STACK_ROWS = 16
 GRAM_ON_CUBLAS_ROWS = 16
 SMALL_MATMUL_GRAM_DEPTH = 32
@@ -193,11 +190,10 @@ def gram_stack(x, y_t):
 
 def _gram(x, y_t, acc):
     """x @ y_t, the inner product's Gram matrices: a few rows, a deep (channel) inner dim. 16-bit inputs on
-    small_matmul (tensor cores: 76-99% of the copy bandwidth on the H100, cuBLAS 50-86%); fp32 ones of at most
-    GRAM_STACK_ROWS rows and columns on gram_stack_kernel (one operand at most shared); the other fp32 and fp64
-    ones on cuBLAS (TF32 off) but for small and shallow fp64 ones (see GRAM_ON_CUBLAS_ROWS): small_matmul's FMA dot
-    holds each thread's rows over the whole inner step and ran 16-49-row ones at 24-54% against cuBLAS's 49-84%
-    (results/gpu/nvidia-h100/small-matmul-configs-*.md)."""
+    small_matmul (tensor cores, closer to the copy bandwidth than cuBLAS); fp32 ones of at most GRAM_STACK_ROWS rows
+    and columns on gram_stack_kernel (one operand at most shared); the other fp32 and fp64 ones on cuBLAS (TF32 off)
+    but for small and shallow fp64 ones (see GRAM_ON_CUBLAS_ROWS): small_matmul's FMA dot holds each thread's rows
+    over the whole inner step, which makes it slower than cuBLAS on 16-49-row ones (docs/measurements/sparse.md)."""
     rows = max(x.shape[-2], y_t.shape[-1])
     if acc != x.dtype:
         return small_matmul(x, y_t, acc)

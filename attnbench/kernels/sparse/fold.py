@@ -8,8 +8,8 @@ With the weight shared by the batch, the term sum can be done once per call inst
 
 Per sample that is 2 (P1 a) (P_out b) FLOPs on one large GEMM, against the segment kernels' 2 terms a b: for the
 Clebsch-Gordan products of irreps 0..L, terms / (P_out P1) is 1.7 (L 2), 2.4 (L 3), 3.3 (L 4), 5.0 (L 6). The einsum
-reference contracts in this order and ran 1.5x-30x faster than the segment kernels on the H200 (results/gpu/
-nvidia-h200/sparse-anchor-bench-nvidia-h200.md). mat_t_vec with a shared x is the same with the roles of the two
+reference contracts in this order and is faster than the segment kernels at every anchor (docs/measurements/
+sparse.md). mat_t_vec with a shared x is the same with the roles of the two
 sparse indices swapped. The fold itself is one small GEMM, the info's "pairs" table in its dense matrix form
 (``SparseProductInfo.dense_rows``: summed in float64 on the CPU, so a fixed order) times the weight.
 
@@ -35,11 +35,10 @@ from .split_matmul import split_fp32, split_matmul
 __all__ = ["FOLD_OPS", "SPLIT_MATMUL", "fold_outer_sum_launch", "fold_product_launch", "folded_entries"]
 
 # 16-bit inputs against the fp32 fold on attnbench/kernels/sparse/split_matmul.py (both halves in one program, one rounding) where the
-# fold has at most max_entries entries, else two cuBLAS GEMMs with fp32 outputs, their sum and a cast. Measured on the
-# H200 (bf16, one process): the kernel runs both products at ~500 TF/s where cuBLAS runs each at ~700 (results/gpu/
-# nvidia-h200/split-matmul-variants.txt), so it wins where the pair's fp32 passes cost more than that gap. The FC
-# layer against the pair (sparse-fold-split.md, N 1e4 and 1e5; forward, backward and double backward alike):
-# 1.16x-1.87x for folds 288-1152 wide, 0.98x-1.16x at 1568 and 2048, 0.94x-1.04x at 3200, 0.89x-0.95x at 6272.
+# fold has at most max_entries entries, else two cuBLAS GEMMs with fp32 outputs, their sum and a cast. The kernel's
+# products are slower than cuBLAS's, so it wins only where the pair's fp32 passes cost more than that gap: the FC layer
+# gains on folds within max_entries and about ties or loses on wider ones, in forward, backward and double backward
+# alike (docs/measurements/sparse.md).
 SPLIT_MATMUL = {"enabled": True, "max_entries": 1 << 21}
 
 # the ops of the fold route: the info table whose matrix holds the coefficients, and which operand is the shared

@@ -4,7 +4,7 @@ sparse_dense.py runs the route as two launches with the per-sample matrices in m
 and scavec (M[n, o, i] = sum s S[n, k], then z[n] = M[n] @ V[n]), the Gram matrices for inner (G[n] = x[n] @ y[n]^T,
 then z[n, o] = sum s G[n, i1, i2]). M is fp32 and as wide as the output's rows times the vectors' rows: at
 Clebsch-Gordan L 3 and N 1e6 it is 1 GB written and read again, as much as x, y and z of a bf16 C 32 forward
-together (the route's forward ran at 34% of copy bandwidth there, results/gpu/nvidia-h100/sparse-products-n1e6-*).
+together (the route's forward runs far below copy bandwidth there: docs/measurements/sparse.md).
 Where every sparse size pads to at most 16 rows (L <= 3: ``FUSED_ROWS``), a program keeps BLOCK_N samples' M (or G) in
 registers instead:
 
@@ -31,14 +31,13 @@ __all__ = ["FUSED_ROWS", "fused_dense_launch", "fused_dense_fits", "scaled_rows_
 
 # Sparse sizes (after padding to a power of two, 16 at least for tl.dot) a program holds whole: M is
 # [BLOCK_N, 16 x 16] fp32 at L 3, 32 registers a thread at 16 samples and 4 warps. L 4's 32 x 32 (8 warps for 64
-# registers) ran 0.65x-1.15x the two launches in bf16 (``FUSED_ROWS["max"]`` raised to 32 for the run).
+# registers) is no steady gain over the two launches in bf16 (docs/measurements/sparse.md).
 FUSED_ROWS = {"max": 16, "inner_fill": 0.5}
-# Measured on the H100 against the two launches, N 1e6, CG L 2-3, C 32 and 128 (results/gpu/nvidia-h100/sparse-
-# fused-dense-*): bf16 vecsca and scavec 1.12x-2.02x in every mode; inner 1.10x-2.00x at L 3 but its forward 0.83x-0.84x
-# at L 2, whose 9 x 9 Gram grid fills 32% of the 16 x 16 tile (hence "inner_fill"); inner at L 3 1.31x-2.01x. fp32 ran
-# 0.92x-1.31x, behind in most backward rows (0.92x-0.96x), but that run held the Gram kernel to one config (a pruner
-# bug, since fixed); after the fix fp32 vecsca L 3 C 32 ran 1.10x-1.32x, the rest not measured again: fp32 keeps the
-# two launches until it is. fp64 takes the fused kernels (exact: the gradcheck path; not timed); fp16 runs bf16's code.
+# Against the two launches (N 1e6, CG L 2-3, C 32 and 128; docs/measurements/sparse.md): bf16 vecsca and scavec gain in
+# every mode, and inner at L 3; inner's forward at L 2 loses, its 9 x 9 Gram grid filling 32% of the 16 x 16 tile (hence
+# "inner_fill"). fp32 is not measured across the board with the Gram kernel's full config list (the one fp32 case that
+# is gains): fp32 keeps the two launches until it is. fp64 takes the fused kernels (exact: the gradcheck path; not
+# timed); fp16 runs bf16's code.
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float64)
 # fp32 registers a thread for the program's M (or G): configs over this are dropped (the rest of the state spills)
 MATRIX_REGISTERS = 64

@@ -5,10 +5,9 @@
 is ``outer`` with ``out_accumulated`` and both inputs batched. The FC layer's shared weight (vecmat with a shared
 y) has it as its gradient, in the backward and again in the double backward. The segment kernel
 (``sparse_segment.py``) sums it on CUDA cores, a broadcast multiply per (batch item, term): the layer's backward
-took 30-520 ms on the H200 against a 1-11 ms forward, no faster than split-PyTorch at C 128. Per term it is a
-[C1, N] x [N, C2] matrix product with the batch as the contraction dim, so here it is ``tl.dot``. Measured on the
-H100 (results/gpu/nvidia-h100/sparse-outer-sum-*, the anchors at N 1e4 against the segment kernel): the layer's
-backward 6.7x-9.4x faster in fp32 and 31x-95x in bf16 (L 2 N 1e5 C 128 bf16: 4.45 ms, 1.7x its forward).
+then takes many times its forward, no faster than split-PyTorch at C 128. Per term it is a [C1, N] x [N, C2] matrix
+product with the batch as the contraction dim, so here it is ``tl.dot``, which makes the layer's backward many times
+faster than the segment kernel's in fp32 and in bf16 (docs/measurements/sparse.md).
 
 * Grid (channel tile, output row, batch split). A program owns a [BLOCK_A, BLOCK_B] tile of one output row and
   a contiguous range of batch blocks. For each batch block it walks the row's terms in CSR order; a term's
@@ -16,7 +15,7 @@ backward 6.7x-9.4x faster in fp32 and 31x-95x in bf16 (L 2 N 1e5 C 128 bf16: 4.4
   scale is never rounded into a 16-bit operand).
 * Channel tiles and rows vary fastest in launch order, so that the programs resident together work on the same
   batch range and a batch block's x and y rows, read once per term that uses them, can come from L2 (the intent;
-  the order was not measured against another).
+  the order is not measured against another).
 * The batch splits' partial tiles are summed afterwards in a fixed order (``sparse_segment.batch_splits`` picks
   the count; no atomics), so the result is bitwise deterministic for a launch config (the autotuner's pick, as in
   the segment kernel, may differ between processes).

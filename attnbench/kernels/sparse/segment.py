@@ -19,13 +19,13 @@ weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
 * ``out_accumulated`` (z summed over the batch): grid axis 0 splits the batch into NUM_SPLITS contiguous ranges
   of batch blocks; each program reduces its [BLOCK_N, BLOCK_C] accumulator over its range and stores a partial
   row, and the partials are summed in split order afterwards (``batch_splits`` picks the count: with one
-  program per row and channel tile, the FC layer's weight gradient had ~150 programs walking 1e5 batch items
-  each). Deterministic as well; the issue allowed atomics here, none are used.
+  program per row and channel tile, the FC layer's weight gradient would have ~150 programs walking 1e5 batch
+  items each). Deterministic as well; the issue allows atomics here, none are used.
 * SparseScale with a batch of one ([M, C], the message-passing segment sum) would leave the tile's batch rows
   empty: its contiguous channels fold into the batch axis as lines ([C / line, M, line], ``channel_line``), and
   where rows are short (its backward, a gather of one term a row) a row-tile kernel takes BLOCK_M rows a program
-  (``sparse_scale_rows_kernel``, ``rows_tile``, channel tiles fastest): that backward, 21% of copy bandwidth on the
-  H200 before, runs on the H100 at N 1e5 at 53-81% (fp32) and 41-68% (bf16), at N 1e6 C 32 up to 76% and 61%.
+  (``sparse_scale_rows_kernel``, ``rows_tile``, channel tiles fastest), which takes that backward from a small
+  fraction of the copy bandwidth to most of it (docs/measurements/sparse.md).
 * Channel loads are along the contiguous channel dim, so a warp reads consecutive addresses of one gathered
   row; a shared operand (no batch dim) has batch stride 0 and is read once per term per program, then
   broadcast over the batch block in registers.
@@ -35,17 +35,16 @@ weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
   (vecmat's y^T, outer's gz^T) are read in place without a copy.
 * ``DOT``: vecmat with a shared y and mat_t_vec with a shared x (the FC layer's weight and its transposed use in
   the backward) are, per term, a [BLOCK_N, R] x [R, BLOCK_C] matrix product: ``tl.dot`` (tensor cores for half
-  precision, full-precision fp32 FMAs for fp32, never TF32) instead of a broadcast multiply and sum (9-11x
-  faster on the H200 at the anchors' forward).
+  precision, full-precision fp32 FMAs for fp32, never TF32) instead of a broadcast multiply and sum (many times
+  faster at the anchors' forward: docs/measurements/sparse.md).
 
-Walking all the rows of a batch block in one program was first measured on the H200 for vecsca (L 6, N 1e4: 0.49x-
-1.43x, not kept), and taking several terms of a segment at a time (for loads in flight) 0.80x-1.27x (results/gpu/
-nvidia-h200/sparse-notes.md); for mul at N 1e4-1e6 on the H100 it gains 1.0x-2.8x and is kept for mul alone
-(``ALL_ROWS``), where mul does not take its bilinear route (attnbench/kernels/sparse/bilinear.py; triton_ops._bilinear_table
-says where it does not: batch sums, structures without a dense matrix form or too thin for it, both operands past 64
-rows, fp32 with few terms a row, 16-bit coefficients whose split would lose precision). Grid axes 1 and 2 are capped
-at 65535 programs by CUDA: one row a program launches rows in chunks (ROW0, ROWS), channel tiles never come close for
-the channel sizes this operator sees (the launcher checks).
+Walking all the rows of a batch block in one program gains for mul and is kept for mul alone (``ALL_ROWS``; for
+vecsca it is no steady gain, nor is taking several terms of a segment at a time for loads in flight:
+docs/measurements/sparse.md), where mul does not take its bilinear route (attnbench/kernels/sparse/bilinear.py;
+triton_ops._bilinear_table says where it does not: batch sums, structures without a dense matrix form or too thin for
+it, both operands past 64 rows, fp32 with few terms a row, 16-bit coefficients whose split would lose precision).
+Grid axes 1 and 2 are capped at 65535 programs by CUDA: one row a program launches rows in chunks (ROW0, ROWS),
+channel tiles never come close for the channel sizes this operator sees (the launcher checks).
 """
 import math
 
@@ -80,12 +79,11 @@ CHANNEL_RANKS = {
 MAX_GRID_YZ = 65535
 # For the ops in "ops", from min_batch batch items: a program of the product kernel walks every output row of its
 # batch block and channel tile instead of one row a program. Every row's terms read the block's x and y rows; one
-# row a program fetched them once per row that reads them, one program walking the rows can find them in its own
-# L1 (an inference from the speedups, not profiled). Measured for mul on the H100 against one row a program, one
-# process, bitwise the same results (results/gpu/nvidia-h100/sparse-all-rows.*): 1.0x-2.8x over N 1e4-1e6, never
-# slower; L 2 C 32 fp32 2.1x-2.8x (N 1e6 forward 14% -> 38% of copy); one N 1e4 case (L 3 C 32 fp32), 1.2x-1.5x, is
-# what min_batch rests on: below it the rows are the parallelism (not measured). The other ops are not measured
-# with it (vecsca at L 6 N 1e4 was 0.49x-1.43x with an earlier version of the idea on the H200): one row a program.
+# row a program fetches them once per row that reads them, one program walking the rows can find them in its own
+# L1 (an inference from the speedups, not profiled). For mul it is never slower than one row a program over N 1e4-1e6,
+# with bitwise the same results; min_batch is the smallest batch where it is seen to gain: below it the rows are the
+# parallelism (not measured). The other ops are not measured with it (an earlier version of the idea was no steady
+# gain for vecsca): one row a program (docs/measurements/sparse.md).
 ALL_ROWS = {"enabled": True, "min_batch": 10_000, "ops": frozenset({"mul"})}
 
 
@@ -300,7 +298,7 @@ _SCALE_ROWS_CONFIGS = config_list(
         cfg(8, 1, BLOCK_M=16, BLOCK_C=128),
         cfg(4, 1, BLOCK_M=8, BLOCK_C=128),
         cfg(8, 1, BLOCK_M=64, BLOCK_C=32),
-        # wider row pieces: the autotuner takes 32 x 128 (8 warps) at 6272 bf16 channels, 1.10x (sparse-scale-rows-wide)
+        # wider row pieces, for wide channel counts (6272 bf16 channels: docs/measurements/sparse.md)
         cfg(8, 1, BLOCK_M=32, BLOCK_C=128),
         cfg(8, 1, BLOCK_M=64, BLOCK_C=64),
         cfg(4, 1, BLOCK_M=16, BLOCK_C=256),
@@ -309,8 +307,8 @@ _SCALE_ROWS_CONFIGS = config_list(
         cfg(4, 1, BLOCK_M=128, BLOCK_C=32),
         cfg(8, 1, BLOCK_M=256, BLOCK_C=32),
         cfg(4, 1, BLOCK_M=64, BLOCK_C=64),
-        # whole rows of 512 channels (L 3 C 32, 8 lines of 64: this kernel since sparse-scale-rows-everywhere) in a
-        # program: the autotuner's pick there in bf16
+        # whole rows of 512 channels (L 3 C 32, 8 lines of 64: this kernel, see LINES_OVER_ROWS) in a program: the
+        # autotuner's pick there in bf16 (docs/measurements/sparse.md)
         cfg(8, 1, BLOCK_M=8, BLOCK_C=512),
     ],
     cfg(1, 1, BLOCK_M=2, BLOCK_C=2),
@@ -326,8 +324,8 @@ def sparse_scale_rows_kernel(X, Z, SCALE, INDEX, SEG_OUT, M, C, CZ, s_xm, s_xc, 
     of BLOCK_M output rows x BLOCK_C channels, each row's terms in CSR order up to the tile's longest row, so a
     program moves BLOCK_M rows where the batched kernel moves one row's slice. A 1-D grid (a 2-D one would cap the
     channel tiles at 65535), channel tiles fastest: the programs that write one row tile's pieces of a line then
-    run together and L2 gets whole lines to write back. Row tiles fastest wrote each row's 64-byte pieces
-    (32 bf16 channels) far apart in time: 40% of copy at N 1e6, 61% this way (sparse-scale-rows-channel-fastest)."""
+    run together and L2 gets whole lines to write back. Row tiles fastest would write each row's 64-byte pieces
+    (32 bf16 channels) far apart in time, and run slower (docs/measurements/sparse.md)."""
     tiles_c = tl.cdiv(C, BLOCK_C)
     offs_m = (tl.program_id(0) // tiles_c) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = (tl.program_id(0) % tiles_c) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -427,8 +425,8 @@ def sparse_product_launch(op, x, y, info, out_accumulated=False):
     dot = ((op == "vecmat" and _is_shared(y, rank_y)) or (op == "mat_t_vec" and _is_shared(x, rank_x))) \
         and not shared and not accumulate and x.dtype != torch.float64
     if dot:  # the backward's transposed view of the weight: a compact copy (tiny: no batch dim), unit stride along
-        # the output channels as in the forward; on the strided view fp32's FMA dot ran the FC layer's backward 1.6x-2x
-        # slower on the H100 (results/gpu/nvidia-h100/sparse-fc-weight-copy.*; bf16 unchanged)
+        # the output channels as in the forward; on the strided view fp32's FMA dot runs the FC layer's backward much
+        # slower (docs/measurements/sparse.md; bf16 is unaffected)
         if op == "vecmat" and y.stride(-1) != 1:
             y = y.contiguous()
         elif op == "mat_t_vec" and x.stride(-1) != 1:
@@ -499,18 +497,16 @@ def channel_line(batch, channels, channel_stride):
 # A batch of one whose rows hold at most this many terms on average may take the row-tile kernel.
 ROWS_TILE_TERMS = 2
 # ... unless its channels fold into a power-of-two count of at least this many lines, which the batched kernel's
-# line tiles fill without a masked lane. Measured on the H200 (sparse-scale-rows-everywhere): at 2048 channels (32
-# lines of 64) the lines 1.01x-1.07x the row tiles, at 512 (8 lines of 64) the row tiles 1.46x-1.54x the lines;
-# 16 lines (1024 channels), between the two, is not measured.
+# line tiles fill without a masked lane: at 32 lines of 64 (2048 channels) the lines are slightly ahead of the row
+# tiles, at 8 lines of 64 (512) the row tiles are well ahead; 16 lines (1024 channels), between the two, is not
+# measured (docs/measurements/sparse.md).
 LINES_OVER_ROWS = 16
 
 
 def rows_tile(batch, channels, line, row_terms):
     """Whether SparseScale takes the row-tile kernel: a batch of one with short rows (the backward of a segment
-    sum), unless its channels fold into a power-of-two count of LINES_OVER_ROWS lines or more (measured on the
-    H100 with row tiles fastest in launch order: 1.8x-3.6x over the lines at 288, 800 and 1568 channels, 9, 25
-    and 49 lines of 32; 0.96x-1.00x at 6272, 98 lines of 64: results/gpu/nvidia-h100/sparse-scale-rows.md; with
-    channel tiles fastest, on the H200: results/gpu/nvidia-h200/sparse-scale-rows-everywhere.md)."""
+    sum), unless its channels fold into a power-of-two count of LINES_OVER_ROWS lines or more: the row tiles are well
+    ahead of the lines at 9-49 lines of 32 and even with them at 98 lines of 64 (docs/measurements/sparse.md)."""
     if batch != 1 or row_terms > ROWS_TILE_TERMS:
         return False
     lines = channels // line if line else 0

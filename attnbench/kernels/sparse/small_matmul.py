@@ -1,9 +1,9 @@
 """Many small matrix products, out[n] = a[n] @ b[n], in one launch: the dense route's per-sample products.
 
 The dense route of the sparse products (sparse_dense.py) multiplies, for every sample, a matrix of at most a few
-dozen rows and columns (49 x 49 at L 6) by the sample's [rows, channels] block. cuBLAS's batched GEMM ran those
-at 23-41% of the copy bandwidth on the H200 (sparse-notes.md), and the 16-bit route paid a second product and
-a second pass over the output for the low half of M. Here one program walks ``SAMPLES`` consecutive samples of
+dozen rows and columns (49 x 49 at L 6) by the sample's [rows, channels] block. cuBLAS's batched GEMM runs those
+far below the copy bandwidth (docs/measurements/sparse.md), and its 16-bit route pays a second product and a second
+pass over the output for the low half of M. Here one program walks ``SAMPLES`` consecutive samples of
 one (row tile, column tile) and does each sample's whole product in registers: the operands are read once, the
 output written once, and for a 16-bit ``b`` with an fp32 ``a`` both halves of ``a`` (hi + lo, so that M is not
 rounded to 16 bits) meet the same loaded ``b`` tile.
@@ -23,10 +23,10 @@ from ..tuning import autotune, cdiv, cfg, config_list, next_pow2, tile_pruner
 
 __all__ = ["small_matmul", "small_matmul_kernel"]
 
-# (warps, stages, samples a program, column tile, inner step). Chosen on the H100 from 26 candidates over the
-# dense route's products (L 3-6, C 32 and 128, fp32 and bf16; scripts/gpu_dev_small_matmul.py): with these,
-# the autotuner's best is within 6% of the best candidate on every product (up to 10x apart across configs).
-# Default (ATTNBENCH_AUTOTUNE=0) first.
+# (warps, stages, samples a program, column tile, inner step). Chosen from a wider candidate set over the dense
+# route's products (L 3-6, C 32 and 128, fp32 and bf16; scripts/gpu_dev_small_matmul.py): with these, the
+# autotuner's best stays close to the best candidate on every product, where configs differ widely
+# (docs/measurements/sparse.md). Default (ATTNBENCH_AUTOTUNE=0) first.
 _SHAPES = [(4, 1, 4, 32, 16), (4, 1, 1, 64, 16), (8, 2, 1, 128, 16), (4, 1, 1, 64, 64), (4, 1, 4, 32, 32),
            (4, 1, 4, 32, 64), (2, 1, 4, 16, 64), (4, 2, 4, 64, 16), (2, 1, 4, 16, 16)]
 _CONFIGS = config_list(
@@ -38,7 +38,7 @@ MIN_BLOCK, MAX_ROWS = 16, 64
 
 
 # Column tiles no wider than the columns and inner steps no deeper than the inner dim. (fp32's FMA dot spills at 64
-# deep on a 64 x 64 tile, yet that config was the fastest at L 6 C 128: the autotuner decides.)
+# deep on a 64 x 64 tile, yet that config is the fastest at L 6 C 128: the autotuner decides.)
 _prune = tile_pruner({"BLOCK_Q": "Q", "BLOCK_K": "K"}, MIN_BLOCK)
 
 

@@ -3,9 +3,9 @@
 The fold route (sparse_fold.py) multiplies a 16-bit batch [N, K] by a folded weight that stays in fp32 (rounding it
 to 16 bits would add an error of the output's own size). On cuBLAS that is two GEMMs, a @ hi and a @ lo with fp32
 outputs, their sum and a cast: at N 1e5 and 288 columns (L 2, 32 channels) three extra passes over a [N, M] fp32
-array, ~0.13 ms of memory traffic against ~0.05 ms of tensor-core work (a byte and FLOP count on the H200, not
-measured). Here one program holds an output tile's fp32 accumulator across both products and writes it once in the
-output dtype.
+array, more time in memory traffic than the products take on the tensor cores (a byte and FLOP count, not a
+measurement: docs/measurements/sparse.md). Here one program holds an output tile's fp32 accumulator across both
+products and writes it once in the output dtype.
 
 ``hi`` and ``lo`` are the fp32 matrix split once per call (``split_fp32``: for fp16 scaled by a power of two first,
 so that its range neither overflows hi nor leaves lo subnormal), so that a program loads two 16-bit tiles instead of
@@ -24,9 +24,9 @@ from ..tuning import autotune, cdiv, cfg, config_list, tile_pruner
 
 __all__ = ["split_matmul", "split_matmul_kernel", "split_fp32"]
 
-# (warps, stages, rows, columns, inner step): Hopper bf16 GEMM tiles of Triton's matmul tutorial family. Not
-# measured here yet (no GPU in the session that wrote it): the first is the default.
-# Two B tiles (hi and lo) a stage: 128 x 256 x 64 at 3 stages would stage 240 KiB, past the H100's and H200's 227.
+# (warps, stages, rows, columns, inner step): Hopper bf16 GEMM tiles of Triton's matmul tutorial family, not
+# measured on this kernel yet: the first is the default.
+# Two B tiles (hi and lo) a stage: 128 x 256 x 64 at 3 stages would stage 240 KiB, past Hopper's 227.
 _SHAPES = [(8, 3, 128, 128, 64), (4, 4, 128, 64, 64), (4, 4, 64, 128, 64), (4, 4, 64, 64, 64), (4, 3, 128, 32, 64),
            (4, 4, 64, 32, 32)]
 _CONFIGS = config_list(
