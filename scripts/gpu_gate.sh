@@ -37,7 +37,7 @@ if compgen -G ".wheelhouse/*.whl" >/dev/null; then
 fi
 python3 -m pip install --no-deps --no-build-isolation -q -e . 2>&1 | grep -v "^WARNING" || true
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$ART/nvidia-smi.csv"
-machine=$(python3 -c "from attnbench.roofline import machine_slug; print(machine_slug('cuda'))")
+machine=$(python3 -c "from attnbench.bench.roofline import machine_slug; print(machine_slug('cuda'))")
 echo "$machine" | tee "$ART/machine.txt"
 attnbench calibrate | tee "$ART/calibration.txt"
 ops=${OPS:-$(python3 -c "import attnbench; print(' '.join(attnbench.all_operators()))")}
@@ -48,7 +48,7 @@ if has tests; then
   # verifies the tuned configs on the anchor cases.
   ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider -rA ${TESTS:-} \
       --junitxml "$ART/gpu-tests.xml" --benchmark-json "$ART/pytest-benchmark.json" \
-      --benchmark-timer attnbench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log" | grep -v "^PASSED"
+      --benchmark-timer attnbench.bench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log" | grep -v "^PASSED"
   status=$((status | $?))
 fi
 if has bench; then

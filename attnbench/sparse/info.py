@@ -91,8 +91,28 @@ def _segment_ids(seg_out, values, num_positions):
     return torch.repeat_interleave(values, seg_out[1:] - seg_out[:-1], output_size=num_positions)
 
 
+class _TermVersions:
+    """An info's term tensors (``TERM_FIELDS``) are read once to build its derived fields (term_out, row_bounds,
+    dense_rows) and its sibling infos, so an in-place change to one (info.scale.mul_(2), or the caller's scale,
+    which the backward infos share) would leave the forward and the backward computing different functions. Each
+    tensor's version counter (bumped by every in-place op on it or a view of it) is kept at build time."""
+
+    TERM_FIELDS = ()
+
+    def _record_versions(self):
+        versions = tuple(None if getattr(self, f) is None else getattr(self, f)._version for f in self.TERM_FIELDS)
+        object.__setattr__(self, "versions", versions)
+
+    def changed_in_place(self) -> Optional[str]:
+        """The first term field modified in place since the info was built, or None."""
+        for name, version in zip(self.TERM_FIELDS, self.versions):
+            if version is not None and getattr(self, name)._version != version:
+                return name
+        return None
+
+
 @dataclass(frozen=True, eq=False)
-class SparseProductInfo:
+class SparseProductInfo(_TermVersions):
     """z[n, index_out[j]] = sum_{k in seg_out[j]:seg_out[j+1]} s[t] x[n, index1[t]] ∘ y[n, index2[t]],
     t = gather_index[k] (t = k without gather_index); s = scale (1 when None).
 
@@ -120,7 +140,8 @@ class SparseProductInfo:
     term_out: Tensor = field(init=False, repr=False)
     row_bounds: Tensor = field(init=False, repr=False)
     dense_rows: dict = field(init=False, repr=False)
-    versions: tuple = field(init=False, repr=False)  # see changed_in_place
+    versions: tuple = field(init=False, repr=False)  # see _TermVersions
+    TERM_FIELDS = ("scale", "index1", "index2", "seg_out", "gather_index", "index_out")
 
     def __post_init__(self):
         for name in ("out_size", "size1", "size2"):
@@ -145,15 +166,11 @@ class SparseProductInfo:
         bounds[1, self.index_out] = self.seg_out[1:]
         object.__setattr__(self, "row_bounds", bounds)
         object.__setattr__(self, "dense_rows", _dense_rows(self))
-        _record_versions(self, PRODUCT_TERM_FIELDS)
+        self._record_versions()
 
     @property
     def device(self):
         return self.index1.device
-
-    def changed_in_place(self) -> Optional[str]:
-        """The first term field modified in place since the info was built, or None."""
-        return _changed_field(self, PRODUCT_TERM_FIELDS)
 
     @property
     def num_terms(self):
@@ -238,7 +255,7 @@ def _dense_rows(info):
 
 
 @dataclass(frozen=True, eq=False)
-class SparseScaleInfo:
+class SparseScaleInfo(_TermVersions):
     """y[n, m] = sum_{t in seg_out[m]:seg_out[m+1]} scale[t] x[n, index[t]]: y = S x with S [out_size, in_size]
     in CSR form (scale 1 when None). ``in_size`` (not in the seed) is x's sparse size; ``term_out`` is derived:
     the row m of each term."""
@@ -251,6 +268,7 @@ class SparseScaleInfo:
     structure: Optional[tuple] = field(default=None, init=False, repr=False)  # as SparseProductInfo's (roles 0, 1)
     term_out: Tensor = field(init=False, repr=False)
     versions: tuple = field(init=False, repr=False)
+    TERM_FIELDS = ("scale", "index", "seg_out")
 
     def __post_init__(self):
         for name in ("out_size", "in_size"):
@@ -261,35 +279,13 @@ class SparseScaleInfo:
         _check_seg_out(self.seg_out, self.out_size, self.index.numel(), device)
         rows = torch.arange(self.out_size, device=device)
         object.__setattr__(self, "term_out", _segment_ids(self.seg_out, rows, self.index.numel()))
-        _record_versions(self, SCALE_TERM_FIELDS)
+        self._record_versions()
 
     @property
     def device(self):
         return self.index.device
 
-    def changed_in_place(self) -> Optional[str]:
-        """The first term field modified in place since the info was built, or None."""
-        return _changed_field(self, SCALE_TERM_FIELDS)
 
-
-# The tensors that hold an info's terms. The derived fields (term_out, row_bounds, dense_rows) and the sibling
-# infos are built from them once, so an in-place change to one (info.scale.mul_(2), or the caller's scale, which
-# the backward infos share) would leave the forward and the backward computing different functions.
-PRODUCT_TERM_FIELDS = ("scale", "index1", "index2", "seg_out", "gather_index", "index_out")
-SCALE_TERM_FIELDS = ("scale", "index", "seg_out")
-
-
-def _record_versions(info, fields):
-    """Remember each term tensor's version counter (bumped by every in-place op on it or a view of it)."""
-    versions = tuple(None if getattr(info, f) is None else getattr(info, f)._version for f in fields)
-    object.__setattr__(info, "versions", versions)
-
-
-def _changed_field(info, fields):
-    for name, version in zip(fields, info.versions):
-        if version is not None and getattr(info, name)._version != version:
-            return name
-    return None
 
 
 def _grouped_product_info(key, a, b, scale, size_key, size_a, size_b, gather):
