@@ -193,14 +193,15 @@ def _short_commit(code):
 
 
 def _git_dates(root):
-    """{path relative to the checkout: date (YYYY-MM-DD) of the commit that first added it}, following renames;
-    {} outside a git checkout. One ``git log`` over the folder, oldest first."""
+    """{path relative to the checkout: date (YYYY-MM-DD) of the last commit that wrote its content}: a pure rename
+    (git mv) keeps the date, a rewrite (a later run over the same name) takes its own; {} outside a git checkout.
+    One ``git log`` over the folder, oldest first."""
     import subprocess
 
     try:
         top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, check=True).stdout.strip()
-        log = subprocess.run(["git", "-C", top, "log", "--reverse", "-M", "--diff-filter=AR", "--name-status",
+        log = subprocess.run(["git", "-C", top, "log", "--reverse", "-M", "--diff-filter=AMR", "--name-status",
                               "--format=@%cs", "--", os.path.relpath(os.path.realpath(root), top)],
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
@@ -212,8 +213,9 @@ def _git_dates(root):
         elif line:
             fields = line.split("\t")
             if fields[0].startswith("R") and len(fields) == 3:
-                dates[fields[2]] = dates.pop(fields[1], date)
-            elif fields[0] == "A":
+                moved = dates.pop(fields[1], date)
+                dates[fields[2]] = moved if fields[0] == "R100" else date
+            elif fields[0] in ("A", "M"):
                 dates[fields[1]] = date
     return dates, top
 
@@ -234,7 +236,7 @@ def index(root):
     ``clock`` says what the median measures (today "gpu_time"; an "eager" clock is to come), ``gpu`` is the
     results/<gpu>/ folder, ``commit`` the code's commit as the run recorded it (``+dirty``: the checkout had
     changes; the GPU machine's copy of the tree may record a stale one), ``date`` the run's date where the
-    file records one, else the date of the commit that added the file (empty outside a git checkout)."""
+    file records one, else the date of the last commit that wrote the file's content (empty outside a git checkout)."""
     dates, top = _git_dates(root)
     rows, problems = [], []
     paths = []
