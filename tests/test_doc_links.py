@@ -10,7 +10,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = sorted([REPO / "README.md", REPO / "results" / "README.md", *(REPO / "docs").rglob("*.md")])
-DOCS = [p for p in DOCS if p.exists()]
+# names starting with "_" are other engineers' drafts (docs/measurements/_from_code_*.md, _from_studies_*.md),
+# checked once they are folded into the notes
+DOCS = [p for p in DOCS if p.exists() and not p.name.startswith("_")]
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 CODE_BLOCK = re.compile(r"^```.*?^```", re.S | re.M)
 # a path into results/ in the new layout, as prose names it in backticks (old results/gpu/... paths are history)
