@@ -347,6 +347,10 @@ def cmd_list(args):
 def cmd_report(args):
     from .bench import report
 
+    if args.index is not None:
+        return _report_index(args, report)
+    if not args.report:
+        raise UsageError("report: name a result file (or several parts of one run), or --index")
     for option in ("markdown", "plot"):
         if getattr(args, option):
             results.check_output_path(getattr(args, option), f"--{option}")
@@ -365,6 +369,22 @@ def cmd_report(args):
         Console(sys.stdout).print(text.rstrip("\n"))
     if args.plot:
         report.plot(data, args.plot)
+    return EXIT_OK
+
+
+def _report_index(args, report):
+    """results/index.csv from every result file under the folder; each file not read is named, with why."""
+    if args.report or args.markdown or args.plot:
+        raise UsageError("--index reads every result file under its folder: give no files, --markdown or --plot")
+    if not os.path.isdir(args.index):
+        raise UsageError(f"--index {args.index}: not a directory")
+    out = results.check_output_path(args.csv or os.path.join(args.index, "index.csv"), "--csv")
+    rows, problems = report.write_index(args.index, out)
+    for line in problems:
+        print(f"attnbench: {line}", file=sys.stderr)
+    files = len({r["file"] for r in rows})
+    print(f"{args.csv or os.path.join(args.index, 'index.csv')}: {len(rows)} measurements from {files} result "
+          f"files; {len(problems)} files not indexed (listed above)")
     return EXIT_OK
 
 
@@ -449,8 +469,12 @@ def build_parser():
     cap.add_argument("--markdown", help="write the summary table here")
     cap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial")
-    rep.add_argument("report", nargs="+", help="a JSON file written by check/bench/run --json (several: the parts "
+    rep.add_argument("report", nargs="*", help="a JSON file written by check/bench/run --json (several: the parts "
                                                "of one run, e.g. split with --match, read as one)")
+    rep.add_argument("--index", nargs="?", const="results", metavar="DIR",
+                     help="instead: index every result file under DIR (default results/) into DIR/index.csv, one "
+                          "row per measurement; files that are not result files are named on stderr")
+    rep.add_argument("--csv", help="with --index: write the index here instead of DIR/index.csv")
     rep.add_argument("--markdown", help="write the summary here instead of printing it")
     rep.add_argument("--plot", help="write a PNG of TF/s per variant (needs matplotlib)")
     return parser

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU gate: install, calibrate, then the stages asked for; every artefact lands in $OUT as one
-# archive (gpu-gate-<stages>.tgz), which scripts/collect_gpu_results.sh files under results/.
+# archive (gpu-gate-<stages>.tgz), which scripts/collect_gpu_results.sh files under
+# results/<gpu>/<op>/<run>.* (docs/gpu-gate.md, docs/layout.md).
 #
 #   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv]     (default: all)
 #
@@ -8,7 +9,8 @@
 #                 gates, pytest-benchmark timings)
 #   bench         `attnbench run --op OP` on the anchor cases, one JSON + table per operator
 #                 (OPS="flash jvp_attention" limits the operators; default: every operator;
-#                 RUN_ARGS="--mode fwd_jvp" is passed on and TAG=fwd names the files <op>-fwd-<gpu>.*,
+#                 RUN_ARGS="--mode fwd_jvp" is passed on and TAG=fwd names the files <op>-fwd-<gpu>.*
+#                 here, filed as results/<gpu>/<op>/fwd.* (without a TAG: <op>/anchor.*),
 #                 so that a run longer than one call splits into parts that asv reads together; RUN=bench
 #                 times without the check pass first, about half the time: `attnbench bench` still fails on
 #                 our variants' outputs past their float64 bounds)

@@ -1,9 +1,13 @@
-"""Turn a ``--json`` report of ``attnbench bench``/``run`` into a markdown summary and a plot.
+"""Turn a ``--json`` report of ``attnbench bench``/``run`` into a markdown summary and a plot, and index
+every committed result file.
 
-    attnbench report results/gpu/nvidia-h200/flash-nvidia-h200.json --markdown out.md --plot out.png
+    attnbench report results/nvidia-h200/flash/anchor.json --markdown out.md --plot out.png
+    attnbench report --index                  # results/index.csv: one row per measurement
 
 The markdown gives, per case and mode, each variant's latency and TF/s and the Triton variant's
-speed as a multiple of every peer's; the plot shows TF/s per variant, one panel per mode.
+speed as a multiple of every peer's; the plot shows TF/s per variant, one panel per mode. The index
+is a tidy table (operator, case, mode, variant, clock, median, TF/s, GB/s, GPU, commit, date, file)
+of every timed row under results/, for filtering and plotting across runs without opening each file.
 """
 import math
 import os
@@ -159,3 +163,133 @@ def plot(report, path):
     scales = [ax.get_yscale() for ax in axes[:, 0]]
     plt.close(fig)
     return scales
+
+
+# ---------------------------------------------------------------- the index of committed results
+
+INDEX_COLUMNS = ("operator", "case", "mode", "variant", "clock", "method", "median_ms", "iqr_ms", "tflops", "gbps",
+                 "roofline_pct", "max_error", "gpu", "device_name", "commit", "date", "file")
+# folders under results/ that hold other tools' files, not attnbench result files
+INDEX_SKIP_DIRS = ("asv", "html")
+
+
+def clock(row, machine) -> str:
+    """The clock a row was timed on: "gpu_time" (CUDA events or graph replays, L2 flushed: what the kernels
+    cost), "cpu_wall", "interpreter"; a row's own "clock" field wins (the eager-latency clock to come)."""
+    timing = row.get("timing") or {}
+    if timing.get("clock"):
+        return str(timing["clock"])
+    method = timing.get("method") or ("cuda-events" if (machine or {}).get("device") != "cpu" else "cpu-wall")
+    return {"cuda-events": "gpu_time", "cuda-graph": "gpu_time", "cpu-wall": "cpu_wall"}.get(method, method)
+
+
+def _short_commit(code):
+    if not isinstance(code, dict):
+        return ""
+    if "parts" in code:  # a merged document; files on disk are single runs, kept for completeness
+        return " ".join(dict.fromkeys(_short_commit(c) for c in code["parts"]))
+    commit = (code.get("commit") or "")[:7]
+    return commit + ("+dirty" if commit and code.get("dirty") else "")
+
+
+def _git_dates(root):
+    """{path relative to the checkout: date (YYYY-MM-DD) of the last commit that wrote its content}: a pure rename
+    (git mv) keeps the date, a rewrite (a later run over the same name) takes its own; {} outside a git checkout.
+    One ``git log`` over the folder, oldest first."""
+    import subprocess
+
+    try:
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        log = subprocess.run(["git", "-C", top, "log", "--reverse", "-M", "--diff-filter=AMR", "--name-status",
+                              "--format=@%cs", "--", os.path.relpath(os.path.realpath(root), top)],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}, None
+    dates, date = {}, ""
+    for line in log.splitlines():
+        if line.startswith("@"):
+            date = line[1:]
+        elif line:
+            fields = line.split("\t")
+            if fields[0].startswith("R") and len(fields) == 3:
+                moved = dates.pop(fields[1], date)
+                dates[fields[2]] = moved if fields[0] == "R100" else date
+            elif fields[0] in ("A", "M"):
+                dates[fields[1]] = date
+    return dates, top
+
+
+def _gpu_folder(rel, machine):
+    """results/<gpu>/<op>/<run>.json names its GPU by the folder; elsewhere the machine's slug."""
+    parts = rel.split(os.sep)
+    if len(parts) > 1:
+        return parts[0]
+    name = (machine or {}).get("device_name") or ""
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "unknown"
+
+
+def index(root):
+    """Every timed row of every attnbench result file under ``root`` (results/), one tidy row per measurement,
+    and the files that were not read, each with a one-line reason. asv's own folders are not walked.
+
+    ``clock`` says what the median measures (today "gpu_time"; an "eager" clock is to come), ``gpu`` is the
+    results/<gpu>/ folder, ``commit`` the code's commit as the run recorded it (``+dirty``: the checkout had
+    changes; the GPU machine's copy of the tree may record a stale one), ``date`` the run's date where the
+    file records one, else the date of the last commit that wrote the file's content (empty outside a git checkout)."""
+    dates, top = _git_dates(root)
+    rows, problems = [], []
+    paths = []
+    for folder, dirs, files in os.walk(root):
+        if folder == str(root):
+            dirs[:] = [d for d in dirs if d not in INDEX_SKIP_DIRS]
+        dirs.sort()
+        paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".json")]
+    for path in paths:
+        rel = os.path.relpath(path, root)
+        try:
+            data = results.load(path)
+        except results.BadResultFile as exc:
+            problems.append(f"{rel}: skipped: {str(exc).split(': ', 1)[-1]}")
+            continue
+        machine = data.get("machine") or {}
+        date = str(data.get("date") or "")[:10]
+        if not date and top:
+            date = dates.get(os.path.relpath(os.path.realpath(path), top), "")
+        timed = [r for r in data.get("bench", []) if r.get("timing")]
+        if not timed:
+            problems.append(f"{rel}: no timed rows (checks only, or every row skipped)")
+        for r in timed:
+            t = r["timing"]
+            rows.append({
+                "operator": r["op"], "case": r["case"], "mode": r["mode"], "variant": r["variant"],
+                "clock": clock(r, machine), "method": t.get("method") or "",
+                "median_ms": t["median_ms"], "iqr_ms": t.get("iqr_ms"),
+                "tflops": r.get("tflops"), "gbps": r.get("gbps"), "roofline_pct": r.get("roofline_pct"),
+                "max_error": r.get("max_error"), "gpu": _gpu_folder(rel, machine),
+                "device_name": machine.get("device_name") or "", "commit": _short_commit(data.get("code")),
+                "date": date, "file": os.path.normpath(path).replace(os.sep, "/")})
+    return rows, problems
+
+
+def _cell(value):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return format(value, ".6g")
+    return str(value)
+
+
+def write_index(root, out=None):
+    """Write ``root``/index.csv (or ``out``); returns (rows written, files skipped with their reasons)."""
+    import csv
+    import io
+
+    rows, problems = index(root)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(INDEX_COLUMNS)
+    for row in rows:
+        writer.writerow([_cell(row[c]) for c in INDEX_COLUMNS])
+    results.write_atomic(out or os.path.join(root, "index.csv"), buf.getvalue())
+    return rows, problems

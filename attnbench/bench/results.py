@@ -8,7 +8,7 @@ leaves the previous version in place. The document, rather than JSON Lines, keep
 ``json.load`` and the committed results under results/ already use; rewriting it costs
 milliseconds per row, small beside the time a row takes to measure.
 
-    {"format": 1, "status": "running" | "complete" | "interrupted" | "error",
+    {"format": 1, "status": "running" | "complete" | "interrupted" | "error", "date": "2026-11-27T10:00:00+00:00",
      "command": "bench", "argv": [...], "machine": {...}, "code": {...}, "ceilings": {...} | null,
      "operators": {"flash": {"ratio_subject": "triton", "ratio_peers": [...], "unavailable": {...}}},
      "checks": [...], "bench": [...]}
@@ -16,6 +16,7 @@ milliseconds per row, small beside the time a row takes to measure.
 Numbers follow Python's ``json`` module: a value that is not finite (no error measured, an
 infinite error) is written as ``NaN`` or ``Infinity``, which ``json.load`` reads back.
 """
+import datetime
 import json
 import math
 import os
@@ -103,7 +104,9 @@ class ResultFile:
 
     def __init__(self, path, header: dict):
         self.path = path
-        self.doc = {"format": FORMAT, "status": "running", **header}
+        # when the run started (UTC): the index of committed results (attnbench report --index) dates rows by it
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.doc = {"format": FORMAT, "status": "running", "date": started, **header}
         self.rows = {"checks": [], "bench": []}
 
     def operator(self, name: str, info: dict):
