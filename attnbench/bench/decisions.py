@@ -5,7 +5,7 @@ speedup of the candidate over its baseline below 1.10 -> defer, from 1.10 to bel
 implement, 1.30 and above -> prioritize. Verdicts are computed from bench rows measured side by
 side in one run (``attnbench bench|run --json``) and written to results/ as JSON and markdown:
 
-    python -m attnbench.bench.decisions REPORT.json --out results/gpu/nvidia-h200
+    python -m attnbench.bench.decisions REPORT.json --out results/nvidia-h200/shared_context
 
 What is compared with what is data too: ``DEFAULT_COMPARISONS`` (split vs reference, Triton vs
 split, Triton vs the fastest peer) unless the operator declares ``decision_comparisons``; an
