@@ -18,7 +18,10 @@ checked entry point.
 """
 import torch
 
+from .checks import refuse_derivatives, require_dtype
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+NO_DERIVATIVES = "merge_states / merge_many (plain PyTorch) differentiate every way"
 
 
 def _compute_dtype(*dtypes):
@@ -55,6 +58,7 @@ def merge_many(o, lse, dim: int = 0, out_dtype=None):
     saw no key. O comes back in ``out_dtype`` (default: O's dtype), LSE in LSE's dtype.
     """
     check_state(o, lse, "stacked states")
+    require_dtype("out_dtype", out_dtype)
     if not -lse.dim() <= dim < max(lse.dim(), 1):
         raise ValueError(f"dim {dim} is out of range for LSE of shape {tuple(lse.shape)}")
     dim = dim % lse.dim()
@@ -80,6 +84,7 @@ def merge_many(o, lse, dim: int = 0, out_dtype=None):
 def merge_states(o_a, lse_a, o_b, lse_b, out_dtype=None):
     """Merge two states over disjoint key sets; see the module docstring. Returns (O, LSE)."""
     _check_pair(o_a, lse_a, o_b, lse_b)
+    require_dtype("out_dtype", out_dtype)
     lse_dtype = torch.promote_types(lse_a.dtype, lse_b.dtype)
     o_dtype = out_dtype or torch.promote_types(o_a.dtype, o_b.dtype)
     cdt = _compute_dtype(o_a.dtype, o_b.dtype, lse_dtype)
@@ -94,6 +99,8 @@ def merge_states_triton(o_a, lse_a, o_b, lse_b, out_dtype=None):
     _check_pair(o_a, lse_a, o_b, lse_b)
     if lse_a.dtype != lse_b.dtype:
         raise TypeError(f"LSE dtypes differ: {lse_a.dtype} and {lse_b.dtype}")
+    require_dtype("out_dtype", out_dtype)
+    refuse_derivatives("merge_states_triton", (o_a, lse_a, o_b, lse_b), NO_DERIVATIVES)
     from .kernels.merge_states import merge_two_launch
 
     return merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype or torch.promote_types(o_a.dtype, o_b.dtype))
@@ -104,6 +111,8 @@ def merge_many_triton(o, lse, out_dtype=None):
     check_state(o, lse, "stacked states")
     if lse.dim() < 1:
         raise ValueError("stacked states need a leading split dimension")
+    require_dtype("out_dtype", out_dtype)
+    refuse_derivatives("merge_many_triton", (o, lse), NO_DERIVATIVES)
     from .kernels.merge_states import merge_stack_launch
 
     return merge_stack_launch(o, lse, out_dtype or o.dtype)

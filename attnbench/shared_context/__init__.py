@@ -14,9 +14,9 @@ detached. ``reference`` (the per-batch cache, the float64 oracle) and ``split`` 
 PyTorch: context einsum, buffer matmul, merge) compute the same function in plain PyTorch.
 """
 import torch
-import torch.autograd.forward_ad as fwAD
 
 from ..attention.ops import interpreter_upcasts
+from ..checks import refuse_derivatives, require_tensor
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.launch import tensor_signature
 from ..kernels.offsets import slice_needs_copy
@@ -64,7 +64,8 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     """Check a call and bring its tensors to what the kernels take. A decode loop repeats one call
     signature every step; the checks that read only shapes, strides, dtypes and devices passed for
     it once and are not repeated (host time is the decode step's bound at small sizes)."""
-    _refuse_derivatives((q, k_ctx, v_ctx, k_buf, v_buf))
+    refuse_derivatives("shared_context's Triton kernels", (q, k_ctx, v_ctx, k_buf, v_buf),
+                       "use the reference or split implementation (attnbench.shared_context.reference, .split) for derivatives")
     reads_values = check_lengths and buf_lens is not None
     key = None if reads_values else _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale)
     known = _CHECKED.get(key) if key is not None else None
@@ -93,27 +94,27 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     return shapes, (*tensors, buf_lens), key
 
 
-def _refuse_derivatives(tensors):
-    """The kernels have no derivatives: refuse every way one could be asked for, rather than drop it (a
-    forward-AD tangent would vanish silently) or fail inside a launch (torch.func's wrapped tensors have no
-    storage)."""
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]  # the others fail check_inputs
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
-        raise NotImplementedError("shared_context's Triton kernels do not run under torch.func transforms (grad, "
-                                  "jvp, vmap, ...): they have no derivatives and no batching rule; use the "
-                                  "reference variant there")
-    if fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
-        raise NotImplementedError("shared_context's Triton kernels have no forward-mode derivative: a dual input's "
-                                  "tangent would be dropped; use the reference variant for tangents")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise RuntimeError("shared_context's Triton kernels have no backward: call them under torch.no_grad() "
-                           "(inference / decode) or use the reference for gradients")
-
-
 def _in_dtype(out, shapes):
     """(o, lse) with o in the inputs' dtype (bfloat16 results of the interpreter's float32 run)."""
     o, lse = out
     return (o if o.dtype == shapes.dtype else o.to(shapes.dtype)), lse
+
+
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_NB", "num_warps", "num_stages")
+
+
+def _check_config(name, config):
+    """A forced launch configuration: None, or a dict of CONFIG_KEYS to positive ints (a kernel
+    ignores the blocks it has none of, so a misspelt key would otherwise pass unnoticed)."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise TypeError(f"{name} must be a dict of {', '.join(CONFIG_KEYS)} or None, got {type(config).__name__}")
+    for key, value in config.items():
+        if key not in CONFIG_KEYS:
+            raise ValueError(f"{name}: unknown key {key!r}; known: {', '.join(CONFIG_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}[{key!r}] must be a positive int, got {value!r}")
 
 
 def _num_splits(num_splits):
@@ -128,6 +129,7 @@ def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=N
     split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
     attnbench/kernels/shared_context/split_count.py); ``config`` forces one launch configuration."""
     num_splits = _num_splits(num_splits)
+    _check_config("config", config)
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
                                                                             causal, scale, check_lengths)
     return _in_dtype(fused_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
@@ -139,6 +141,8 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
                                       buffer_config=None):
     """Path (a): the context kernel (and its split reduction), the buffer kernel, then merge_states."""
     num_splits = _num_splits(num_splits)
+    _check_config("context_config", context_config)
+    _check_config("buffer_config", buffer_config)
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), _ = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal,
                                                                     scale, check_lengths)
     return _in_dtype(composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale,
@@ -149,6 +153,7 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
 def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=None):
     """Every sample's queries against the shared context alone (e.g. batched point prediction)."""
     num_splits = _num_splits(num_splits)
+    _check_config("config", config)
     shapes, (q, k_ctx, v_ctx, *_), _ = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
     if shapes.n_ctx == 0:
         raise ValueError("context_attention needs n_ctx >= 1")
@@ -157,8 +162,8 @@ def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=No
 
 def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None, check_lengths=True, config=None):
     """Each sample's queries against its own buffer alone."""
-    if not isinstance(k_buf, torch.Tensor):
-        raise TypeError(f"k_buf must be a torch.Tensor, got {type(k_buf).__name__}")
+    _check_config("config", config)
+    require_tensor("k_buf", k_buf)
     if k_buf.dim() != 4:
         raise ValueError(f"k_buf must have 4 dimensions [batch, heads_kv, n_buf, head_dim]; got shape "
                          f"{tuple(k_buf.shape)}")

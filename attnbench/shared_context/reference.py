@@ -7,7 +7,7 @@ the "what plain PyTorch gets in this dtype" bar of the 2x rule. It never imports
 """
 import torch
 
-from .spec import buffer_visibility
+from .spec import buffer_visibility, check_inputs
 
 
 def per_batch_cache(k_ctx, v_ctx, k_buf, v_buf, batch):
@@ -30,6 +30,7 @@ def visibility(batch, seqlen_q, n_ctx, n_buf, buf_lens, causal, device):
 def attention(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal: bool, scale: float):
     """(O, LSE) on the materialized per-batch cache. GQA broadcasts each KV head over its group of
     query heads (no repeated copy of the cache)."""
+    check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale, check_lengths=False)
     batch, heads_q, seqlen_q, head_dim = q.shape
     n_ctx = k_ctx.shape[1]
     n_buf = 0 if k_buf is None else k_buf.shape[2]

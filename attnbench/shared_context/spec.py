@@ -79,6 +79,8 @@ def check_inputs(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, caus
                          + ", ".join(f"{n} {d}" for n, d in devices.items()))
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False (a mask inside the buffer), got {causal!r}")
+    if not isinstance(check_lengths, bool):
+        raise TypeError(f"check_lengths must be True or False, got {check_lengths!r}")
 
     batch, heads_q, seqlen_q, head_dim = q.shape
     if k_ctx.shape != v_ctx.shape:

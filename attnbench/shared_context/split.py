@@ -15,7 +15,7 @@ accuracy), float64 in float64. No autograd inside, no Triton.
 import torch
 
 from ..merge import merge_states
-from .spec import buffer_visibility
+from .spec import buffer_visibility, check_inputs
 
 
 def _compute_dtype(dtype):
@@ -37,6 +37,7 @@ def _state(s, v_like_einsum):
 
 def shared_context_fwd(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal: bool, scale: float):
     """(O, LSE) of shared-context attention; shapes as in spec.py."""
+    check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale, check_lengths=False)
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
     n_buf = 0 if k_buf is None else k_buf.shape[2]
