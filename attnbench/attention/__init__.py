@@ -139,14 +139,20 @@ def flash_fwd(q, k, v, *, scale=None, causal=None):
 
 def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None, dlse=None):
     """(dq, dk, dv) of <do, o> + <dlse, lse> given the forward's o and lse at (q, k, v) (FA2's
-    Algorithm 4). Differentiable: its tangents and gradients are the second-order kernels; o and
-    lse are taken to be the forward's outputs, so their own tangents, when present, are reused as
-    the forward's."""
+    Algorithm 4). Differentiable: its tangents and gradients are the second-order kernels. o and
+    lse count as the forward's outputs at (q, k, v): the derivatives are those of
+    x -> B(x, f(x)), their tangents follow q's, k's and v's and their share of a gradient goes to
+    q, k and v; a tangent or a gradient asked of o or lse alone is refused, not dropped."""
     scale, offset = _checked(q, k, v, scale, causal)
     check_like("do", do, q)
     _check_saved(o, lse, q)
     if dlse is not None:
         check_like("dlse", dlse, lse)
+    if torch.is_grad_enabled() and (o.requires_grad or lse.requires_grad) \
+            and not (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError("flash_bwd's gradient goes to q, k and v (o and lse count as the forward's "
+                                  "outputs there); o or lse requires grad while q, k and v do not: that gradient "
+                                  "would be dropped")
     return _attention_backward(q, k, v, o, lse, do, dlse, scale, offset)
 
 
@@ -163,7 +169,8 @@ def attention_bwd_jvp(do, q, k, v, o, lse, tq=None, tk=None, tv=None, tdo=None, 
     """The tangent of ``flash_bwd(do, q, k, v, o, lse)`` along (tq, tk, tv, tdo, tdlse): with
     tdo = None it is the Hessian of <do, o> applied to (tq, tk, tv). ``o_t``/``lse_t``: the
     forward's tangents along (tq, tk, tv) when already at hand (``attention_jvp`` returns them),
-    else computed here. Not differentiable further."""
+    else computed here. Differentiable in its tangents (it is linear in them: the gradient is the
+    same Hessian, symmetric, applied to the cotangent), not in anything else (third order)."""
     scale, offset = _checked(q, k, v, scale, causal)
     check_like("do", do, q)
     _check_saved(o, lse, q)
@@ -177,4 +184,7 @@ def attention_bwd_jvp(do, q, k, v, o, lse, tq=None, tk=None, tv=None, tdo=None, 
         check_like("o_t", o_t, q)
     if (o_t is None) != (lse_t is None):
         raise ValueError("o_t and lse_t come together (the forward's tangents), or neither")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (o_t, lse_t)):
+        raise NotImplementedError("o_t and lse_t stand for the forward's tangents along (tq, tk, tv): the gradient "
+                                  "goes to the tangents, none to them; pass them detached, or leave them out")
     return _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset)

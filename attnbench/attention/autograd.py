@@ -20,6 +20,7 @@ import inspect
 
 import torch
 from torch.autograd import Function
+from torch.autograd.graph import get_gradient_edge
 
 from .ops import attention_bwd_jvp_op, attention_bwd_op, attention_fwd_jvp_op, attention_fwd_op, attention_jvp_op
 
@@ -159,10 +160,12 @@ class AttentionWithTangent(Function):
 
 
 class AttentionBackward(Function):
-    """(q, k, v, o, lse, dO, dLSE) -> (dq, dk, dv), given the forward's o and lse at (q, k, v).
-    ``reuse_forward_tangents``: o and lse come from Attention itself, so their tangents are the
-    forward's tangents and kernel 3 may reuse them (Attention.backward); a caller of the manual
-    API may hand in an o whose tangent means something else, so there kernel 3 recomputes them."""
+    """(q, k, v, o, lse, dO, dLSE) -> (dq, dk, dv), given the forward's o and lse at (q, k, v):
+    its derivatives are those of x -> B(x, f(x), dO, dLSE), o and lse counting as the forward's
+    outputs (their gradient goes to x). ``reuse_forward_tangents``: o and lse come from Attention
+    itself, so their tangents are the forward's and kernel 3 may reuse them (Attention.backward);
+    a caller of the manual API may hand in an o whose tangent is not (computed from a detached
+    input, say), so there kernel 3 recomputes them from x's."""
 
     generate_vmap_rule = True
 
@@ -181,6 +184,10 @@ class AttentionBackward(Function):
     @staticmethod
     def jvp(ctx, tq, tk, tv, to, tlse, tdo, tdlse, _scale, _offset, _reuse):
         q, k, v, o, lse, do, dlse = ctx.saved_tensors
+        if tq is None and tk is None and tv is None and (to is not None or tlse is not None):
+            raise NotImplementedError("flash_bwd's o and lse count as the forward's outputs at (q, k, v): their "
+                                      "tangents follow q's, k's and v's, and a tangent on o or lse alone would be "
+                                      "dropped")
         if not ctx.reuse or to is None or tlse is None:  # no forward tangents to reuse: kernel 3 computes them
             to = tlse = None
         tq, tk, tv, to, tdo = matched(tq, tk, tv, to, tdo, like=(q, k, v, o, do))
@@ -206,7 +213,8 @@ class AttentionBackward(Function):
 
 
 class AttentionBackwardJvp(Function):
-    """Kernel 3: the tangent of (dq, dk, dv) = B(x, dO, dLSE) along (x_t, dO_t, dLSE_t)."""
+    """Kernel 3: the tangent of (dq, dk, dv) = B(x, dO, dLSE) along (x_t, dO_t, dLSE_t); o_t and
+    lse_t, when given, are the forward's tangents along x_t (else computed here)."""
 
     generate_vmap_rule = True
 
@@ -216,17 +224,52 @@ class AttentionBackwardJvp(Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        pass
+        q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset = inputs
+        # The output is linear in the tangents (tq, tk, tv, tdo, tdlse): its gradient there is second
+        # order, which torch.autograd.functional.hvp asks for (it differentiates a vjp by its
+        # cotangent); a gradient in x, o, lse, dO or dLSE is third order. Kept: where those inputs
+        # lead, to tell whether the engine will run them. o_t and lse_t, when given, are the
+        # forward's tangents along (tq, tk, tv), a cache of them: the gradient in the tangents is
+        # the total one, and none goes to o_t and lse_t.
+        ctx.save_for_backward(q, k, v, o, lse, do, dlse)
+        ctx.scale, ctx.offset = scale, offset
+        ctx.third_order_edges = [get_gradient_edge(t) for t in (q, k, v, o, lse, do, dlse)
+                                 if t is not None and t.requires_grad]
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError(THIRD_ORDER)
+    def backward(ctx, gq, gk, gv):
+        """In the tangents: the Hessian is symmetric, so (tq, tk, tv) get kernel 3 at tangent g
+        (dO's tangent zero), and (tdo, tdlse) the forward's tangent along g (B is J^T dO)."""
+        if _will_run(ctx.third_order_edges):
+            raise NotImplementedError(THIRD_ORDER)
+        if gq is None and gk is None and gv is None:
+            return (None,) * 16
+        q, k, v, o, lse, do, dlse = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        gt = (None,) * 3
+        if any(needs[7:10]):
+            gt = _only_needed(AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, gq, gk, gv, None, None, None, None,
+                                                         ctx.scale, ctx.offset), needs[7:10])
+        o_t = lse_t = None
+        if needs[12] or needs[13]:
+            o_t, lse_t = AttentionJvp.apply(q, k, v, o, lse, gq, gk, gv, ctx.scale, ctx.offset)
+        return ((None,) * 7 + gt + (None, None, o_t if needs[12] else None, lse_t if needs[13] else None, None, None))
 
     @staticmethod
     def jvp(ctx, *tangents):
         raise NotImplementedError(THIRD_ORDER)
 
 
+
+
+def _will_run(edges) -> bool:
+    """Whether the backward pass under way computes a gradient along any of ``edges``. Outside a
+    pass the engine can run (a functorch transform's), assume it does."""
+    try:
+        return any(torch._C._will_engine_execute_node(edge.node) for edge in edges)
+    except RuntimeError:
+        return bool(edges)
 
 
 def _cache_signatures(*functions):
