@@ -484,6 +484,9 @@ SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_r
 
 
 def main(argv=None):
+    """The command line: ``argv`` a list of strings (None: sys.argv[1:]); returns the exit status."""
+    if argv is not None and not (isinstance(argv, (list, tuple)) and all(isinstance(a, str) for a in argv)):
+        raise TypeError(f"argv must be a list of str or None, got {argv!r}")
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) and usage errors (2), already printed

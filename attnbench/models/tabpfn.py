@@ -31,6 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..checks import require_tensor
+
 
 def _reference(q, k_ctx, v_ctx, k_buf, v_buf, causal, scale):
     from ..shared_context import reference
@@ -80,6 +82,13 @@ class TabPFNConfig:
         return self.d_model // self.n_heads
 
     def __post_init__(self):
+        for name in ("num_features", "d_model", "n_heads", "n_layers", "d_ff", "n_components", "max_positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.n_kv_heads is not None and (isinstance(self.n_kv_heads, bool) or not isinstance(self.n_kv_heads, int)
+                                            or self.n_kv_heads < 1):
+            raise ValueError(f"n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
         if self.n_heads % self.kv_heads:
@@ -144,6 +153,7 @@ class Mixture:
         return (torch.softmax(self.logits, dim=-1) * self.means).sum(dim=-1)
 
     def log_density(self, y):
+        require_tensor("y", y)
         log_w = torch.log_softmax(self.logits, dim=-1)
         z = (y.unsqueeze(-1) - self.means) * torch.exp(-self.log_scales)
         log_normal = -0.5 * z * z - self.log_scales - 0.5 * math.log(2 * math.pi)
@@ -151,6 +161,8 @@ class Mixture:
 
     def sample(self, u, z):
         """Inverse-CDF pick of a component with uniforms u, then mean + scale * z (standard normals)."""
+        require_tensor("u", u)
+        require_tensor("z", z)
         cdf = torch.cumsum(torch.softmax(self.logits, dim=-1), dim=-1)
         comp = torch.searchsorted(cdf, u.unsqueeze(-1).to(cdf.dtype)).clamp(max=cdf.shape[-1] - 1)
         mean = self.means.gather(-1, comp).squeeze(-1)
@@ -191,9 +203,11 @@ class Layer(nn.Module):
 class TabPFNLike(nn.Module):
     def __init__(self, config: TabPFNConfig | None = None, *, seed: int = 0, backend: str = "reference", **overrides):
         super().__init__()
-        cfg = config or TabPFNConfig(**overrides)
+        if config is not None and not isinstance(config, TabPFNConfig):
+            raise TypeError(f"config must be a TabPFNConfig or None, got {type(config).__name__}")
         if config is not None and overrides:
             raise ValueError("pass either a config or keyword overrides, not both")
+        cfg = config or TabPFNConfig(**overrides)
         self.cfg = cfg
         d = cfg.d_model
         self.embed_x = nn.Linear(cfg.num_features, d)
@@ -254,6 +268,8 @@ class TabPFNLike(nn.Module):
     def prefill_context(self, x_ctx, y_ctx, batch_size: int, buffer_capacity: int) -> SharedKVCache:
         """Encode the context rows once (x [Nctx, F], y [Nctx]) and allocate B buffers of
         ``buffer_capacity`` entries per layer."""
+        require_tensor("x_ctx", x_ctx)
+        require_tensor("y_ctx", y_ctx)
         if x_ctx.dim() != 2 or y_ctx.shape != x_ctx.shape[:1]:
             raise ValueError(f"x_ctx must be [Nctx, F] and y_ctx [Nctx]; got {tuple(x_ctx.shape)} and "
                              f"{tuple(y_ctx.shape)}")
@@ -278,8 +294,14 @@ class TabPFNLike(nn.Module):
     def decode_step(self, cache: SharedKVCache, x_query, x_prev=None, y_prev=None) -> Mixture:
         """One step for every sample: append the completed row (x_prev [B, F], y_prev [B]) to the
         buffers (unless None: the first step), then predict y for x_query [B, F]."""
+        if not isinstance(cache, SharedKVCache):
+            raise TypeError(f"cache must be a SharedKVCache (prefill_context), got {type(cache).__name__}")
+        require_tensor("x_query", x_query)
         if (x_prev is None) != (y_prev is None):
             raise ValueError("x_prev and y_prev must be given together (or both None on the first step)")
+        if x_prev is not None:
+            require_tensor("x_prev", x_prev)
+            require_tensor("y_prev", y_prev)
         if x_query.dim() != 2 or x_query.shape[0] != cache.batch:
             raise ValueError(f"x_query must be [B = {cache.batch}, F]; got {tuple(x_query.shape)}")
         query = self._rows(x_query).unsqueeze(1)  # [B, 1, d]
@@ -305,10 +327,12 @@ class TabPFNLike(nn.Module):
     @torch.no_grad()
     def predict(self, x_ctx, y_ctx, x_test) -> Mixture:
         """Batched point prediction: every test row x_test [N, F] against the context alone."""
+        require_tensor("x_test", x_test)
         cache = self.prefill_context(x_ctx, y_ctx, x_test.shape[0], 0)
         return self.decode_step(cache, x_test)
 
     def _targets(self, x_tgt, batch):
+        require_tensor("x_tgt", x_tgt)
         if x_tgt.dim() == 2:
             x_tgt = x_tgt.unsqueeze(0).expand(batch, *x_tgt.shape)
         if x_tgt.dim() != 3 or x_tgt.shape[0] != batch:
@@ -322,6 +346,8 @@ class TabPFNLike(nn.Module):
         autoregressively; the noise comes from a CPU generator seeded with ``seed``, so every
         backend (and device) draws the same numbers. With ``return_log_density`` also the
         per-target log densities [B, T] of the drawn values."""
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         x_tgt = self._targets(x_tgt, num_samples)
         steps = x_tgt.shape[1]
         capacity = max(steps - 1, 0) if buffer_capacity is None else buffer_capacity
@@ -344,6 +370,9 @@ class TabPFNLike(nn.Module):
     def evaluate_joint_density(self, x_ctx, y_ctx, x_tgt, y_tgt):
         """Teacher-forced per-target log densities [B, T] of y_tgt [B, T] (their sum is the joint
         log density), in one pass per layer over all T buffer and T query tokens."""
+        require_tensor("y_tgt", y_tgt)
+        if y_tgt.dim() != 2:
+            raise ValueError(f"y_tgt must be [B, T]; got {tuple(y_tgt.shape)}")
         batch, steps = y_tgt.shape
         x_tgt = self._targets(x_tgt, batch)
         cache = self.prefill_context(x_ctx, y_ctx, batch, 0)

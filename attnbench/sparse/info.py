@@ -316,6 +316,9 @@ def product_infos(i1, i2, i3, scale, size1, size2, size3, *, gather_backward=Tru
     if scale is None:
         scale = torch.ones(i1.numel(), dtype=torch.float64, device=i1.device)
     _check_scale(scale, i1.numel(), i1.device)
+    # the infos own their terms: the backward infos would otherwise hold the caller's tensors, which a caller
+    # reusing its buffers would change under them
+    i1, i2, i3, scale = (t.clone() for t in (i1, i2, i3, scale))
     info_fwd = _grouped_product_info(i3, i1, i2, scale, size3, size1, size2, gather=False)
     info_bwd1 = _grouped_product_info(i1, i2, i3, scale, size1, size2, size3, gather=gather_backward)
     info_bwd2 = _grouped_product_info(i2, i3, i1, scale, size2, size3, size1, gather=gather_backward)

@@ -76,9 +76,15 @@ def _complex_generators(l):
     return J_x, J_y, J_z
 
 
-@functools.lru_cache(maxsize=None)
 def real_generators(l):
     """A [3, 2l+1, 2l+1] float64, real antisymmetric: D_l(rotation by angle t about unit axis n) = expm(t n.A).
+    A fresh copy each call: the cached one stays the caller's to change."""
+    return _real_generators_cached(l).clone()
+
+
+@functools.lru_cache(maxsize=None)
+def _real_generators_cached(l):
+    """real_generators, computed once per l.
 
     Y(R x) = U Y_c(R x) = U conj(D_c(R)) Y_c(x), with D_c(R) = exp(-i t n.J) the standard Wigner matrix
     (Y_l^m(R^-1 x) = sum_m' Y_l^m'(x) D_c[m', m]); so the real generator is A_k = i U conj(J_k) U^H.
@@ -209,7 +215,7 @@ def wigner_d(l, rotation):
     if (R @ R.T - identity).abs().max() > 1e-6 or torch.linalg.det(R) < 0:
         raise ValueError("rotation must be orthogonal with det +1")
     axis, angle = _axis_angle(R)
-    A = real_generators(l)
+    A = _real_generators_cached(l)
     return torch.linalg.matrix_exp(angle * torch.einsum("k,kab->ab", axis, A))
 
 

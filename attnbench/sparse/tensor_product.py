@@ -10,6 +10,7 @@ import math
 import torch
 from torch import nn
 
+from ..checks import require_tensor
 from . import so3
 from .functional import sparse_scale, sparse_vecmat, sparse_vecsca
 from .info import product_infos, scale_infos
@@ -123,6 +124,8 @@ class FullyConnectedTensorProduct(nn.Module):
         return self._infos_by_device[device]
 
     def forward(self, x, y):
+        require_tensor("x", x)
+        require_tensor("y", y)
         size1, size2, _ = self.sizes
         if x.shape[-2:] != (size1, self.channels_in):
             raise ValueError(f"x must be [N, {size1}, {self.channels_in}], got {tuple(x.shape)}")
@@ -174,6 +177,21 @@ def _sparse_scale_rows(h, infos):
     return flat.reshape(flat.shape[0], *h.shape[1:])
 
 
+def _check_atoms(positions, species, src, dst):
+    """positions [A, 3] floating, species [A] and the edge lists src, dst [E] int64, before anything reads them."""
+    for name, t in (("positions", positions), ("species", species), ("src", src), ("dst", dst)):
+        require_tensor(name, t)
+    if positions.dim() != 2 or positions.shape[1] != 3 or not positions.is_floating_point():
+        raise ValueError(f"positions must be a floating [A, 3] tensor, got {positions.dtype} {tuple(positions.shape)}")
+    if species.shape != positions.shape[:1] or species.dtype != torch.int64:
+        raise ValueError(f"species must be int64 [A = {positions.shape[0]}], got {species.dtype} {tuple(species.shape)}")
+    for name, t in (("src", src), ("dst", dst)):
+        if t.dim() != 1 or t.dtype != torch.int64:
+            raise ValueError(f"{name} must be a 1-D int64 edge list, got {t.dtype} {tuple(t.shape)}")
+    if src.shape != dst.shape:
+        raise ValueError(f"src and dst must have one length, got {src.numel()} and {dst.numel()}")
+
+
 class ToyPotential(nn.Module):
     """A two-layer equivariant message-passing energy built from the sparse ops:
 
@@ -218,6 +236,7 @@ class ToyPotential(nn.Module):
 
     def forward(self, positions, species, src, dst):
         """Energy (a 0-dim tensor) of atoms at ``positions`` [A, 3] with ``species`` [A] and edges src -> dst."""
+        _check_atoms(positions, species, src, dst)
         num_atoms = positions.shape[0]
         if num_atoms == 0:
             raise ValueError("ToyPotential: positions hold no atom")
@@ -236,6 +255,7 @@ class ToyPotential(nn.Module):
 
     def energy_and_forces(self, positions, species, src, dst, *, create_graph=True):
         """(E, F = -dE/dpos [A, 3]); with ``create_graph`` F is differentiable (a force loss can be trained)."""
+        _check_atoms(positions, species, src, dst)
         if not positions.requires_grad:
             positions = positions.detach().requires_grad_()  # a fresh leaf: the caller's tensor is left alone
         energy = self(positions, species, src, dst)
