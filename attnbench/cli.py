@@ -116,11 +116,11 @@ def _ops(names):
         raise UsageError(f"--op: {exc.args[0]}") from None
 
 
-def _known(requested, ops, attr, option):
-    """Every requested name must belong to at least one selected operator."""
+def _known(requested, ops, names_of, option):
+    """Every requested name must belong to at least one selected operator (``names_of(op)``: its names)."""
     for name in requested or ():
-        if not any(name in getattr(op, attr) for op in ops):
-            known = sorted({n for op in ops for n in getattr(op, attr)})
+        if not any(name in names_of(op) for op in ops):
+            known = sorted({n for op in ops for n in names_of(op)})
             owners = " or ".join(op.name for op in ops)
             raise UsageError(f"{option} {name}: not a {option[2:]} of {owners}; known: {', '.join(known)}")
 
@@ -131,8 +131,8 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
     that has none of the requested modes or variants (another operator's), or no case that --match
     selects, is left out, and ``notes`` gets a line saying so."""
     ops = _ops(args.op)
-    _known(args.variant, ops, "variants", "--variant")
-    _known(args.mode, ops, "modes", "--mode")
+    _known(args.variant, ops, lambda op: op.variant_names(), "--variant")
+    _known(args.mode, ops, lambda op: op.modes, "--mode")
     if timing and args.graphs and device.type != "cuda":
         raise UsageError(f"--graphs times CUDA-graph replays: it needs a CUDA device, and this run is on {device.type}")
     plans, unmatched = [], []
@@ -141,27 +141,29 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
         modes = [m for m in modes if m in op.modes]
         requested = [v for v in dict.fromkeys(args.variant)] if args.variant else None
         if requested is not None:
-            requested = [v for v in requested if v in op.variants]
+            requested = [v for v in requested if op.knows(v)]
         if not modes or (requested is not None and not requested):
             if notes is not None:
                 what = "modes" if not modes else "variants"
                 asked = args.mode if not modes else args.variant
                 notes.append(f"{op.name}: left out, it has none of the requested {what} ({', '.join(asked)})")
             continue
+        # the default set's variants that cannot run here are listed; a named one (a forced route too) must run
         unavailable = {n: v.unavailable_reason(device) for n, v in op.variants.items()}
         unavailable = {n: r for n, r in unavailable.items() if r is not None}
         for name in requested or ():
-            if name in unavailable:
-                raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {unavailable[name]}")
+            if reason := op.variant(name).unavailable_reason(device):
+                raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {reason}")
         variants = requested if requested is not None else [n for n in op.variants if n not in unavailable]
         baseline = args.baseline if timing else None
         if baseline is not None:
-            if baseline not in op.variants:
-                raise UsageError(f"--baseline {baseline}: not a variant of {op.name}; known: {', '.join(op.variants)}")
-            if baseline in unavailable:
-                raise UsageError(f"--baseline {baseline}: cannot run on {device.type}: {unavailable[baseline]}")
+            if not op.knows(baseline):
+                raise UsageError(f"--baseline {baseline}: not a variant of {op.name}; known: "
+                                 f"{', '.join(op.variant_names())}")
+            if reason := op.variant(baseline).unavailable_reason(device):
+                raise UsageError(f"--baseline {baseline}: cannot run on {device.type}: {reason}")
             if baseline not in variants:  # the baseline is timed too, or nothing could be divided by it
-                variants = [n for n in op.variants if n in variants or n == baseline]
+                variants = [n for n in op.variant_names() if n in variants or n == baseline]
         if not variants:
             reasons = "; ".join(f"{n}: {r}" for n, r in unavailable.items())
             raise UsageError(f"{op.name}: no variant can run on {device.type} ({reasons})")
@@ -303,7 +305,7 @@ class Session:
             if lines:
                 self.console.print("\n" + "\n".join(lines))
             # our implementations must stay within bounds; the eager reference and peers are reported
-            self.failures += sum(1 for r in rows if r.timing and op.variants[r.variant].kind in ("split", "triton")
+            self.failures += sum(1 for r in rows if r.timing and op.variant(r.variant).kind in ("split", "triton")
                                  and bound_of(r.case) is not None and r.max_error > bound_of(r.case))
             ran = ran or any(r.timing for r in rows)
         return ran
@@ -341,6 +343,12 @@ def cmd_list(args):
             reason = v.unavailable_reason(device)
             state = "available" if reason is None else f"unavailable on {device.type}: {reason}"
             console.print(f"  {name:15s} {v.kind:9s} {state}\n  {'':15s} {v.description}")
+        if op.routes:
+            console.print("  forced routes (run when named with --variant):")
+        for name, v in op.routes.items():
+            reason = v.unavailable_reason(device)
+            state = "available" if reason is None else f"unavailable on {device.type}: {reason}"
+            console.print(f"  {name:24s} {state}\n  {'':24s} {v.description}")
     return EXIT_OK
 
 
