@@ -16,7 +16,7 @@ import torch
 
 from ...bench.registry import Operator, Unsupported, Variant, register
 from ...bench.timing import not_graph_capturable
-from . import peers, reference, split
+from . import peers, reference, routes, split
 from ...attention.spec import causal_offset
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -97,6 +97,38 @@ GPU_SHAPES = [
     (1, 4, 2, 700, 900, 160, "bottom_right"),
     (2, 4, 4, 333, 333, 192, None),
 ]
+# Odd shapes for compute-sanitizer (scripts/gpu_gate.sh's sanitize stage: every forced route over them),
+# each kernel specialization once: lengths off every block size, GQA, head dims in one and in two column
+# blocks (24, 80 = 64 + 16, 160 = 128 + 32) and 256, head dims whose second block is masked (40, 72, 88:
+# padded on CUDA, kernels/attention/head_padding.py), the Gluon forward's head dims in bf16, and the
+# split-KV route's rows (Nq <= 64: packed GQA rows, row tiles, empty splits, blind rows).
+ODD_SHAPES = {
+    "float16": [
+        (1, 4, 2, 37, 29, 80, None),
+        (2, 2, 1, 70, 41, 24, "bottom_right"),
+        (1, 2, 1, 130, 97, 160, "top_left"),
+        (1, 2, 1, 77, 130, 256, "bottom_right"),
+        (1, 2, 2, 129, 257, 72, "top_left"),
+        (1, 2, 2, 129, 257, 88, None),
+        (1, 2, 2, 129, 257, 40, "top_left"),
+    ],
+    "bfloat16": [
+        (1, 4, 2, 37, 29, 64, None),
+        (2, 2, 1, 130, 97, 128, "top_left"),
+        (1, 2, 2, 200, 300, 64, "bottom_right"),
+        (1, 2, 1, 129, 385, 128, None),
+        (1, 2, 2, 77, 200, 96, None),
+        (1, 2, 1, 150, 130, 256, "bottom_right"),
+        # the split-KV route
+        (3, 6, 2, 1, 1001, 24, None),
+        (2, 8, 1, 17, 333, 80, "bottom_right"),
+        (1, 4, 4, 50, 31, 256, "bottom_right"),
+        (2, 32, 8, 5, 4097, 128, None),
+        (1, 2, 1, 64, 70, 96, "top_left"),
+        (5, 12, 3, 3, 129, 64, "bottom_right"),
+        (2, 8, 2, 16, 1031, 72, "bottom_right"),
+    ],
+}
 ANCHOR_SHAPES = [
     (4, 16, 16, 4096, 4096, 64, None),
     (4, 16, 16, 4096, 4096, 64, "top_left"),
@@ -141,6 +173,7 @@ CASE_SETS = {
     "anchor": lambda: _shapes(ANCHOR_SHAPES, ("bfloat16",)),
     "sweep": _sweep,
     "decode": _decode,
+    "odd": lambda: [FlashCase(*row, dtype=dt) for dt, rows in ODD_SHAPES.items() for row in rows],
 }
 
 
@@ -211,7 +244,7 @@ class FlashOperator(Operator):
     name = "flash"
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
     modes = ("fwd", "bwd", "fwd_bwd")
-    case_sets = ("tiny", "gpu", "anchor", "sweep", "decode")
+    case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_flash", "reference")
     ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex")
 
@@ -279,6 +312,8 @@ class FlashOperator(Operator):
                 lambda do, q, k, v, o, lse: triton_bwd(do, q, k, v, o, lse, scale=case.softmax_scale, causal=case.causal))),
             self.modes, "Triton: fused forward saving LSE; delta + dK/dV + dQ backward, no atomics",
             unavailable_reason))
+        for route in routes.flash_routes(self.variants["triton"]):
+            self.add_route(route)
         for name, backend in peers.SDPA_BACKENDS.items():
             self.add_variant(Variant(
                 name, "peer", _probed(functools.partial(peers.sdpa_forward, backend)), self.modes,
