@@ -51,7 +51,7 @@ from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
 from ...sparse.info import random_scale_infos, scale_infos
 from ...sparse.tensor_product import cg_product_infos
-from . import peers
+from . import peers, routes
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
@@ -219,7 +219,26 @@ def _sweep():
     return [c for c in cases if c.tensor_bytes <= SWEEP_BYTE_CAP]  # memory cap: see the module docstring
 
 
-CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "sweep": _sweep}
+def _odd():
+    """compute-sanitizer's set (scripts/gpu_gate.sh): the kernels' GPU-only paths on odd sizes. A batch of 3001
+    splits a batch sum (a shared operand's gradient) over several ranges with a ragged last one (a range is 256
+    items at least on a GPU); odd channel counts (17, 33) cut every channel tile; mul at L 4 and 6 pads its
+    bilinear route's held operand from 25 to 32 and 49 to 64 rows; vecsca, scavec and inner at L 3 take the fused
+    dense kernels in 16 bits; SparseScale on odd M with row widths that fold into channel lines (48, 96, 2048)
+    and one that does not (17), its random CSR's transpose (the backward) with empty rows."""
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        cases += [SparseCase(op, 2, 3001, channels, dtype, shared) for op in PRODUCTS
+                  for shared, channels in (("", 17), ("x", 33), ("y", 17))]
+        cases += [SparseCase("mul", l, n, 17, dtype, shared) for l, n in ((4, 301), (6, 101)) for shared in ("", "x", "y")]
+        cases += [SparseCase("scale", l, 3001, c, dtype, structure=structure) for structure in ("segment", "random")
+                  for l, c in ((0, 17), (1, 12), (1, 24), (1, 512))]
+    cases += [SparseCase(op, 3, 3001, 17, dtype, shared) for dtype in ("float16", "bfloat16", "float32")
+              for op in ("vecsca", "scavec", "inner") for shared in ("", "y")]
+    return cases
+
+
+CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "sweep": _sweep, "odd": _odd}
 
 
 # ---- structures and inputs
@@ -317,6 +336,7 @@ class SparseOperator(Operator):
     name = "sparse"
     description = "SparseScale and the seven sparse tensor products (CG structures), fwd, bwd and double backward"
     modes = ("fwd", "bwd", "double_bwd")
+    case_sets = tuple(CASE_SETS)
     baselines = ("split", "reference")
     gate_baselines = ("split",)
     ratio_subject = "triton"
@@ -340,6 +360,8 @@ class SparseOperator(Operator):
                         "dense route of vecsca/scavec/inner (sparse_dense.py), batch sums of outer products on "
                         "matrix units (sparse_outer_sum.py); no atomics; backward by rotated infos, so every order "
                         "runs on them"))
+        for route in routes.sparse_routes(self.variants["triton"]):
+            self.add_route(route)
         self.add_variant(Variant("torch_csr", "peer", peers.torch_csr_prepare, self.modes,
                                  "scale only: torch.sparse_csr_tensor @ x, torch autograd"))
         self.add_variant(Variant("e3nn", "peer", peers.e3nn_prepare, self.modes,
