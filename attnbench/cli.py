@@ -343,6 +343,9 @@ def cmd_list(args):
             reason = v.unavailable_reason(device)
             state = "available" if reason is None else f"unavailable on {device.type}: {reason}"
             console.print(f"  {name:15s} {v.kind:9s} {state}\n  {'':15s} {v.description}")
+        tunables = op.tunables()
+        if tunables:
+            console.print(f"  tunable kernels (attnbench tune --kernel): {', '.join(tunables)}")
         if op.routes:
             console.print("  forced routes (run when named with --variant):")
         for name, v in op.routes.items():
@@ -411,6 +414,58 @@ def cmd_calibrate(args):
     return EXIT_OK
 
 
+def cmd_tune(args):
+    """Every candidate launch config of one kernel on the chosen cases (bench/tune.py), on a GPU."""
+    import json
+
+    from .bench import tune
+
+    op = _ops([args.op])[0]
+    tunables = op.tunables()
+    if args.kernel not in tunables:
+        known = ", ".join(tunables) or "none"
+        raise UsageError(f"--kernel {args.kernel}: not a tunable kernel of {op.name}; known: {known}")
+    tunable = tunables[args.kernel]
+    device = parse_device(args.device)
+    if device.type != "cuda":
+        raise UsageError(f"tune times launch configurations on a GPU: it needs CUDA, and this run is on "
+                         f"{device.type} (the interpreter runs one config per kernel, at no meaningful speed)")
+    if args.json:
+        args.json = results.check_output_path(args.json)
+    name = args.variant or tunable.variant
+    if not op.knows(name):
+        raise UsageError(f"--variant {name}: not a variant of {op.name}; known: {', '.join(op.variant_names())}")
+    if reason := op.variant(name).unavailable_reason(device):
+        raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {reason}")
+    mode = args.mode or tunable.mode
+    if mode not in op.variant(name).modes:
+        raise UsageError(f"--mode {mode}: {name} runs {', '.join(op.variant(name).modes)}")
+    try:
+        cases = op.cases(args.cases or "anchor")
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"--cases {args.cases}: {exc.args[0] if exc.args else exc}") from None
+    if args.match is not None:
+        cases = [c for c in cases if args.match.search(c.label)]
+        if not cases:
+            raise UsageError(f"--match {args.match.pattern!r}: no case of {op.name}'s {args.cases or 'anchor'} set")
+    console = Console(sys.stdout)
+    console.print(_header(device))
+    console.print(f"# {op.name} {tunable.name}: {tunable.description}; {name}, mode {mode}")
+
+    def progress(line):
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    rows = tune.tune(op, tunable, cases, device, mode=mode, variant=name, seed=args.seed, progress=progress)
+    console.print(tune.table(rows))
+    if args.json:
+        doc = {"format": 1, "command": "tune", "argv": args.argv, "machine": machine_info(device),
+               "code": code_version(), "op": op.name, "kernel": tunable.name, "variant": name, "mode": mode,
+               "rows": [r.as_dict() for r in rows]}
+        results.write_atomic(args.json, json.dumps(doc, indent=1, default=str) + "\n")
+    return EXIT_OK
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit status 2), not the usage block."""
 
@@ -456,6 +511,19 @@ def build_parser():
     cap.add_argument("--json", help="write every cell here")
     cap.add_argument("--markdown", help="write the summary table here")
     cap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    tun = sub.add_parser("tune", help="time every candidate launch config of one kernel on an operator's cases "
+                                      "(CUDA)")
+    tun.add_argument("--op", required=True, help="operator")
+    tun.add_argument("--kernel", required=True, help="a tunable kernel of the operator (an unknown name lists them)")
+    tun.add_argument("--cases", help="case set (default: anchor)")
+    tun.add_argument("--match", type=label_pattern, metavar="REGEX", help="only the cases whose label matches")
+    tun.add_argument("--variant", help="the variant or forced route to run the kernel through (default: the "
+                                       "kernel's own, e.g. triton@tiles for flash's fwd)")
+    tun.add_argument("--mode", help="the mode to run (default: the kernel's)")
+    tun.add_argument("--seed", type=seed_type, default=0, help="input seed (default 0)")
+    tun.add_argument("--device", default="auto", help="auto (default), cuda or cuda:N")
+    tun.add_argument("--json", help="write every row here")
+    tun.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial")
     rep.add_argument("report", nargs="+", help="a JSON file written by check/bench/run --json (several: the parts "
                                                "of one run, e.g. split with --match, read as one)")
@@ -464,7 +532,8 @@ def build_parser():
     return parser
 
 
-SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report, "capabilities": cmd_capabilities}
+SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report, "capabilities": cmd_capabilities,
+                   "tune": cmd_tune}
 
 
 def main(argv=None):

@@ -112,6 +112,10 @@ class Operator:
         SparseScale case has no y, hence no grad_y)."""
         return self.outputs(mode)
 
+    def tunables(self) -> dict:
+        """The kernels ``attnbench tune`` can time config by config: {name: bench.tune.Tunable}."""
+        return {}
+
     def extra_checks(self, device, seed: int = 0) -> list:
         """Checks of this operator that are not one variant on one case (verify.CheckResult rows),
         run by ``runner.check`` after the variants when no variant or mode filter was given."""

@@ -275,6 +275,21 @@ class SharedContextOperator(Operator):
     def oracle(self, case, inputs, dtype=torch.float64):
         return reference.evaluate(*_tensors(inputs), case.causal, case.softmax_scale, dtype)
 
+    def tunables(self):
+        from ...bench.tune import Tunable
+        from ...kernels import shared_context as kernels
+
+        # a head-dim class each (one compiled kernel underneath); the split picks and launch plans are forgotten
+        # between configs, so each config gets its own split count
+        return {t.name: t for t in (
+            Tunable("fused", "the one-launch kernel (context, buffer and merge)", lambda: list(kernels.FUSED.values()),
+                    "fwd", "triton", kernels.clear_split_picks),
+            Tunable("context", "the composed path's context kernel", lambda: list(kernels.CONTEXT.values()), "fwd",
+                    "triton_composed", kernels.clear_split_picks),
+            Tunable("buffer", "the composed path's buffer kernel", lambda: list(kernels.BUFFER.values()), "fwd",
+                    "triton_composed", kernels.clear_split_picks),
+        )}
+
     def _register_variants(self):
         from ...shared_context import shared_context_attention, shared_context_attention_composed, unavailable_reason
 

@@ -368,6 +368,31 @@ class SparseOperator(Operator):
                                  "vecsca only: e3nn.o3.TensorProduct ('uvu', every CG path of irreps 0..L, no "
                                  "normalization), torch autograd", peers.e3nn_unavailable))
 
+    def tunables(self):
+        from ...bench.tune import Tunable
+        from ...kernels.sparse import bilinear, dense, fused_dense, outer_sum, segment, small_matmul, split_matmul
+
+        return {t.name: t for t in (
+            Tunable("product", "the CSR segment kernel of the products", lambda: [segment.sparse_product_kernel], "fwd",
+                    "triton@segment"),
+            Tunable("scale", "SparseScale's segment kernel", lambda: [segment.sparse_scale_kernel], "fwd"),
+            Tunable("scale_rows", "SparseScale's rows kernel", lambda: [segment.sparse_scale_rows_kernel], "fwd"),
+            Tunable("outer_sum", "batch sums of outer products on the matrix units (a shared weight's gradient)",
+                    lambda: [outer_sum.outer_sum_kernel], "bwd", "triton@unfolded"),
+            Tunable("gather_rows", "the dense route's per-sample sums on the gather kernel",
+                    lambda: [dense.gather_rows_kernel], "fwd", "triton@gather-kernel"),
+            Tunable("small_matmul", "the dense route's per-sample products (two launches)",
+                    lambda: [small_matmul.small_matmul_kernel], "fwd", "triton@two-launch"),
+            Tunable("gram_stack", "fp32 Gram matrices of a few rows, samples stacked (vecsca's backward)",
+                    lambda: [dense.gram_stack_kernel], "bwd"),
+            Tunable("split_matmul", "the fold route's 16-bit products, both halves in one program",
+                    lambda: [split_matmul.split_matmul_kernel], "fwd", "triton@split-matmul"),
+            Tunable("bilinear", "mul's bilinear route", lambda: [bilinear.bilinear_kernel], "fwd"),
+            Tunable("scaled_rows", "the fused dense route of vecsca and scavec", lambda: [fused_dense.scaled_rows_kernel],
+                    "fwd"),
+            Tunable("gram_rows", "the fused dense route of inner", lambda: [fused_dense.gram_rows_kernel], "fwd"),
+        )}
+
     def cases(self, set_name):
         if set_name not in CASE_SETS:
             raise ValueError(f"sparse: case set must be one of {sorted(CASE_SETS)}, got {set_name!r}")
