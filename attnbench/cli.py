@@ -410,8 +410,16 @@ def cmd_calibrate(args):
     if c is None:
         print("no CUDA device: nothing to calibrate (CPU timings are interpreter timings)")
         return EXIT_OK
-    print(f"{c.device_name}: bf16 matmul {c.matmul_tflops:.0f} TF/s, device copy {c.copy_gbps:.0f} GB/s")
+    print(calibration_line(c))
     return EXIT_OK
+
+
+def calibration_line(c) -> str:
+    line = f"{c.device_name}: bf16 matmul {c.matmul_tflops:.0f} TF/s, device copy {c.copy_gbps:.0f} GB/s"
+    if c.launch_floor_us is not None:
+        line += (f", empty Triton launch {c.launch_floor_us:.1f} us of GPU time (the least any timed call reads), "
+                 f"{c.launch_host_us:.1f} us of host time to submit")
+    return line
 
 
 def cmd_tune(args):
@@ -503,7 +511,7 @@ def build_parser():
     common(sub.add_parser("bench", help="time variants: latency, TF/s, GB/s, %% of roofline, speedup, error"),
            cases=True, timing=True)
     common(sub.add_parser("run", help="check, then bench: the main job"), cases=True, timing=True)
-    common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings"))
+    common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings and an empty launch's cost"))
     cap = sub.add_parser("capabilities", help="which attention implementation differentiates which way, and "
                                               "correctly (verified / wrong / error per mode)")
     cap.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
