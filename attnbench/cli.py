@@ -370,6 +370,13 @@ def cmd_report(args):
     if args.plot and not report._rows(data):
         raise UsageError(f"--plot: {' '.join(args.report)} has no timed rows to plot")
     text = report.markdown(data)
+    if args.floors is not None:  # the floors of every timed case (bench/floors.py)
+        from .bench import floors
+
+        try:
+            text = text.rstrip("\n") + "\n\n" + floors.report_section(data, args.floors)
+        except ValueError as exc:
+            raise UsageError(f"--floors: {exc}") from None
     if args.markdown:
         results.write_atomic(args.markdown, text)
     else:
@@ -537,6 +544,9 @@ def build_parser():
                                                "of one run, e.g. split with --match, read as one)")
     rep.add_argument("--markdown", help="write the summary here instead of printing it")
     rep.add_argument("--plot", help="write a PNG of TF/s per variant (needs matplotlib)")
+    rep.add_argument("--floors", nargs="?", const="", metavar="RATES",
+                     help="also each case's attainable floor (bytes, matmuls, exponentials, launch) at the run's "
+                          "measured rates; RATES overrides them, e.g. matmul_tflops=989,exp_rate_factor=2")
     return parser
 
 

@@ -272,6 +272,13 @@ class FlashOperator(Operator):
         forward = 4.0 * case.batch * case.heads_q * case.visible_pairs * case.head_dim
         return forward * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
+    def exponentials(self, case, mode):
+        """Softmax's exponentials (``attnbench report --floors``): one per visible (query, key) pair and query head
+        for each pass that forms P: the forward once, the backward once (P recomputed from the LSE, the least
+        without storing P, which would take O(N^2) memory), forward and backward twice."""
+        self.check_mode(mode)
+        return float(case.batch * case.heads_q * case.visible_pairs) * {"fwd": 1, "bwd": 1, "fwd_bwd": 2}[mode]
+
     def bytes(self, case, mode):
         self.check_mode(mode)
         item = case.torch_dtype.itemsize

@@ -165,6 +165,37 @@ def _cg_pairs(l_max, row):
     return len(set(zip(torch.as_tensor(coo["i3"]).tolist(), torch.as_tensor(coo[row]).tolist())))
 
 
+def cg_block_macs(l_max):
+    """Multiply-adds a (sample, channel) column of mul with every Clebsch-Gordan path's block dense, unpadded."""
+    return sum((2 * a + 1) * (2 * b + 1) * (2 * c + 1) for a in range(l_max + 1) for b in range(l_max + 1)
+               for c in range(abs(a - b), min(a + b, l_max) + 1))
+
+
+def matrix_unit_flops(case):
+    """The forward's FLOPs in the fewest multiply-adds of a dense form on the tensor cores, None for scale: mul's
+    Clebsch-Gordan blocks dense and unpadded ((2 l1 + 1)(2 l2 + 1)(2 l3 + 1) a path a (sample, channel) column);
+    vecsca and scavec as M[n] @ x[n] over the (output, vector row) pairs; inner as the Gram matrix x[n] @ y[n]^T;
+    the others at their own FLOPs (a shared weight's already folded)."""
+    if case.is_scale:
+        return None
+    size = (case.l_max + 1) ** 2
+    per_column = {"mul": cg_block_macs(case.l_max), "vecsca": _cg_pairs(case.l_max, "i1"),
+                  "scavec": _cg_pairs(case.l_max, "i2"), "inner": size * size}.get(case.op)
+    if per_column is None:
+        return 2.0 * work_terms(case) * case.channels ** CHANNEL_WORK[case.op] * case.batch
+    return 2.0 * per_column * case.channels * case.batch
+
+
+def largest_batch(cases):
+    """Each (op, L, C, dtype, sharing, structure) of ``cases`` once, at its largest N (the floors of a sweep)."""
+    largest = {}
+    for case in cases:
+        key = (case.op, case.l_max, case.channels, case.dtype, case.shared, case.structure)
+        if key not in largest or case.batch > largest[key].batch:
+            largest[key] = case
+    return list(largest.values())
+
+
 # The CPU gate: every product and both scale structures, shared operands both ways, outer's rank-2 output.
 TINY = [
     ("mul", 2, 3, 4, ""), ("outer", 1, 2, 3, ""), ("inner", 2, 4, 5, ""), ("vecmat", 1, 3, 4, ""),
@@ -424,6 +455,34 @@ class SparseOperator(Operator):
             return x + z + num_terms(case) * (8 + 8) + (case.atoms + 1) * 8
         tensors = {"fwd": x + y + z, "bwd": 2 * x + 2 * y + z, "double_bwd": 3 * x + 3 * y + 2 * z}[mode]
         return tensors + PRODUCTS_PER_MODE[mode] * num_terms(case) * (3 * 8 + 8)
+
+    def compute_floor_s(self, case, mode, rates):
+        """The least time the arithmetic allows (``attnbench report --floors``), the faster of two formulations,
+        each at a peak rate and generous to the kernel: the terms as written (the cost model's FLOPs) on the FMA
+        units (``rates.fma_tflops``; 16-bit inputs accumulate in fp32 there too), and the fewest multiply-adds of
+        a dense form on the tensor cores (``matrix_unit_flops``; fp32 at half the bf16 rate: TF32's one pass,
+        though fp32's accuracy needs three). A derivative's products count as the forward's (2 for bwd, 4 for
+        double bwd), as in the cost model."""
+        fma_s = self.flops(case, mode) / (rates.fma_tflops * 1e12)
+        dense = matrix_unit_flops(case)
+        if dense is None:
+            return fma_s
+        rate = rates.matmul_tflops if case.torch_dtype.itemsize == 2 else rates.matmul_tflops / 2
+        return min(fma_s, PRODUCTS_PER_MODE[mode] * dense / (rate * 1e12))
+
+    def design_bytes(self, case, mode):
+        """What the derivatives' design moves (None for scale, whose design is the minimum): the issue asks for the
+        backward as sibling products (each gradient one Function's .apply with the infos rotated), so each product
+        reads its two operands and writes its output: backward 2 (X + Y + Z) where the minimum is 2X + 2Y + Z (g is
+        read twice); double backward four products plus autograd's sum of the two contributions to d/dg (read both,
+        write one), 4 (X + Y) + 7Z against 3X + 3Y + 2Z; the structure once per product."""
+        if case.is_scale:
+            return None
+        item = case.torch_dtype.itemsize
+        x, y, z = (case.numel(o) * item for o in "xyz")
+        structure = self.bytes(case, "fwd") - (x + y + z)  # one product's read of the terms
+        moved = {"fwd": x + y + z, "bwd": 2 * (x + y + z), "double_bwd": 4 * (x + y) + 7 * z}[mode]
+        return moved + PRODUCTS_PER_MODE[mode] * structure
 
     def outputs(self, mode):
         self.check_mode(mode)
