@@ -71,6 +71,8 @@ def test_every_operator_registers_its_routes():
                   "triton@dq-tma-atomic", "triton@dkdv-tiles", "triton@dkdv-split", "triton@dkdv-hopper"},
         "shared_context": {f"triton@splits{n}" for n in (1, 2, 4, 8, 16, 32)}
         | {f"triton_composed@splits{n}" for n in (1, 2, 8)},
+        "sparse": {"triton@segment", "triton@all-rows", "triton@two-launch", "triton@fused-dense",
+                   "triton@gather-kernel", "triton@unfolded", "triton@cublas-pair", "triton@split-matmul"},
     }
     for name, routes in expected.items():
         op = attnbench.get(name)
@@ -125,3 +127,35 @@ def test_an_unavailable_route_stops_before_any_work(capsys):
     assert "flash: variant triton@hopper cannot run on cpu: the Gluon kernels run on an sm_90 GPU only" in err
     assert main(["bench", "--op", "flash", "--baseline", "triton@dq-tma-atomic"]) == 2
     assert "--baseline triton@dq-tma-atomic: cannot run on cpu" in capsys.readouterr().err
+
+
+def test_sparse_routes_decline_the_ops_they_do_not_change():
+    from attnbench.operators.sparse import SparseCase
+
+    sparse = attnbench.get("sparse")
+    x = {}
+    for name, case, reason in (
+            ("triton@segment", SparseCase("scale", 1, 5, 4), "scale has one kernel route"),
+            ("triton@two-launch", SparseCase("mul", 1, 5, 4), "the dense route takes vecsca, scavec, inner, not mul"),
+            ("triton@unfolded", SparseCase("vecmat", 1, 5, 4), "the fold route takes vecmat with a shared y"),
+            ("triton@cublas-pair", SparseCase("vecmat", 1, 5, 4, "float32", "y"), "float32 does not split")):
+        with pytest.raises(Unsupported, match=reason):
+            sparse.variant(name).prepare(case, x, "fwd")
+    for name in ("triton@cublas-pair", "triton@split-matmul"):
+        assert "16-bit products run as fp32 off CUDA" in sparse.variant(name).unavailable_reason(CPU)
+
+
+def test_odd_case_sets_cover_what_the_sanitizer_runs():
+    """The gate's memcheck stage runs `check --cases odd` of every operator: real sets with unique labels, odd
+    lengths and head dims, the split-KV rows, batch sums over ragged ranges, empty buffers."""
+    for name in ("flash", "jvp_attention", "shared_context", "sparse"):
+        op = attnbench.get(name)
+        cases = op.cases("odd")
+        assert "odd" in op.case_sets and cases and len({c.label for c in cases}) == len(cases), name
+    flash = attnbench.get("flash").cases("odd")
+    assert {40, 72, 88, 24, 160, 256} <= {c.head_dim for c in flash}
+    assert any(c.seqlen_q <= 64 for c in flash) and any(c.heads_q != c.heads_kv for c in flash)
+    sparse = attnbench.get("sparse").cases("odd")
+    assert {c.op for c in sparse} >= {"mul", "outer", "inner", "vecmat", "vecsca", "scavec", "mat_t_vec", "scale"}
+    assert any(c.batch == 3001 and c.shared for c in sparse) and any(c.structure == "random" for c in sparse)
+    assert any(c.n_buf == 0 for c in attnbench.get("shared_context").cases("odd"))
