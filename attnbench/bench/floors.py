@@ -77,7 +77,8 @@ def rates_of(report: dict, overrides: str = "") -> Rates:
     """The rates a run measured (its ceilings and the GPU's multiprocessors), with ``overrides`` applied."""
     ceilings, machine = report.get("ceilings") or {}, report.get("machine") or {}
     values = {"copy_gbps": ceilings.get("copy_gbps"), "matmul_tflops": ceilings.get("matmul_tflops"),
-              "multiprocessors": machine.get("multiprocessors"), "launch_floor_us": ceilings.get("launch_floor_us") or 0.0}
+              "multiprocessors": machine.get("multiprocessors"),
+              "launch_floor_us": ceilings.get("launch_floor_us") or 0.0}
     values.update(parse_overrides(overrides))
     missing = [k for k in ("copy_gbps", "matmul_tflops", "multiprocessors") if not values.get(k)]
     if missing:
