@@ -116,11 +116,11 @@ def _ops(names):
         raise UsageError(f"--op: {exc.args[0]}") from None
 
 
-def _known(requested, ops, attr, option):
-    """Every requested name must belong to at least one selected operator."""
+def _known(requested, ops, names_of, option):
+    """Every requested name must belong to at least one selected operator (``names_of(op)``: its names)."""
     for name in requested or ():
-        if not any(name in getattr(op, attr) for op in ops):
-            known = sorted({n for op in ops for n in getattr(op, attr)})
+        if not any(name in names_of(op) for op in ops):
+            known = sorted({n for op in ops for n in names_of(op)})
             owners = " or ".join(op.name for op in ops)
             raise UsageError(f"{option} {name}: not a {option[2:]} of {owners}; known: {', '.join(known)}")
 
@@ -131,8 +131,8 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
     that has none of the requested modes or variants (another operator's), or no case that --match
     selects, is left out, and ``notes`` gets a line saying so."""
     ops = _ops(args.op)
-    _known(args.variant, ops, "variants", "--variant")
-    _known(args.mode, ops, "modes", "--mode")
+    _known(args.variant, ops, lambda op: op.variant_names(), "--variant")
+    _known(args.mode, ops, lambda op: op.modes, "--mode")
     if timing and args.graphs and device.type != "cuda":
         raise UsageError(f"--graphs times CUDA-graph replays: it needs a CUDA device, and this run is on {device.type}")
     plans, unmatched = [], []
@@ -141,27 +141,29 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
         modes = [m for m in modes if m in op.modes]
         requested = [v for v in dict.fromkeys(args.variant)] if args.variant else None
         if requested is not None:
-            requested = [v for v in requested if v in op.variants]
+            requested = [v for v in requested if op.knows(v)]
         if not modes or (requested is not None and not requested):
             if notes is not None:
                 what = "modes" if not modes else "variants"
                 asked = args.mode if not modes else args.variant
                 notes.append(f"{op.name}: left out, it has none of the requested {what} ({', '.join(asked)})")
             continue
+        # the default set's variants that cannot run here are listed; a named one (a forced route too) must run
         unavailable = {n: v.unavailable_reason(device) for n, v in op.variants.items()}
         unavailable = {n: r for n, r in unavailable.items() if r is not None}
         for name in requested or ():
-            if name in unavailable:
-                raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {unavailable[name]}")
+            if reason := op.variant(name).unavailable_reason(device):
+                raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {reason}")
         variants = requested if requested is not None else [n for n in op.variants if n not in unavailable]
         baseline = args.baseline if timing else None
         if baseline is not None:
-            if baseline not in op.variants:
-                raise UsageError(f"--baseline {baseline}: not a variant of {op.name}; known: {', '.join(op.variants)}")
-            if baseline in unavailable:
-                raise UsageError(f"--baseline {baseline}: cannot run on {device.type}: {unavailable[baseline]}")
+            if not op.knows(baseline):
+                raise UsageError(f"--baseline {baseline}: not a variant of {op.name}; known: "
+                                 f"{', '.join(op.variant_names())}")
+            if reason := op.variant(baseline).unavailable_reason(device):
+                raise UsageError(f"--baseline {baseline}: cannot run on {device.type}: {reason}")
             if baseline not in variants:  # the baseline is timed too, or nothing could be divided by it
-                variants = [n for n in op.variants if n in variants or n == baseline]
+                variants = [n for n in op.variant_names() if n in variants or n == baseline]
         if not variants:
             reasons = "; ".join(f"{n}: {r}" for n, r in unavailable.items())
             raise UsageError(f"{op.name}: no variant can run on {device.type} ({reasons})")
@@ -303,7 +305,7 @@ class Session:
             if lines:
                 self.console.print("\n" + "\n".join(lines))
             # our implementations must stay within bounds; the eager reference and peers are reported
-            self.failures += sum(1 for r in rows if r.timing and op.variants[r.variant].kind in ("split", "triton")
+            self.failures += sum(1 for r in rows if r.timing and op.variant(r.variant).kind in ("split", "triton")
                                  and bound_of(r.case) is not None and r.max_error > bound_of(r.case))
             ran = ran or any(r.timing for r in rows)
         return ran
@@ -341,6 +343,15 @@ def cmd_list(args):
             reason = v.unavailable_reason(device)
             state = "available" if reason is None else f"unavailable on {device.type}: {reason}"
             console.print(f"  {name:15s} {v.kind:9s} {state}\n  {'':15s} {v.description}")
+        tunables = op.tunables()
+        if tunables:
+            console.print(f"  tunable kernels (attnbench tune --kernel): {', '.join(tunables)}")
+        if op.routes:
+            console.print("  forced routes (run when named with --variant):")
+        for name, v in op.routes.items():
+            reason = v.unavailable_reason(device)
+            state = "available" if reason is None else f"unavailable on {device.type}: {reason}"
+            console.print(f"  {name:24s} {state}\n  {'':24s} {v.description}")
     return EXIT_OK
 
 
@@ -363,6 +374,13 @@ def cmd_report(args):
     if args.plot and not report._rows(data):
         raise UsageError(f"--plot: {' '.join(args.report)} has no timed rows to plot")
     text = report.markdown(data)
+    if args.floors is not None:  # the floors of every timed case (bench/floors.py)
+        from .bench import floors
+
+        try:
+            text = text.rstrip("\n") + "\n\n" + floors.report_section(data, args.floors)
+        except ValueError as exc:
+            raise UsageError(f"--floors: {exc}") from None
     if args.markdown:
         results.write_atomic(args.markdown, text)
     else:
@@ -419,7 +437,67 @@ def cmd_calibrate(args):
     if c is None:
         print("no CUDA device: nothing to calibrate (CPU timings are interpreter timings)")
         return EXIT_OK
-    print(f"{c.device_name}: bf16 matmul {c.matmul_tflops:.0f} TF/s, device copy {c.copy_gbps:.0f} GB/s")
+    print(calibration_line(c))
+    return EXIT_OK
+
+
+def calibration_line(c) -> str:
+    line = f"{c.device_name}: bf16 matmul {c.matmul_tflops:.0f} TF/s, device copy {c.copy_gbps:.0f} GB/s"
+    if c.launch_floor_us is not None:
+        line += (f", empty Triton launch {c.launch_floor_us:.1f} us of GPU time (the least any timed call reads), "
+                 f"{c.launch_host_us:.1f} us of host time to submit")
+    return line
+
+
+def cmd_tune(args):
+    """Every candidate launch config of one kernel on the chosen cases (bench/tune.py), on a GPU."""
+    import json
+
+    from .bench import tune
+
+    op = _ops([args.op])[0]
+    tunables = op.tunables()
+    if args.kernel not in tunables:
+        known = ", ".join(tunables) or "none"
+        raise UsageError(f"--kernel {args.kernel}: not a tunable kernel of {op.name}; known: {known}")
+    tunable = tunables[args.kernel]
+    device = parse_device(args.device)
+    if device.type != "cuda":
+        raise UsageError(f"tune times launch configurations on a GPU: it needs CUDA, and this run is on "
+                         f"{device.type} (the interpreter runs one config per kernel, at no meaningful speed)")
+    if args.json:
+        args.json = results.check_output_path(args.json)
+    name = args.variant or tunable.variant
+    if not op.knows(name):
+        raise UsageError(f"--variant {name}: not a variant of {op.name}; known: {', '.join(op.variant_names())}")
+    if reason := op.variant(name).unavailable_reason(device):
+        raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {reason}")
+    mode = args.mode or tunable.mode
+    if mode not in op.variant(name).modes:
+        raise UsageError(f"--mode {mode}: {name} runs {', '.join(op.variant(name).modes)}")
+    try:
+        cases = op.cases(args.cases or "anchor")
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"--cases {args.cases}: {exc.args[0] if exc.args else exc}") from None
+    if args.match is not None:
+        cases = [c for c in cases if args.match.search(c.label)]
+        if not cases:
+            raise UsageError(f"--match {args.match.pattern!r}: no case of {op.name}'s {args.cases or 'anchor'} set")
+    console = Console(sys.stdout)
+    console.print(_header(device))
+    console.print(f"# {op.name} {tunable.name}: {tunable.description}; {name}, mode {mode}")
+
+    def progress(line):
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    rows = tune.tune(op, tunable, cases, device, mode=mode, variant=name, seed=args.seed, progress=progress)
+    console.print(tune.table(rows))
+    if args.json:
+        doc = {"format": 1, "command": "tune", "argv": args.argv, "machine": machine_info(device),
+               "code": code_version(), "op": op.name, "kernel": tunable.name, "variant": name, "mode": mode,
+               "rows": [r.as_dict() for r in rows]}
+        results.write_atomic(args.json, json.dumps(doc, indent=1, default=str) + "\n")
     return EXIT_OK
 
 
@@ -460,7 +538,7 @@ def build_parser():
     common(sub.add_parser("bench", help="time variants: latency, TF/s, GB/s, %% of roofline, speedup, error"),
            cases=True, timing=True)
     common(sub.add_parser("run", help="check, then bench: the main job"), cases=True, timing=True)
-    common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings"))
+    common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings and an empty launch's cost"))
     cap = sub.add_parser("capabilities", help="which attention implementation differentiates which way, and "
                                               "correctly (verified / wrong / error per mode)")
     cap.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
@@ -468,6 +546,19 @@ def build_parser():
     cap.add_argument("--json", help="write every cell here")
     cap.add_argument("--markdown", help="write the summary table here")
     cap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    tun = sub.add_parser("tune", help="time every candidate launch config of one kernel on an operator's cases "
+                                      "(CUDA)")
+    tun.add_argument("--op", required=True, help="operator")
+    tun.add_argument("--kernel", required=True, help="a tunable kernel of the operator (an unknown name lists them)")
+    tun.add_argument("--cases", help="case set (default: anchor)")
+    tun.add_argument("--match", type=label_pattern, metavar="REGEX", help="only the cases whose label matches")
+    tun.add_argument("--variant", help="the variant or forced route to run the kernel through (default: the "
+                                       "kernel's own, e.g. triton@tiles for flash's fwd)")
+    tun.add_argument("--mode", help="the mode to run (default: the kernel's)")
+    tun.add_argument("--seed", type=seed_type, default=0, help="input seed (default 0)")
+    tun.add_argument("--device", default="auto", help="auto (default), cuda or cuda:N")
+    tun.add_argument("--json", help="write every row here")
+    tun.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial")
     rep.add_argument("report", nargs="*", help="a JSON file written by check/bench/run --json (several: the parts "
                                                "of one run, e.g. split with --match, read as one)")
@@ -477,10 +568,14 @@ def build_parser():
     rep.add_argument("--csv", help="with --index: write the index here instead of DIR/index.csv")
     rep.add_argument("--markdown", help="write the summary here instead of printing it")
     rep.add_argument("--plot", help="write a PNG of TF/s per variant (needs matplotlib)")
+    rep.add_argument("--floors", nargs="?", const="", metavar="RATES",
+                     help="also each case's attainable floor (bytes, matmuls, exponentials, launch) at the run's "
+                          "measured rates; RATES overrides them, e.g. matmul_tflops=989,exp_rate_factor=2")
     return parser
 
 
-SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report, "capabilities": cmd_capabilities}
+SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report, "capabilities": cmd_capabilities,
+                   "tune": cmd_tune}
 
 
 def main(argv=None):

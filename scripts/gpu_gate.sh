@@ -74,17 +74,42 @@ if has capabilities; then
   status=$((status | $?))
 fi
 if has sanitize; then
-  # the attention kernels on odd shapes (scripts/gpu_dev_jvp.py --sanitize), then every Triton
-  # variant of the other operators over their tiny cases (odd sizes, empty segments and buffers)
+  # compute-sanitizer memcheck over each operator's odd case set (`attnbench check --cases odd`: lengths off
+  # every block, head dims in masked column blocks, odd channel counts, empty segments and buffers, batch sums
+  # over ragged ranges), every output against float64, through its Triton variants and forced routes; a route
+  # this GPU cannot run is left out with the reason (runnable).
+  runnable() {
+    python3 - "$@" <<'PY'
+import sys
+import torch
+import attnbench
+op = attnbench.get(sys.argv[1])
+for name in sys.argv[2:]:
+    reason = op.variant(name).unavailable_reason(torch.device("cuda"))
+    print("" if reason else f"--variant {name}", end=" ")
+    if reason:
+        print(f"sanitize: {op.name} {name} left out: {reason}", file=sys.stderr)
+PY
+  }
   : >"$ART/sanitize.log"
-  for target in "scripts/gpu_dev_jvp.py --sanitize" \
-      "-m attnbench check --op shared_context --cases tiny --device cuda --variant triton --variant triton_composed" \
-      "-m attnbench check --op sparse --cases tiny --device cuda --variant triton" \
-      "scripts/gpu_dev_sparse_witness.py"; do
-    echo "== compute-sanitizer memcheck: $target" | tee -a "$ART/sanitize.log"
+  # OPS limits the operators here too, and SANITIZE_ARGS is passed on, split into words (SANITIZE_ARGS='--match
+  # fp16$': a part of the set). Measured on an H100: jvp_attention and shared_context together took 6.5 minutes
+  # under memcheck; without it, flash's set took over 5.5 minutes (16 of its 20 cases, three modes) and sparse's
+  # 7, so flash and sparse each take a call or two of their own.
+  for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper" \
+      "jvp_attention triton triton_fused" \
+      "shared_context triton triton_composed triton@splits1 triton@splits32" \
+      "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do
+    op=${target%% *}
+    [[ " $ops " == *" $op "* ]] || continue
+    modes=""
+    [[ $op == flash ]] && modes="--mode fwd --mode bwd"  # fwd_bwd launches the same kernels again
     # shellcheck disable=SC2086
-    ATTNBENCH_AUTOTUNE=0 compute-sanitizer --tool memcheck --error-exitcode 1 python3 $target \
-        2>&1 | tail -n 12 | tee -a "$ART/sanitize.log"
+    variants=$(runnable $target 2>>"$ART/sanitize.log")
+    echo "== compute-sanitizer memcheck: check --op $op --cases odd $modes $variants" | tee -a "$ART/sanitize.log"
+    # shellcheck disable=SC2086
+    ATTNBENCH_AUTOTUNE=0 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m attnbench check --quiet \
+        --device cuda --cases odd --op "$op" $modes $variants ${SANITIZE_ARGS:-} 2>&1 | tail -n 12 | tee -a "$ART/sanitize.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi

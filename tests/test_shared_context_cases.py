@@ -44,7 +44,7 @@ def test_tabpfn_set_is_the_issues_whole_grid():
     assert {b for b, *_ in grid} == {256, 1024, 4096} and {n for _, _, n, _ in grid} == {512, 2048, 10000}
     assert all((c.heads_q, c.heads_kv, c.head_dim, c.dtype, c.lengths) == (4, 4, 32, "bfloat16", "full")
                for c in cases)
-    assert OP.case_sets == ("tiny", "gpu", "anchor", "sweep", "tabpfn")
+    assert OP.case_sets == ("tiny", "gpu", "anchor", "sweep", "tabpfn", "odd")
 
 
 def test_anchor_set_is_the_issues_regimes():

@@ -5,7 +5,14 @@ tolerances and a float64 oracle. A ``Variant`` is one implementation of it: give
 inputs and a mode, ``prepare`` does any setup that must stay out of the timed region (a forward
 pass whose saved state a backward needs, say) and returns a zero-argument callable that does the
 timed work and returns its outputs by name.
+
+An operator's ``variants`` are what ``attnbench check|bench|run`` take when no ``--variant`` is named.
+Its ``routes`` are variants that force one route or launch configuration of another
+(``triton@tma``: the Triton variant with its forward through tensor descriptors): they run like any
+variant when named, decline where the route cannot run (with the reason), and stay out of the
+default set, so a default run times what users get and nothing twice.
 """
+import contextlib
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -49,12 +56,36 @@ class Operator:
     ratio_peers: tuple = ()
 
     def __init__(self):
-        self.variants: dict[str, Variant] = {}
+        self.variants: dict[str, Variant] = {}  # the default set
+        self.routes: dict[str, Variant] = {}  # forced routes ("variant@route"), run when named
 
     def add_variant(self, variant: Variant):
-        if variant.name in self.variants:
+        if self.knows(variant.name):
             raise ValueError(f"{self.name}: variant {variant.name!r} registered twice")
         self.variants[variant.name] = variant
+
+    def add_route(self, variant: Variant):
+        """Register a forced route: a variant named ``<variant>@<route>``, run only when asked for."""
+        if "@" not in variant.name:
+            raise ValueError(f"{self.name}: a route variant is named <variant>@<route>, got {variant.name!r}")
+        if self.knows(variant.name):
+            raise ValueError(f"{self.name}: variant {variant.name!r} registered twice")
+        self.routes[variant.name] = variant
+
+    def knows(self, name: str) -> bool:
+        return name in self.variants or name in self.routes
+
+    def variant(self, name: str) -> Variant:
+        """A variant of the default set or a forced route, by name."""
+        if name in self.variants:
+            return self.variants[name]
+        if name in self.routes:
+            return self.routes[name]
+        raise KeyError(f"{self.name}: unknown variant {name!r}; known: {', '.join(self.variant_names())}")
+
+    def variant_names(self) -> list:
+        """Every variant this operator can run: the default set, then the forced routes."""
+        return [*self.variants, *self.routes]
 
     def cases(self, set_name: str) -> list:
         raise NotImplementedError
@@ -81,6 +112,10 @@ class Operator:
         SparseScale case has no y, hence no grad_y)."""
         return self.outputs(mode)
 
+    def tunables(self) -> dict:
+        """The kernels ``attnbench tune`` can time config by config: {name: bench.tune.Tunable}."""
+        return {}
+
     def extra_checks(self, device, seed: int = 0) -> list:
         """Checks of this operator that are not one variant on one case (verify.CheckResult rows),
         run by ``runner.check`` after the variants when no variant or mode filter was given."""
@@ -96,6 +131,47 @@ class Operator:
     def check_mode(self, mode: str):
         if mode not in self.modes:
             raise ValueError(f"{self.name}: mode must be one of {self.modes}, got {mode!r}")
+
+
+def forced_route(base: Variant, route: str, enter, description: str, *, modes=None, unavailable_reason=None,
+                 declines=None, refused=None) -> Variant:
+    """``base`` with ``enter()`` (a context manager that forces one route or config) around its
+    preparation and around every timed call, named ``<base>@<route>``.
+
+    ``unavailable_reason(device)``: why the route cannot run on a device (besides ``base``'s own
+    reasons); ``declines(case)``: why it does not apply to a case (the row is skipped with it);
+    ``refused(exc)``: True for an exception by which the kernels refuse the forced route on this
+    case (a launcher's ValueError), reported as a skip with its first line instead of a failure."""
+
+    def guarded():
+        @contextlib.contextmanager
+        def scope():
+            with enter():
+                try:
+                    yield
+                except Exception as exc:
+                    if refused is not None and refused(exc):
+                        raise Unsupported(str(exc).strip().splitlines()[0]) from None
+                    raise
+        return scope()
+
+    def prepare(case, inputs, mode):
+        if declines is not None and (reason := declines(case)):
+            raise Unsupported(reason)
+        with guarded():
+            fn = base.prepare(case, inputs, mode)
+
+        def run():
+            with guarded():
+                return fn()
+
+        run.graph_capturable = getattr(fn, "graph_capturable", True)
+        return run
+
+    def unavailable(device):
+        return base.unavailable_reason(device) or (unavailable_reason(device) if unavailable_reason else None)
+
+    return Variant(f"{base.name}@{route}", base.kind, prepare, tuple(modes or base.modes), description, unavailable)
 
 
 _OPERATORS: dict[str, Operator] = {}

@@ -71,13 +71,14 @@ def _case_inputs(op, case, device, seed, oracles):
 
 
 def select_variants(op, device, names=None):
-    available = op.available_variants(device)
+    """The variants to run: ``names`` (default set or forced routes) that can run on ``device``, or
+    without names the default set's that can."""
     if names is None:
-        return list(available)
-    unknown = [n for n in names if n not in op.variants]
+        return list(op.available_variants(device))
+    unknown = [n for n in names if not op.knows(n)]
     if unknown:
-        raise ValueError(f"{op.name}: unknown variant(s) {unknown}; known: {list(op.variants)}")
-    return [n for n in names if n in available]
+        raise ValueError(f"{op.name}: unknown variant(s) {unknown}; known: {op.variant_names()}")
+    return [n for n in names if op.variant(n).unavailable_reason(torch.device(device)) is None]
 
 
 def _no_mode(name, mode):
@@ -112,7 +113,7 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, o
                 try:
                     if unchecked:
                         result = verify.CheckResult(op.name, name, case.label, mode, skipped=unchecked)
-                    elif mode not in op.variants[name].modes:
+                    elif mode not in op.variant(name).modes:
                         result = verify.CheckResult(op.name, name, case.label, mode, skipped=_no_mode(name, mode))
                     else:
                         result = verify.check_variant(op, name, case, mode, x, oracle, lowp)
@@ -193,14 +194,14 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                 try:
                     if untimed:
                         raise Unsupported(untimed)
-                    if mode not in op.variants[name].modes:
+                    if mode not in op.variant(name).modes:
                         raise Unsupported(_no_mode(name, mode))
-                    fn = op.variants[name].prepare(case, x, mode)
+                    fn = op.variant(name).prepare(case, x, mode)
                     outputs = fn()
                     if oracle is not None:
                         row.max_error = max(verify.relative_error(outputs[k], oracle[k]) for k in outputs)
                     del outputs
-                    if device.type == "cpu" and op.variants[name].kind == "triton" and interpreting():
+                    if device.type == "cpu" and op.variant(name).kind == "triton" and interpreting():
                         # a check that it runs, not a speed: one sample, never compared (``comparable``)
                         row.timing = measure(fn, device, warmup_ms=0, rep_ms=0, cpu_reps=1)
                         row.timing.method = "interpreter"

@@ -184,7 +184,7 @@ def check_outputs(op, variant, case, mode, outputs, oracle, reference_lowp) -> C
     """Judge every output of the mode. Our variants must produce all of them; a peer may produce a
     subset (SDPA returns no LSE) but not none."""
     result = CheckResult(op.name, variant, case.label, mode)
-    kind = op.variants[variant].kind
+    kind = op.variant(variant).kind
     for name in op.case_outputs(case, mode):
         if name in outputs:
             lowp = reference_lowp.get(name) if reference_lowp else None
@@ -200,7 +200,7 @@ def check_outputs(op, variant, case, mode, outputs, oracle, reference_lowp) -> C
 def run_poisoned(op, variant_name, case, inputs, mode):
     """Prepare and run a variant once with NaN-poisoned outputs; raises Unsupported if it cannot."""
     with poisoned_outputs():
-        return op.variants[variant_name].prepare(case, inputs, mode)()
+        return op.variant(variant_name).prepare(case, inputs, mode)()
 
 
 def check_variant(op, variant_name, case, mode, inputs, oracle, reference_lowp) -> CheckResult:

@@ -16,7 +16,7 @@ import torch
 
 from ...bench.registry import Operator, Unsupported, Variant, register
 from ...bench.timing import not_graph_capturable
-from . import peers, reference, split
+from . import peers, reference, routes, split
 from ...attention.spec import causal_offset
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -97,6 +97,38 @@ GPU_SHAPES = [
     (1, 4, 2, 700, 900, 160, "bottom_right"),
     (2, 4, 4, 333, 333, 192, None),
 ]
+# Odd shapes for compute-sanitizer (scripts/gpu_gate.sh's sanitize stage: every forced route over them),
+# each kernel specialization once: lengths off every block size, GQA, head dims in one and in two column
+# blocks (24, 80 = 64 + 16, 160 = 128 + 32) and 256, head dims whose second block is masked (40, 72, 88:
+# padded on CUDA, kernels/attention/head_padding.py), the Gluon forward's head dims in bf16, and the
+# split-KV route's rows (Nq <= 64: packed GQA rows, row tiles, empty splits, blind rows).
+ODD_SHAPES = {
+    "float16": [
+        (1, 4, 2, 37, 29, 80, None),
+        (2, 2, 1, 70, 41, 24, "bottom_right"),
+        (1, 2, 1, 130, 97, 160, "top_left"),
+        (1, 2, 1, 77, 130, 256, "bottom_right"),
+        (1, 2, 2, 129, 257, 72, "top_left"),
+        (1, 2, 2, 129, 257, 88, None),
+        (1, 2, 2, 129, 257, 40, "top_left"),
+    ],
+    "bfloat16": [
+        (1, 4, 2, 37, 29, 64, None),
+        (2, 2, 1, 130, 97, 128, "top_left"),
+        (1, 2, 2, 200, 300, 64, "bottom_right"),
+        (1, 2, 1, 129, 385, 128, None),
+        (1, 2, 2, 77, 200, 96, None),
+        (1, 2, 1, 150, 130, 256, "bottom_right"),
+        # the split-KV route
+        (3, 6, 2, 1, 1001, 24, None),
+        (2, 8, 1, 17, 333, 80, "bottom_right"),
+        (1, 4, 4, 50, 31, 256, "bottom_right"),
+        (2, 32, 8, 5, 4097, 128, None),
+        (1, 2, 1, 64, 70, 96, "top_left"),
+        (5, 12, 3, 3, 129, 64, "bottom_right"),
+        (2, 8, 2, 16, 1031, 72, "bottom_right"),
+    ],
+}
 ANCHOR_SHAPES = [
     (4, 16, 16, 4096, 4096, 64, None),
     (4, 16, 16, 4096, 4096, 64, "top_left"),
@@ -141,6 +173,7 @@ CASE_SETS = {
     "anchor": lambda: _shapes(ANCHOR_SHAPES, ("bfloat16",)),
     "sweep": _sweep,
     "decode": _decode,
+    "odd": lambda: [FlashCase(*row, dtype=dt) for dt, rows in ODD_SHAPES.items() for row in rows],
 }
 
 
@@ -211,7 +244,7 @@ class FlashOperator(Operator):
     name = "flash"
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
     modes = ("fwd", "bwd", "fwd_bwd")
-    case_sets = ("tiny", "gpu", "anchor", "sweep", "decode")
+    case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_flash", "reference")
     ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex")
 
@@ -239,6 +272,13 @@ class FlashOperator(Operator):
         forward = 4.0 * case.batch * case.heads_q * case.visible_pairs * case.head_dim
         return forward * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
+    def exponentials(self, case, mode):
+        """Softmax's exponentials (``attnbench report --floors``): one per visible (query, key) pair and query head
+        for each pass that forms P: the forward once, the backward once (P recomputed from the LSE, the least
+        without storing P, which would take O(N^2) memory), forward and backward twice."""
+        self.check_mode(mode)
+        return float(case.batch * case.heads_q * case.visible_pairs) * {"fwd": 1, "bwd": 1, "fwd_bwd": 2}[mode]
+
     def bytes(self, case, mode):
         self.check_mode(mode)
         item = case.torch_dtype.itemsize
@@ -258,6 +298,22 @@ class FlashOperator(Operator):
     def oracle(self, case, inputs, dtype=torch.float64):
         q, k, v, do = _tensors(inputs)
         return reference.evaluate(q, k, v, do, case.softmax_scale, case.causal_offset, dtype)
+
+    def tunables(self):
+        from ...bench.tune import Tunable
+        from ...kernels.attention import flash_bwd, flash_decode, flash_fwd
+
+        return {t.name: t for t in (
+            Tunable("fwd", "the forward's query tiles through pointers (flash_fwd_kernel)",
+                    lambda: [flash_fwd.flash_fwd_kernel], "fwd", "triton@tiles"),
+            Tunable("fwd_tma", "the forward's query tiles through tensor descriptors (flash_fwd_tma_kernel)",
+                    lambda: [flash_fwd.flash_fwd_tma_kernel], "fwd", "triton@tma"),
+            Tunable("decode", "the split-KV forward (flash_decode_kernel)",
+                    lambda: [flash_decode.flash_decode_kernel], "fwd", "triton@decode"),
+            Tunable("dkdv", "the backward's dK/dV pass, or both passes of the split route (flash_bwd_dkdv_kernel)",
+                    lambda: [flash_bwd.flash_bwd_dkdv_kernel], "bwd"),
+            Tunable("dq", "the backward's dQ pass (flash_bwd_dq_kernel)", lambda: [flash_bwd.flash_bwd_dq_kernel], "bwd"),
+        )}
 
     def _register_variants(self):
         from ...attention import flash_bwd as triton_bwd, flash_fwd as triton_fwd, unavailable_reason
@@ -279,6 +335,8 @@ class FlashOperator(Operator):
                 lambda do, q, k, v, o, lse: triton_bwd(do, q, k, v, o, lse, scale=case.softmax_scale, causal=case.causal))),
             self.modes, "Triton: fused forward saving LSE; delta + dK/dV + dQ backward, no atomics",
             unavailable_reason))
+        for route in routes.flash_routes(self.variants["triton"]):
+            self.add_route(route)
         for name, backend in peers.SDPA_BACKENDS.items():
             self.add_variant(Variant(
                 name, "peer", _probed(functools.partial(peers.sdpa_forward, backend)), self.modes,

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from ...bench.registry import Operator, Unsupported, Variant, register
-from ..flash import FlashCase, _shapes
+from ..flash import ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
 from . import peers, reference, routes, split
 
@@ -64,6 +64,9 @@ CASE_SETS = {
     "gpu": lambda: _shapes(GPU_SHAPES, ("bfloat16", "float16")),
     "anchor": lambda: _shapes(ANCHOR_SHAPES, ("bfloat16",)),
     "sweep": _sweep,
+    # compute-sanitizer's set (scripts/gpu_gate.sh): the JVP and backward-JVP kernels on flash's odd fp16 shapes
+    # (lengths off every block, GQA, head dims in one and two column blocks and masked ones, D 256)
+    "odd": lambda: _shapes(ODD_SHAPES["float16"], ("float16",)),
 }
 
 
@@ -172,6 +175,7 @@ class JvpAttentionOperator(Operator):
     name = "jvp_attention"
     description = "attention differentiated every way: fwd+JVP, both Hessian-vector routes, grad of a tangent"
     modes = routes.MODES
+    case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_math", "reference")
     ratio_subject = "triton"
     ratio_peers = ("sdpa_math", "jvp_flash")
@@ -218,6 +222,19 @@ class JvpAttentionOperator(Operator):
 
     def oracle(self, case, inputs, dtype=torch.float64):
         return LazyOracle(case, inputs, dtype)
+
+    def tunables(self):
+        from ...bench.tune import Tunable
+        from ...kernels.attention import attention_bwd_jvp, attention_jvp
+
+        return {t.name: t for t in (
+            Tunable("jvp", "the fused forward + JVP (attention_jvp_kernel)", lambda: [attention_jvp.attention_jvp_kernel],
+                    "fwd_jvp", "triton_fused"),
+            Tunable("bwd_jvp_dkdv", "kernel 3's dK_t/dV_t pass (bwd_jvp_dkdv_kernel)",
+                    lambda: [attention_bwd_jvp.bwd_jvp_dkdv_kernel], "hvp_rev_rev", "triton_fused"),
+            Tunable("bwd_jvp_dq", "kernel 3's dQ_t pass (bwd_jvp_dq_kernel)", lambda: [attention_bwd_jvp.bwd_jvp_dq_kernel],
+                    "hvp_rev_rev", "triton_fused"),
+        )}
 
     def extra_checks(self, device, seed=0):
         """Second-order consistency (seed 003): forward-over-reverse vs reverse-over-reverse vs

@@ -147,12 +147,24 @@ def _tabpfn_grid():
             for b in (256, 1024, 4096) for lq in (1, 2) for n_ctx in (512, 2048, 10000) for n_buf in (0, 32)]
 
 
+# The split counts forced as routes (``triton@splits8``): the fused kernel's candidates of the GPU studies, and the
+# composed path's (its context kernel splits; the buffer kernel does not).
+FUSED_SPLITS = (1, 2, 4, 8, 16, 32)
+COMPOSED_SPLITS = (1, 2, 8)
+# compute-sanitizer's set (scripts/gpu_gate.sh): the tiny set's odd shapes in the GPU dtypes (empty buffers,
+# lengths 0 to full, rows that see nothing, lengths off every block), and two real-size ones with varied lengths.
+ODD_SHAPES = [
+    (37, 4, 4, 2, 1000, 45, 32, True, "varied"),
+    (130, 6, 2, 3, 777, 19, 80, True, "varied"),
+]
+
 CASE_SETS = {
     "tiny": lambda: _cases(TINY_SHAPES, ("float32", "float16")),
     "gpu": lambda: _cases(GPU_SHAPES, ("bfloat16", "float16")),
     "anchor": lambda: _cases(ANCHOR_SHAPES, ("bfloat16",)),
     "sweep": _sweep,
     "tabpfn": _tabpfn_grid,
+    "odd": lambda: _cases(TINY_SHAPES, ("bfloat16", "float32")) + _cases(ODD_SHAPES, ("bfloat16",)),
 }
 
 
@@ -263,6 +275,21 @@ class SharedContextOperator(Operator):
     def oracle(self, case, inputs, dtype=torch.float64):
         return reference.evaluate(*_tensors(inputs), case.causal, case.softmax_scale, dtype)
 
+    def tunables(self):
+        from ...bench.tune import Tunable
+        from ...kernels import shared_context as kernels
+
+        # a head-dim class each (one compiled kernel underneath); the split picks and launch plans are forgotten
+        # between configs, so each config gets its own split count
+        return {t.name: t for t in (
+            Tunable("fused", "the one-launch kernel (context, buffer and merge)", lambda: list(kernels.FUSED.values()),
+                    "fwd", "triton", kernels.clear_split_picks),
+            Tunable("context", "the composed path's context kernel", lambda: list(kernels.CONTEXT.values()), "fwd",
+                    "triton_composed", kernels.clear_split_picks),
+            Tunable("buffer", "the composed path's buffer kernel", lambda: list(kernels.BUFFER.values()), "fwd",
+                    "triton_composed", kernels.clear_split_picks),
+        )}
+
     def _register_variants(self):
         from ...shared_context import shared_context_attention, shared_context_attention_composed, unavailable_reason
 
@@ -294,6 +321,16 @@ class SharedContextOperator(Operator):
             "triton_composed", "triton", _forward_variant(checked_once(shared_context_attention_composed)),
             self.modes, "Triton path (a): context kernel (+ split reduction), buffer kernel, merge_states kernel",
             unavailable_reason))
+        # Forced split-K counts (the default measures the count once per shape on CUDA): where an error sits
+        # and what a count costs, each verified and timed like the default
+        for base, api, counts in (("triton", shared_context_attention, FUSED_SPLITS),
+                                  ("triton_composed", shared_context_attention_composed, COMPOSED_SPLITS)):
+            for count in counts:
+                self.add_route(Variant(
+                    f"{base}@splits{count}", "triton",
+                    _forward_variant(checked_once(functools.partial(api, num_splits=count))), self.modes,
+                    f"{base} with the keys split {count} way{'s' if count > 1 else ''} (num_splits={count})",
+                    unavailable_reason))
         for name, backend in peers.PER_BATCH.items():
             self.add_variant(Variant(
                 name, "peer", _forward_variant(_probed(functools.partial(peers.per_batch_forward, backend))),

@@ -51,7 +51,7 @@ from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
 from ...sparse.info import random_scale_infos, scale_infos
 from ...sparse.tensor_product import cg_product_infos
-from . import peers
+from . import peers, routes
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
@@ -165,6 +165,37 @@ def _cg_pairs(l_max, row):
     return len(set(zip(torch.as_tensor(coo["i3"]).tolist(), torch.as_tensor(coo[row]).tolist())))
 
 
+def cg_block_macs(l_max):
+    """Multiply-adds a (sample, channel) column of mul with every Clebsch-Gordan path's block dense, unpadded."""
+    return sum((2 * a + 1) * (2 * b + 1) * (2 * c + 1) for a in range(l_max + 1) for b in range(l_max + 1)
+               for c in range(abs(a - b), min(a + b, l_max) + 1))
+
+
+def matrix_unit_flops(case):
+    """The forward's FLOPs in the fewest multiply-adds of a dense form on the tensor cores, None for scale: mul's
+    Clebsch-Gordan blocks dense and unpadded ((2 l1 + 1)(2 l2 + 1)(2 l3 + 1) a path a (sample, channel) column);
+    vecsca and scavec as M[n] @ x[n] over the (output, vector row) pairs; inner as the Gram matrix x[n] @ y[n]^T;
+    the others at their own FLOPs (a shared weight's already folded)."""
+    if case.is_scale:
+        return None
+    size = (case.l_max + 1) ** 2
+    per_column = {"mul": cg_block_macs(case.l_max), "vecsca": _cg_pairs(case.l_max, "i1"),
+                  "scavec": _cg_pairs(case.l_max, "i2"), "inner": size * size}.get(case.op)
+    if per_column is None:
+        return 2.0 * work_terms(case) * case.channels ** CHANNEL_WORK[case.op] * case.batch
+    return 2.0 * per_column * case.channels * case.batch
+
+
+def largest_batch(cases):
+    """Each (op, L, C, dtype, sharing, structure) of ``cases`` once, at its largest N (the floors of a sweep)."""
+    largest = {}
+    for case in cases:
+        key = (case.op, case.l_max, case.channels, case.dtype, case.shared, case.structure)
+        if key not in largest or case.batch > largest[key].batch:
+            largest[key] = case
+    return list(largest.values())
+
+
 # The CPU gate: every product and both scale structures, shared operands both ways, outer's rank-2 output.
 TINY = [
     ("mul", 2, 3, 4, ""), ("outer", 1, 2, 3, ""), ("inner", 2, 4, 5, ""), ("vecmat", 1, 3, 4, ""),
@@ -219,7 +250,26 @@ def _sweep():
     return [c for c in cases if c.tensor_bytes <= SWEEP_BYTE_CAP]  # memory cap: see the module docstring
 
 
-CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "sweep": _sweep}
+def _odd():
+    """compute-sanitizer's set (scripts/gpu_gate.sh): the kernels' GPU-only paths on odd sizes. A batch of 3001
+    splits a batch sum (a shared operand's gradient) over several ranges with a ragged last one (a range is 256
+    items at least on a GPU); odd channel counts (17, 33) cut every channel tile; mul at L 4 and 6 pads its
+    bilinear route's held operand from 25 to 32 and 49 to 64 rows; vecsca, scavec and inner at L 3 take the fused
+    dense kernels in 16 bits; SparseScale on odd M with row widths that fold into channel lines (48, 96, 2048)
+    and one that does not (17), its random CSR's transpose (the backward) with empty rows."""
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        cases += [SparseCase(op, 2, 3001, channels, dtype, shared) for op in PRODUCTS
+                  for shared, channels in (("", 17), ("x", 33), ("y", 17))]
+        cases += [SparseCase("mul", l, n, 17, dtype, shared) for l, n in ((4, 301), (6, 101)) for shared in ("", "x", "y")]
+        cases += [SparseCase("scale", l, 3001, c, dtype, structure=structure) for structure in ("segment", "random")
+                  for l, c in ((0, 17), (1, 12), (1, 24), (1, 512))]
+    cases += [SparseCase(op, 3, 3001, 17, dtype, shared) for dtype in ("float16", "bfloat16", "float32")
+              for op in ("vecsca", "scavec", "inner") for shared in ("", "y")]
+    return cases
+
+
+CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "sweep": _sweep, "odd": _odd}
 
 
 # ---- structures and inputs
@@ -317,6 +367,7 @@ class SparseOperator(Operator):
     name = "sparse"
     description = "SparseScale and the seven sparse tensor products (CG structures), fwd, bwd and double backward"
     modes = ("fwd", "bwd", "double_bwd")
+    case_sets = tuple(CASE_SETS)
     baselines = ("split", "reference")
     gate_baselines = ("split",)
     ratio_subject = "triton"
@@ -340,11 +391,38 @@ class SparseOperator(Operator):
                         "dense route of vecsca/scavec/inner (sparse_dense.py), batch sums of outer products on "
                         "matrix units (sparse_outer_sum.py); no atomics; backward by rotated infos, so every order "
                         "runs on them"))
+        for route in routes.sparse_routes(self.variants["triton"]):
+            self.add_route(route)
         self.add_variant(Variant("torch_csr", "peer", peers.torch_csr_prepare, self.modes,
                                  "scale only: torch.sparse_csr_tensor @ x, torch autograd"))
         self.add_variant(Variant("e3nn", "peer", peers.e3nn_prepare, self.modes,
                                  "vecsca only: e3nn.o3.TensorProduct ('uvu', every CG path of irreps 0..L, no "
                                  "normalization), torch autograd", peers.e3nn_unavailable))
+
+    def tunables(self):
+        from ...bench.tune import Tunable
+        from ...kernels.sparse import bilinear, dense, fused_dense, outer_sum, segment, small_matmul, split_matmul
+
+        return {t.name: t for t in (
+            Tunable("product", "the CSR segment kernel of the products", lambda: [segment.sparse_product_kernel], "fwd",
+                    "triton@segment"),
+            Tunable("scale", "SparseScale's segment kernel", lambda: [segment.sparse_scale_kernel], "fwd"),
+            Tunable("scale_rows", "SparseScale's rows kernel", lambda: [segment.sparse_scale_rows_kernel], "fwd"),
+            Tunable("outer_sum", "batch sums of outer products on the matrix units (a shared weight's gradient)",
+                    lambda: [outer_sum.outer_sum_kernel], "bwd", "triton@unfolded"),
+            Tunable("gather_rows", "the dense route's per-sample sums on the gather kernel",
+                    lambda: [dense.gather_rows_kernel], "fwd", "triton@gather-kernel"),
+            Tunable("small_matmul", "the dense route's per-sample products (two launches)",
+                    lambda: [small_matmul.small_matmul_kernel], "fwd", "triton@two-launch"),
+            Tunable("gram_stack", "fp32 Gram matrices of a few rows, samples stacked (vecsca's backward)",
+                    lambda: [dense.gram_stack_kernel], "bwd"),
+            Tunable("split_matmul", "the fold route's 16-bit products, both halves in one program",
+                    lambda: [split_matmul.split_matmul_kernel], "fwd", "triton@split-matmul"),
+            Tunable("bilinear", "mul's bilinear route", lambda: [bilinear.bilinear_kernel], "fwd"),
+            Tunable("scaled_rows", "the fused dense route of vecsca and scavec", lambda: [fused_dense.scaled_rows_kernel],
+                    "fwd"),
+            Tunable("gram_rows", "the fused dense route of inner", lambda: [fused_dense.gram_rows_kernel], "fwd"),
+        )}
 
     def cases(self, set_name):
         if set_name not in CASE_SETS:
@@ -377,6 +455,34 @@ class SparseOperator(Operator):
             return x + z + num_terms(case) * (8 + 8) + (case.atoms + 1) * 8
         tensors = {"fwd": x + y + z, "bwd": 2 * x + 2 * y + z, "double_bwd": 3 * x + 3 * y + 2 * z}[mode]
         return tensors + PRODUCTS_PER_MODE[mode] * num_terms(case) * (3 * 8 + 8)
+
+    def compute_floor_s(self, case, mode, rates):
+        """The least time the arithmetic allows (``attnbench report --floors``), the faster of two formulations,
+        each at a peak rate and generous to the kernel: the terms as written (the cost model's FLOPs) on the FMA
+        units (``rates.fma_tflops``; 16-bit inputs accumulate in fp32 there too), and the fewest multiply-adds of
+        a dense form on the tensor cores (``matrix_unit_flops``; fp32 at half the bf16 rate: TF32's one pass,
+        though fp32's accuracy needs three). A derivative's products count as the forward's (2 for bwd, 4 for
+        double bwd), as in the cost model."""
+        fma_s = self.flops(case, mode) / (rates.fma_tflops * 1e12)
+        dense = matrix_unit_flops(case)
+        if dense is None:
+            return fma_s
+        rate = rates.matmul_tflops if case.torch_dtype.itemsize == 2 else rates.matmul_tflops / 2
+        return min(fma_s, PRODUCTS_PER_MODE[mode] * dense / (rate * 1e12))
+
+    def design_bytes(self, case, mode):
+        """What the derivatives' design moves (None for scale, whose design is the minimum): the issue asks for the
+        backward as sibling products (each gradient one Function's .apply with the infos rotated), so each product
+        reads its two operands and writes its output: backward 2 (X + Y + Z) where the minimum is 2X + 2Y + Z (g is
+        read twice); double backward four products plus autograd's sum of the two contributions to d/dg (read both,
+        write one), 4 (X + Y) + 7Z against 3X + 3Y + 2Z; the structure once per product."""
+        if case.is_scale:
+            return None
+        item = case.torch_dtype.itemsize
+        x, y, z = (case.numel(o) * item for o in "xyz")
+        structure = self.bytes(case, "fwd") - (x + y + z)  # one product's read of the terms
+        moved = {"fwd": x + y + z, "bwd": 2 * (x + y + z), "double_bwd": 4 * (x + y) + 7 * z}[mode]
+        return moved + PRODUCTS_PER_MODE[mode] * structure
 
     def outputs(self, mode):
         self.check_mode(mode)
