@@ -5,7 +5,7 @@ kernels mask the extra columns (72 = 64 + 16 with columns 72-79 masked, 88 = 64 
 block of 32). On sm_90 with Triton 3.6 the forward's pointer kernel goes wrong at some of these: D 72 causal
 at Nq 129 reads shared memory out of range in most of its configs, and D 88 at Nq 129 returns wrong outputs
 in all of them, while the interpreter, D 80 and D 72 at Nq 128 are right (docs/measurements/flash.md;
-scripts/gpu_dev_odd_head_dims.py). Triton 3.6 compiles D 72 and D 68 at Nq 129 to the same PTX for sm_90,
+the flash `odd` case set). Triton 3.6 compiles D 72 and D 68 at Nq 129 to the same PTX for sm_90,
 and D 68 runs right there, so the fault would depend on the mask's runtime bound, not on a specialization;
 it is not understood. Until it is, the flash launchers run every head dim whose blocks would be masked on
 CUDA as zero-padded copies at the blocks' width: zero columns add nothing to the scores, and the outputs' padding

@@ -58,7 +58,7 @@ MAX_HELD = 64
 MAX_BLOCK_O = 64
 
 # (warps, stages, samples, channels) a program; columns = samples x channels. Chosen from a wider candidate set
-# (scripts/gpu_dev_bilinear_configs.py: CG L 3, 4, 6, C 32 and 128, N 1e5, fp32 and bf16; docs/measurements/sparse.md):
+# (a former study, now `attnbench tune --kernel bilinear`: CG L 3, 4, 6, C 32 and 128, N 1e5, fp32 and bf16; docs/measurements/sparse.md):
 # each is the fastest at some of those shapes or close to it, but the 16-channel tile (for channel counts of 16, not
 # measured). Both warp counts stay, 8 warps alone being slow at L 6 and 4 warps alone at L 4, and deeper pipelines
 # serve L 3 bf16 and L 4 fp32. Default (ATTNBENCH_AUTOTUNE=0) first: 128 columns at 4 warps, the fastest at L 6 and

@@ -24,7 +24,7 @@ from ..tuning import autotune, cdiv, cfg, config_list, next_pow2, tile_pruner
 __all__ = ["small_matmul", "small_matmul_kernel"]
 
 # (warps, stages, samples a program, column tile, inner step). Chosen from a wider candidate set over the dense
-# route's products (L 3-6, C 32 and 128, fp32 and bf16; scripts/gpu_dev_small_matmul.py): with these, the
+# route's products (L 3-6, C 32 and 128, fp32 and bf16; `attnbench tune --kernel small_matmul`): with these, the
 # autotuner's best stays close to the best candidate on every product, where configs differ widely
 # (docs/measurements/sparse.md). Default (ATTNBENCH_AUTOTUNE=0) first.
 _SHAPES = [(4, 1, 4, 32, 16), (4, 1, 1, 64, 16), (8, 2, 1, 128, 16), (4, 1, 1, 64, 64), (4, 1, 4, 32, 32),
