@@ -135,6 +135,9 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
     _known(args.mode, ops, lambda op: op.modes, "--mode")
     if timing and args.graphs and device.type != "cuda":
         raise UsageError(f"--graphs times CUDA-graph replays: it needs a CUDA device, and this run is on {device.type}")
+    if timing and args.host_time and device.type != "cuda":
+        raise UsageError(f"--host-time times the host's part of CUDA calls: it needs a CUDA device, and this run is on "
+                         f"{device.type} (whose one clock, wall time, is the eager latency)")
     plans, unmatched = [], []
     for op in ops:
         modes = [m for m in dict.fromkeys(args.mode)] if args.mode else list(op.modes)
@@ -294,7 +297,8 @@ class Session:
         for plan in self.plans_bench:
             op = plan.op
             rows = bench(op, plan.cases, self.device, plan.variants, plan.modes, args.seed, plan.baseline,
-                         args.graphs, progress=not args.quiet, on_row=lambda r: self._keep("bench", r))
+                         args.graphs, progress=not args.quiet, on_row=lambda r: self._keep("bench", r),
+                         eager=not args.no_eager, host_time=args.host_time)
             self.rows += rows
             bound_of = _bound_lookup(plan.cases)
             self.console.print(f"\n## bench {op.name} ({len(plan.cases)} {plan.case_set} cases)\n"
@@ -532,6 +536,11 @@ def build_parser():
         if timing:
             p.add_argument("--baseline", help="variant the speedup column divides by (it is timed too)")
             p.add_argument("--graphs", action="store_true", help="time CUDA-graph replays (CUDA only)")
+            p.add_argument("--no-eager", action="store_true",
+                           help="GPU time alone: skip the eager-latency clock (wall time per call back to back, host "
+                                "included), which CUDA rows carry by default")
+            p.add_argument("--host-time", action="store_true",
+                           help="also time the host's part of each call alone (CUDA only)")
 
     common(sub.add_parser("list", help="operators, variants and where they can run"))
     common(sub.add_parser("check", help="verify variants against the float64 oracle"), cases=True)

@@ -52,9 +52,13 @@ def measurement(op_name, case_set="anchor", variants=None, modes=None):
 
 
 def _entry(row):
+    """A row's numbers: GPU time (latency_ms) and, where the row has it, eager latency (eager_ms: wall time per
+    call back to back, host included; NaN for rows timed before the clock existed)."""
+    eager = row.get("eager") or {}
     return {"latency_ms": row["timing"]["median_ms"], "iqr_ms": row["timing"]["iqr_ms"], "tflops": row["tflops"],
             "gbps": row["gbps"], "roofline_pct": row["roofline_pct"],
-            "peak_mem_mb": (row.get("peak_mem_bytes") or 0) / 2**20}
+            "peak_mem_mb": (row.get("peak_mem_bytes") or 0) / 2**20,
+            "eager_ms": eager.get("median_ms", math.nan)}
 
 
 def from_report(op_name, directory):
@@ -100,6 +104,11 @@ class _Latency:
 
     track_latency_ms.unit = "ms"
 
+    def track_eager_ms(self, results, case, variant, mode):
+        return self.result.get("eager_ms", math.nan)
+
+    track_eager_ms.unit = "ms"
+
 
 class _Anchor(_Latency):
     """Every variant, mode and anchor case, with throughput, roofline and memory beside latency."""
@@ -137,8 +146,15 @@ class _Speedup:
         if not ours or not theirs:
             raise NotImplementedError(f"{self.subject} or {peer} did not run {mode} on {case} here")
         self.ratio = theirs["latency_ms"] / ours["latency_ms"]
+        self.ratio_eager = theirs.get("eager_ms", math.nan) / ours.get("eager_ms", math.nan)
 
     def track_speedup(self, results, case, mode, peer):
         return self.ratio if math.isfinite(self.ratio) else math.nan
 
     track_speedup.unit = "x"
+
+    def track_speedup_eager(self, results, case, mode, peer):
+        """The same ratio in eager latency."""
+        return self.ratio_eager if math.isfinite(self.ratio_eager) else math.nan
+
+    track_speedup_eager.unit = "x"

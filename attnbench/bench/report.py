@@ -88,9 +88,13 @@ def markdown(report, subject=None, peers=None) -> str:
                 by_key[r["case"], r["mode"]][r["variant"]] = r
         if len(ops) > 1:
             lines += ["", f"## {op}"]
+        eager = any(r.get("eager") for v in by_key.values() for r in v.values())
         lines += ["", f"| case | mode | {op_subject} ms | {op_subject} TF/s | "
-                  + "".join(f"vs {p} | " for p in op_peers) + "% roofline | max rel. error |",
-                  "| --- | --- | --- | --- | " + "".join("--- | " for _ in op_peers) + "--- | --- |"]
+                  + "".join(f"vs {p} | " for p in op_peers)
+                  + (f"{op_subject} eager ms | " + "".join(f"vs {p} eager | " for p in op_peers) if eager else "")
+                  + "% roofline | max rel. error |",
+                  "| --- | --- | --- | --- | " + "".join("--- | " for _ in op_peers) * (1 + eager) + "--- | " * eager
+                  + "--- | --- |"]
         shown = 0
         for (case, mode), variants in by_key.items():
             ours = variants.get(op_subject)
@@ -102,6 +106,12 @@ def markdown(report, subject=None, peers=None) -> str:
                 peer = variants.get(p)
                 ok = peer and _comparable(peer, ours)
                 ratios.append(f"{peer['timing']['median_ms'] / ours['timing']['median_ms']:.2f}x" if ok else "n/a")
+            if eager:
+                ours_eager = (ours.get("eager") or {}).get("median_ms")
+                ratios.append(_num(ours_eager, ".3f"))
+                for p in op_peers:
+                    peer_eager = ((variants.get(p) or {}).get("eager") or {}).get("median_ms")
+                    ratios.append(f"{peer_eager / ours_eager:.2f}x" if peer_eager and ours_eager else "n/a")
             tflops = ours.get("tflops") if ours["timing"].get("method", "cuda").startswith("cuda") else None
             lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {_num(tflops, '.0f')} | "
                          + "".join(f"{x} | " for x in ratios)
@@ -111,7 +121,9 @@ def markdown(report, subject=None, peers=None) -> str:
             lines.append(f"\n(no timed {op_subject} row for {op})")
     named = " / ".join(dict.fromkeys(subject or _claim(report, op)[0] for op in ops)) or "the subject"
     lines += ["", f"'vs peer' is the peer's median latency over {named}'s, measured in the same run on the same "
-              f"clock: above 1 means {named} is faster; n/a: the peer did not run, or the clocks differ."]
+              f"clock: above 1 means {named} is faster; n/a: the peer did not run, or the clocks differ. ms and "
+              "'vs peer' are GPU time (CUDA events, L2 flushed: the kernels' cost); 'eager' columns, where present, "
+              "are eager latency (wall time per call back to back, host included: what a Python caller pays)."]
     return "\n".join(lines) + "\n"
 
 
@@ -174,8 +186,9 @@ INDEX_SKIP_DIRS = ("asv", "html")
 
 
 def clock(row, machine) -> str:
-    """The clock a row was timed on: "gpu_time" (CUDA events or graph replays, L2 flushed: what the kernels
-    cost), "cpu_wall", "interpreter"; a row's own "clock" field wins (the eager-latency clock to come)."""
+    """The clock a row's ``timing`` was taken on: "gpu_time" (CUDA events or graph replays, L2 flushed: what the
+    kernels cost), "cpu_wall", "interpreter"; a row's own "clock" field wins. Its "eager" and "host" timings, where
+    present, are indexed as rows of those clocks."""
     timing = row.get("timing") or {}
     if timing.get("clock"):
         return str(timing["clock"])
@@ -233,7 +246,7 @@ def index(root):
     """Every timed row of every attnbench result file under ``root`` (results/), one tidy row per measurement,
     and the files that were not read, each with a one-line reason. asv's own folders are not walked.
 
-    ``clock`` says what the median measures (today "gpu_time"; an "eager" clock is to come), ``gpu`` is the
+    ``clock`` says what the median measures ("gpu_time", "eager", "host", "cpu_wall"), ``gpu`` is the
     results/<gpu>/ folder, ``commit`` the code's commit as the run recorded it (``+dirty``: the checkout had
     changes; the GPU machine's copy of the tree may record a stale one), ``date`` the run's date where the
     file records one, else the date of the last commit that wrote the file's content (empty outside a git checkout)."""
@@ -260,15 +273,19 @@ def index(root):
         if not timed:
             problems.append(f"{rel}: no timed rows (checks only, or every row skipped)")
         for r in timed:
+            common = {"operator": r["op"], "case": r["case"], "mode": r["mode"], "variant": r["variant"],
+                      "max_error": r.get("max_error"), "gpu": _gpu_folder(rel, machine),
+                      "device_name": machine.get("device_name") or "", "commit": _short_commit(data.get("code")),
+                      "date": date, "file": os.path.normpath(path).replace(os.sep, "/")}
             t = r["timing"]
-            rows.append({
-                "operator": r["op"], "case": r["case"], "mode": r["mode"], "variant": r["variant"],
-                "clock": clock(r, machine), "method": t.get("method") or "",
-                "median_ms": t["median_ms"], "iqr_ms": t.get("iqr_ms"),
-                "tflops": r.get("tflops"), "gbps": r.get("gbps"), "roofline_pct": r.get("roofline_pct"),
-                "max_error": r.get("max_error"), "gpu": _gpu_folder(rel, machine),
-                "device_name": machine.get("device_name") or "", "commit": _short_commit(data.get("code")),
-                "date": date, "file": os.path.normpath(path).replace(os.sep, "/")})
+            rows.append({**common, "clock": clock(r, machine), "method": t.get("method") or "",
+                         "median_ms": t["median_ms"], "iqr_ms": t.get("iqr_ms"), "tflops": r.get("tflops"),
+                         "gbps": r.get("gbps"), "roofline_pct": r.get("roofline_pct")})
+            for name in ("eager", "host"):  # the other clocks of a row, where it was timed on them
+                if r.get(name):
+                    rows.append({**common, "clock": name, "method": r[name].get("method") or "",
+                                 "median_ms": r[name]["median_ms"], "iqr_ms": r[name].get("iqr_ms"),
+                                 "tflops": None, "gbps": None, "roofline_pct": None})
     return rows, problems
 
 

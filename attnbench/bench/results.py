@@ -146,7 +146,7 @@ class ResultFile:
 # ---------------------------------------------------------------- reading
 
 _ROW_KEYS = ("op", "case", "mode", "variant")
-_OPTIONAL_NUMBERS = ("tflops", "gbps", "roofline_pct", "speedup", "max_error")
+_OPTIONAL_NUMBERS = ("tflops", "gbps", "roofline_pct", "speedup", "speedup_eager", "max_error")
 
 
 def _number(value) -> bool:
@@ -252,14 +252,20 @@ def _validate_bench_row(row, where):
         if not row.get("skipped"):
             raise BadResultFile(f"{where}: no timing and no 'skipped' reason")
         return
-    if not isinstance(timing, dict):
-        raise BadResultFile(f"{where}: 'timing' must be an object or null")
-    median = timing.get("median_ms")
-    if not _number(median) or not math.isfinite(median) or median <= 0:
-        raise BadResultFile(f"{where}: timing.median_ms must be a positive number, got {median!r}")
-    for key in ("q1_ms", "q3_ms", "iqr_ms"):
-        if key in timing and not _number(timing[key]):
-            raise BadResultFile(f"{where}: timing.{key} must be a number, got {timing[key]!r}")
+    for clock in ("timing", "eager", "host"):  # GPU time, eager latency, host time (the last two optional)
+        if row.get(clock) is not None:
+            _validate_timing(row[clock], f"{where}: {clock}")
     for key in _OPTIONAL_NUMBERS:  # null means "not measured" (no cost model, no ceilings)
         if row.get(key) is not None and not _number(row[key]):
             raise BadResultFile(f"{where}: '{key}' must be a number or null, got {row[key]!r}")
+
+
+def _validate_timing(timing, where):
+    if not isinstance(timing, dict):
+        raise BadResultFile(f"{where} must be an object or null")
+    median = timing.get("median_ms")
+    if not _number(median) or not math.isfinite(median) or median <= 0:
+        raise BadResultFile(f"{where}.median_ms must be a positive number, got {median!r}")
+    for key in ("q1_ms", "q3_ms", "iqr_ms"):
+        if key in timing and not _number(timing[key]):
+            raise BadResultFile(f"{where}.{key} must be a number, got {timing[key]!r}")

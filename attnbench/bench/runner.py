@@ -16,7 +16,7 @@ from . import verify
 from ..kernels import interpreting
 from .registry import Unsupported
 from .roofline import achieved, ceilings
-from .timing import Timing, comparable, measure, peak_memory_bytes
+from .timing import Timing, comparable, measure, measure_eager, measure_host, peak_memory_bytes
 
 
 class Progress:
@@ -149,31 +149,44 @@ class BenchRow:
     tflops: float = math.nan
     gbps: float = math.nan
     roofline_pct: float | None = None
-    speedup: float | None = None  # baseline median / this median, same case and mode
+    speedup: float | None = None  # baseline median / this median, same case and mode (GPU time)
     baseline: str | None = None
+    eager: Timing | None = None  # eager latency (CUDA): wall ms per call back to back, host included
+    speedup_eager: float | None = None  # the same ratio in eager latency
+    host: Timing | None = None  # host ms to issue one call (bench --host-time)
     max_error: float = math.nan
     peak_mem_bytes: int | None = None
     skipped: str = ""
     unverified: str = ""  # timed, but its outputs were not compared with the oracle: why
 
     def as_dict(self):
-        d = {k: v for k, v in self.__dict__.items() if k != "timing"}
-        d["timing"] = self.timing.as_dict() if self.timing else None
+        d = {k: v for k, v in self.__dict__.items() if k not in CLOCKS}
+        for clock in CLOCKS:
+            value = getattr(self, clock)
+            d[clock] = value.as_dict() if value else None
         return d
+
+
+CLOCKS = ("timing", "eager", "host")  # BenchRow's Timing fields
 
 
 def _set_speedup(row, base_row):
     if row.timing and comparable(row.timing, base_row.timing):
         row.speedup, row.baseline = base_row.timing.median_ms / row.timing.median_ms, base_row.variant
+    if row.eager and base_row.eager:
+        row.speedup_eager = base_row.eager.median_ms / row.eager.median_ms
 
 
 def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, cuda_graph=False,
-          verify_outputs=True, progress=True, rep_ms=100, on_row=None) -> list:
+          verify_outputs=True, progress=True, rep_ms=100, on_row=None, eager=True, host_time=False) -> list:
     """Time each variant on each case and mode; rows carry throughput, roofline and error.
 
-    ``on_row(row)`` is called as each row finishes; the row object may still change afterwards
-    (its speedup, once the baseline of its case and mode has run), so keep the object, not a copy.
-    A speedup is set only between comparable clocks (see ``comparable``)."""
+    On a GPU each row carries two clocks: GPU time (``timing``: the kernels' cost) and, with
+    ``eager``, eager latency (``eager``: wall time per call back to back, what a Python caller
+    pays); ``host_time`` adds the host's time to issue a call (``host``). On a CPU the one clock is
+    wall time, the eager latency there. ``on_row(row)`` is called as each row finishes; the row
+    object may still change afterwards (its speedups, once the baseline of its case and mode has
+    run), so keep the object, not a copy. A speedup is set only between comparable clocks."""
     device = torch.device(device)
     names = select_variants(op, device, variants)
     modes = modes or op.modes
@@ -207,6 +220,10 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                         row.timing.method = "interpreter"
                     else:
                         row.timing = measure(fn, device, cuda_graph=cuda_graph, rep_ms=rep_ms)
+                    if device.type == "cuda" and eager:
+                        row.eager = measure_eager(fn, device, rep_ms=rep_ms / 2)
+                    if device.type == "cuda" and host_time:
+                        row.host = measure_host(fn, device, rep_ms=rep_ms / 2)
                     row.peak_mem_bytes = peak_memory_bytes(fn, device)
                     perf = achieved(*_cost(op, case, mode), row.timing, ceil)
                     row.tflops, row.gbps, row.roofline_pct = perf.tflops, perf.gbps, perf.roofline_pct
@@ -226,6 +243,8 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                 if on_row is not None:
                     on_row(row)
                 shown = f"{row.timing.median_ms:.3f} ms" if row.timing else f"skipped: {row.skipped}"
+                if row.eager:
+                    shown += f", eager {row.eager.median_ms:.3f} ms"
                 bar.step(f"bench {op.name} {name:14s} {mode:7s} {case.label}  {shown}")
             rows.extend(mode_rows)
         del x, oracle

@@ -76,14 +76,18 @@ def bench_table(rows, bound_of) -> str:
     """``bound_of(case_label)`` -> the error bound of the case's dtype (None: not judged)."""
     notes = Notes()
     gpu = any(r.timing and r.timing.is_gpu for r in rows)
+    eager = any(getattr(r, "eager", None) for r in rows)  # rows read back from older files lack the clocks
+    host = any(getattr(r, "host", None) for r in rows)
     base = next((r.baseline for r in rows if r.speedup is not None), None)
     show_vs = any(r.speedup is not None and r.variant != r.baseline for r in rows)
+    extra_cols = eager * (1 + show_vs) + host
     noisy = over = False
     body = []
     for r in rows:
         t = r.timing
         if t is None:
-            body.append([r.case, r.mode, r.variant, notes.ref(r.skipped or "no timing")] + [""] * (4 + 3 * gpu + show_vs))
+            body.append([r.case, r.mode, r.variant, notes.ref(r.skipped or "no timing")]
+                        + [""] * (4 + 3 * gpu + show_vs + extra_cols))
             continue
         iqr = _fmt(t.iqr_ms, ".3f")
         if t.noisy:
@@ -97,14 +101,28 @@ def bench_table(rows, bound_of) -> str:
             cells += [_fmt(r.tflops, ".1f"), _fmt(r.gbps, ".0f"), _fmt(r.roofline_pct, ".0f")]
         if show_vs:
             cells.append("-" if r.speedup is None else f"{r.speedup:.2f}x")
+        if eager:
+            cells.append(_fmt(r.eager.median_ms if r.eager else None, ".3f"))
+            if show_vs:
+                cells.append("-" if r.speedup_eager is None else f"{r.speedup_eager:.2f}x")
+        if host:
+            cells.append(_fmt(r.host.median_ms * 1e3 if r.host else None, ".0f"))
         body.append(cells + [err])
     headers = ["case", "mode", "variant", "clock", "median ms", "IQR ms", "n"]
     if gpu:
         headers += ["TF/s", "GB/s", "% roof"]
     if show_vs:
         headers.append("speedup")
+    if eager:
+        headers += ["eager ms"] + (["speedup eager"] if show_vs else [])
+    if host:
+        headers.append("host us")
     headers.append("max rel err")
     legend = []
+    if gpu:
+        legend.append("clock cuda-events: GPU time (the kernels' cost, host kept out)"
+                      + ("; eager ms: wall time per call back to back, host included (what a Python caller pays)"
+                         if eager else "") + ("; host us: the host's time to issue one call" if host else ""))
     if show_vs:
         legend.append(f"speedup: {base}'s median over the row's, on the same clock (-: clocks differ, "
                       "as the interpreter's do)")
@@ -121,14 +139,21 @@ def ratio_lines(rows, subject, peers) -> list:
     by_key = {}
     for r in rows:
         if r.timing:
-            by_key.setdefault((r.case, r.mode), {})[r.variant] = r.timing
+            by_key.setdefault((r.case, r.mode), {})[r.variant] = r
     lines = []
-    for (case, mode), times in by_key.items():
-        ours = times.get(subject)
+    for (case, mode), by_variant in by_key.items():
+        ours = by_variant.get(subject)
         if ours is None:
             continue
-        parts = [f"{times[p].median_ms / ours.median_ms:.2f}x {p}" for p in peers
-                 if p in times and comparable(times[p], ours)]
+        parts = []
+        for p in peers:
+            peer = by_variant.get(p)
+            if peer is None or not comparable(peer.timing, ours.timing):
+                continue
+            part = f"{peer.timing.median_ms / ours.timing.median_ms:.2f}x {p}"
+            if getattr(ours, "eager", None) and getattr(peer, "eager", None):
+                part += f" ({peer.eager.median_ms / ours.eager.median_ms:.2f}x eager)"
+            parts.append(part)
         if parts:
             lines.append(f"{case}  {mode}  {subject} speed = " + ", ".join(parts))
     return lines

@@ -9,6 +9,13 @@ interquartile range ourselves. ``cuda_graph=True`` replays a captured graph inst
 On a CPU the same call returns wall-clock samples labelled "cpu-wall" (``CPU_SAMPLING`` says how
 many); the CLI says that Triton variants there run in the interpreter, so CPU numbers check that
 code runs, never how fast.
+
+Two more clocks on a GPU, for what a user who calls an op from Python pays:
+- **eager** (``measure_eager``): wall time per call, calls back to back, host included, between
+  synchronizations (the L2 is not flushed: a loop of calls is what it times). A fast kernel behind a
+  slow launch path loses here and not in GPU time.
+- **host** (``measure_host``): the host's time to issue one call, the calls queued behind a GPU
+  sleep so that none waits for the GPU: the launch path's cost alone.
 """
 import gc
 import statistics
@@ -46,7 +53,7 @@ class Timing:
     q1_ms: float
     q3_ms: float
     samples: int
-    method: str  # "cuda-events", "cuda-graph", "cpu-wall", or "interpreter" (Triton on a CPU)
+    method: str  # "cuda-events", "cuda-graph", "cpu-wall", "interpreter" (Triton on a CPU), "eager-wall", "host"
 
     @property
     def iqr_ms(self) -> float:
@@ -129,6 +136,73 @@ def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_grap
             samples = gpu_time_samples(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
         return summarize(samples, "cuda-events")
     return summarize(_cpu_samples(fn, start, warmup_ms, rep_ms, cpu_reps, cpu_budget_s, cpu_max_samples), "cpu-wall")
+
+
+# Eager and host samples are rounds of back-to-back calls, each round about this long, so that the
+# host clock's resolution and one synchronization are small beside it.
+ROUND_MS = 2.0
+MAX_ROUND_CALLS = 1000  # also bounds the launches queued behind the host clock's sleep
+
+
+def _round_calls(per_call_ms: float) -> int:
+    return max(1, min(MAX_ROUND_CALLS, int(ROUND_MS / max(per_call_ms, 1e-4))))
+
+
+def measure_eager(fn, device, *, warmup_ms: float = 10, rep_ms: float = 50, min_samples: int = 5) -> Timing:
+    """Eager latency: wall ms per call of ``fn`` called back to back, host and GPU together, each
+    sample a round of calls between two synchronizations (``fn`` has run once: compiled, tuned)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("measure_eager times CUDA calls; on a CPU measure's cpu-wall clock is the eager latency")
+
+    def one_round(calls):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) * 1e3 / calls
+
+    with torch.cuda.device(device):
+        per_call = one_round(1)
+        calls = _round_calls(per_call)
+        begin = time.perf_counter()
+        while (time.perf_counter() - begin) * 1e3 < warmup_ms:
+            one_round(calls)
+        samples, begin = [], time.perf_counter()
+        while len(samples) < min_samples or (time.perf_counter() - begin) * 1e3 < rep_ms:
+            samples.append(one_round(calls))
+    return summarize(samples, "eager-wall")
+
+
+def measure_host(fn, device, *, rep_ms: float = 50, min_samples: int = 5) -> Timing:
+    """Host ms to issue one call of ``fn``: rounds of calls submitted while the GPU sleeps (longer
+    than the round's host time), so that no launch waits for the GPU. A call that synchronizes
+    inside (an ``.item()``) waits out the sleep, and reads as slow as it is for a user."""
+    from ..kernels.gpu_time import SLEEP_CYCLES_PER_US
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("measure_host times CUDA calls")
+
+    def one_round(calls, sleep_us):
+        torch.cuda.synchronize(device)
+        torch.cuda._sleep(int(sleep_us * SLEEP_CYCLES_PER_US))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize(device)
+        return elapsed / calls
+
+    with torch.cuda.device(device):
+        per_call = one_round(1, 1000)
+        calls = _round_calls(per_call)
+        sleep_us = 2e3 * per_call * calls + 50
+        samples, begin = [], time.perf_counter()
+        while len(samples) < min_samples or (time.perf_counter() - begin) * 1e3 < rep_ms:
+            samples.append(one_round(calls, sleep_us))
+    return summarize(samples, "host")
 
 
 def _cpu_samples(fn, start, warmup_ms, rep_ms, min_samples, budget_s, max_samples):

@@ -167,6 +167,41 @@ def _decode():
     return cases
 
 
+RANDOM_SEED = 20261127
+RANDOM_COUNT = 128
+RANDOM_HEAD_DIMS = (32, 40, 48, 64, 64, 72, 80, 96, 112, 128, 128, 160, 192, 256)
+RANDOM_MAX_TENSOR_BYTES = 256 << 20  # per q, k or v: the whole set fits an H100 with its peers and oracles
+
+
+def _random(seed=RANDOM_SEED, count=RANDOM_COUNT):
+    """Shapes drawn by a seed, not chosen: a kernel tuned to a fixed sweep loses elsewhere. Thirds of
+    decode (Nq 1-16 against Nk up to 16K), self-attention (Nq = Nk) and cross lengths (Nq != Nk, both
+    log-uniform in 1..16K); Hkv 1-16 and GQA groups 1-8; head dims 32-256 with non-powers of two;
+    no mask, top-left or bottom-right causal; bf16 and fp16; the batch log-uniform in 1..64, cut so
+    that no tensor passes RANDOM_MAX_TENSOR_BYTES."""
+    import random
+
+    rng = random.Random(seed)
+
+    def log_uniform(low, high):
+        return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+
+    cases = []
+    for i in range(count):
+        kind = ("decode", "self", "cross")[i % 3]
+        n_k = log_uniform(64 if kind == "decode" else 1, 16384)
+        n_q = {"decode": rng.randint(1, 16), "self": n_k, "cross": log_uniform(1, 16384)}[kind]
+        heads_kv = rng.choice((1, 2, 4, 8, 16))
+        heads_q = heads_kv * rng.choice((1, 1, 2, 4, 8))
+        head_dim = rng.choice(RANDOM_HEAD_DIMS)
+        causal = rng.choice((None, "top_left", "bottom_right"))
+        dtype = rng.choice(("bfloat16", "float16"))
+        per_sample = 2 * head_dim * max(heads_q * n_q, heads_kv * n_k)
+        batch = max(1, min(log_uniform(1, 64), RANDOM_MAX_TENSOR_BYTES // per_sample))
+        cases.append(FlashCase(batch, heads_q, heads_kv, n_q, n_k, head_dim, causal, dtype))
+    return cases
+
+
 CASE_SETS = {
     "tiny": lambda: _shapes(TINY_SHAPES, ("float32", "float16")),
     "gpu": lambda: _shapes(GPU_SHAPES, ("bfloat16", "float16")),
@@ -174,6 +209,7 @@ CASE_SETS = {
     "sweep": _sweep,
     "decode": _decode,
     "odd": lambda: [FlashCase(*row, dtype=dt) for dt, rows in ODD_SHAPES.items() for row in rows],
+    "random": _random,
 }
 
 
