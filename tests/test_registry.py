@@ -77,7 +77,7 @@ def test_variant_default_is_available_everywhere():
 # ---------------------------------------------------------------- case sets
 
 # ids are spelled out so that no test id reads as a marker name
-@pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "sweep", "decode"], ids=lambda s: f"set_{s}")
+@pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "sweep", "decode", "random"], ids=lambda s: f"set_{s}")
 def test_case_sets_non_empty_with_unique_labels(flash, set_name):
     cases = flash.cases(set_name)
     assert cases
@@ -87,7 +87,7 @@ def test_case_sets_non_empty_with_unique_labels(flash, set_name):
 
 
 def test_case_sets_match_declared(flash):
-    assert set(flash.case_sets) == {"tiny", "gpu", "anchor", "sweep", "decode", "odd"}
+    assert set(flash.case_sets) == {"tiny", "gpu", "anchor", "sweep", "decode", "odd", "random"}
 
 
 def test_unknown_case_set_raises(flash):
