@@ -11,7 +11,7 @@ LABELS = ["B4 H16 N2048 D64 bf16", "B4 H16 N4096 D64 causal bf16", "B2 H16 N4096
           "B2 H8 N2048 D64 bf16"]  # jvp_attention's "anchor" set
 VARIANTS = ["reference", "split", "triton", "triton_fused", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
             "flex", "jvp_flash"]
-MODES = ["fwd_jvp", "hvp_fwd_rev", "hvp_rev_rev", "vjp_of_jvp"]
+MODES = ["fwd_jvp", "hvp_fwd_rev", "hvp_rev_rev", "vjp_of_jvp", "hvp_func"]
 RATIO_PEERS = ["sdpa_math", "jvp_flash"]
 
 @measurement(OP)

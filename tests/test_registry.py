@@ -87,7 +87,7 @@ def test_case_sets_non_empty_with_unique_labels(flash, set_name):
 
 
 def test_case_sets_match_declared(flash):
-    assert set(flash.case_sets) == {"tiny", "gpu", "anchor", "sweep", "decode", "odd", "random"}
+    assert set(flash.case_sets) == {"tiny", "gpu", "anchor", "sweep", "decode", "odd", "random", "host"}
 
 
 def test_unknown_case_set_raises(flash):

@@ -17,9 +17,10 @@ import torch.autograd.forward_ad as fwAD
 from torch._C._functorch import TransformType
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
+from ..kernels import interpreting
 from ..kernels.precision import lse_dtype
 from .autograd import Attention, AttentionBackward, AttentionBackwardJvp, AttentionWithTangent, matched
-from .ops import _check_device, attention_fwd_jvp_op, unavailable_reason, unsupported_on_cuda
+from .ops import _check_device, attention_fwd, attention_fwd_jvp, unavailable_reason, unsupported_on_cuda
 from .spec import check_like, check_qkv
 
 __all__ = ["attention_bwd_jvp", "attention_jvp", "flash_attention", "flash_bwd", "flash_fwd", "unavailable_reason",
@@ -79,18 +80,25 @@ def _only_forward_transforms(*tensors):
 def _attention_dual(q, k, v, tangents, scale, offset):
     q, k, v = (fwAD.unpack_dual(t).primal for t in (q, k, v))
     if _only_forward_transforms(q, k, v, *tangents):
-        # no reverse mode can reach this call: the op alone, without the Function around it, whose
+        # no reverse mode can reach this call: the kernel alone, without the Function around it, whose
         # trip through functorch (custom_function_call) costs host time on every call
         # (docs/measurements/jvp_attention.md)
-        o, lse, o_t, lse_t = attention_fwd_jvp_op(q, k, v, *tangents, scale, offset)
+        o, lse, o_t, lse_t = attention_fwd_jvp(q, k, v, *tangents, scale, offset)
     else:
         o, lse, o_t, lse_t = _attention_with_tangent(q, k, v, *tangents, scale, offset)
     return fwAD.make_dual(o, o_t), fwAD.make_dual(lse, lse_t)
 
 
 def _forward(q, k, v, scale, offset):
-    if not torch.compiler.is_compiling() and (tangents := _forward_mode_only_tangents(q, k, v)) is not None:
-        return _attention_dual(q, k, v, tangents, scale, offset)
+    if not torch.compiler.is_compiling():
+        if fwAD._current_level >= 0:
+            if (tangents := _forward_mode_only_tangents(q, k, v)) is not None:
+                return _attention_dual(q, k, v, tangents, scale, offset)
+        elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) \
+                and not torch._C._are_functorch_transforms_active():
+            # no derivative can be asked of this call (no grad, no tangent, no transform): the
+            # kernel alone, without the Function and its autograd node
+            return attention_fwd(q, k, v, scale, offset)
     return _attention(q, k, v, scale, offset)
 
 
@@ -104,9 +112,27 @@ def _attention_backward_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, t
     return AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset)
 
 
+_CHECKED = {}  # call signature -> (scale, offset): see _checked
+MAX_REMEMBERED = 4096  # signatures; past this the memo starts over (a sweep of shapes, not a loop of calls)
+
+
 def _checked(q, k, v, scale, causal):
+    """(softmax scale, causal offset) of a call, after every check. The checks read only shapes,
+    dtypes, devices and the two arguments, so a signature that passed once (a training or decode
+    loop repeats one) is not checked again: host time is what a small call pays for."""
+    key = None
+    if type(q) is type(k) is type(v) is torch.Tensor and not torch.compiler.is_compiling() \
+            and isinstance(causal, (type(None), bool, str)) and isinstance(scale, (type(None), float, int)):
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+               type(scale), scale, causal, interpreting())
+        if (known := _CHECKED.get(key)) is not None:
+            return known
     scale, offset = check_qkv(q, k, v, scale=scale, causal=causal)
     _check_device(q)
+    if key is not None:
+        if len(_CHECKED) >= MAX_REMEMBERED:
+            _CHECKED.clear()
+        _CHECKED[key] = scale, offset
     return scale, offset
 
 

@@ -20,9 +20,22 @@ import inspect
 
 import torch
 from torch.autograd import Function
+from torch._functorch.utils import unwrap_dead_wrappers
 from torch.autograd.graph import get_gradient_edge
 
-from .ops import attention_bwd_jvp_op, attention_bwd_op, attention_fwd_jvp_op, attention_fwd_op, attention_jvp_op
+from .ops import attention_bwd, attention_bwd_jvp, attention_fwd, attention_fwd_jvp, attention_jvp
+
+class DirectApply(Function):
+    """A Function whose ``apply`` skips what Function.apply spends on every call outside torch.func
+    (binding the arguments to ``forward``'s signature, defaults included): every caller here passes
+    all arguments positionally. Under functorch transforms it is Function.apply."""
+
+    @classmethod
+    def apply(cls, *args):
+        if torch._C._are_functorch_transforms_active():
+            return super().apply(*args)
+        return super(Function, cls).apply(*unwrap_dead_wrappers(args))
+
 
 def matched(*tangents, like):
     """Tangents in their primals' dtypes: forward AD accepts a float64 tangent on a float32 primal,
@@ -34,14 +47,14 @@ THIRD_ORDER = ("third-order derivatives of attention are not supported: the Trit
                "its backward, forward-mode tangents and every second-order composition of them")
 
 
-class Attention(Function):
+class Attention(DirectApply):
     """(q, k, v) -> (o, lse)."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v, scale, offset):
-        return attention_fwd_op(q, k, v, scale, offset)
+        return attention_fwd(q, k, v, scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -66,14 +79,14 @@ class Attention(Function):
         return AttentionJvp.apply(q, k, v, o, lse, *matched(tq, tk, tv, like=(q, k, v)), ctx.scale, ctx.offset)
 
 
-class AttentionJvp(Function):
+class AttentionJvp(DirectApply):
     """(q, k, v, o, lse, q_t, k_t, v_t) -> (o_t, lse_t), given the forward's o and lse at (q, k, v)."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v, o, lse, tq, tk, tv, scale, offset):
-        return attention_jvp_op(q, k, v, o, lse, tq, tk, tv, scale, offset)
+        return attention_jvp(q, k, v, o, lse, tq, tk, tv, scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -120,14 +133,14 @@ def _tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_o, c_lse, x_nee
     return (*_only_needed(gx, x_needs), *_only_needed(gt, t_needs))
 
 
-class AttentionWithTangent(Function):
+class AttentionWithTangent(DirectApply):
     """(q, k, v, q_t, k_t, v_t) -> (o, lse, o_t, lse_t) in one fused kernel: the manual forward-mode API."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v, tq, tk, tv, scale, offset):
-        return attention_fwd_jvp_op(q, k, v, tq, tk, tv, scale, offset)
+        return attention_fwd_jvp(q, k, v, tq, tk, tv, scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -159,7 +172,7 @@ class AttentionWithTangent(Function):
                                   "use torch.func.jvp(torch.func.grad(f)) for second derivatives")
 
 
-class AttentionBackward(Function):
+class AttentionBackward(DirectApply):
     """(q, k, v, o, lse, dO, dLSE) -> (dq, dk, dv), given the forward's o and lse at (q, k, v):
     its derivatives are those of x -> B(x, f(x), dO, dLSE), o and lse counting as the forward's
     outputs (their gradient goes to x). ``reuse_forward_tangents``: o and lse come from Attention
@@ -171,7 +184,7 @@ class AttentionBackward(Function):
 
     @staticmethod
     def forward(q, k, v, o, lse, do, dlse, scale, offset, reuse_forward_tangents):
-        return attention_bwd_op(q, k, v, o, lse, do, dlse, scale, offset)
+        return attention_bwd(q, k, v, o, lse, do, dlse, scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -212,7 +225,7 @@ class AttentionBackward(Function):
         return (*gx, None, None, o_t if needs[5] else None, lse_t if needs[6] else None, None, None, None)
 
 
-class AttentionBackwardJvp(Function):
+class AttentionBackwardJvp(DirectApply):
     """Kernel 3: the tangent of (dq, dk, dv) = B(x, dO, dLSE) along (x_t, dO_t, dLSE_t); o_t and
     lse_t, when given, are the forward's tangents along x_t (else computed here)."""
 
@@ -220,7 +233,7 @@ class AttentionBackwardJvp(Function):
 
     @staticmethod
     def forward(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset):
-        return attention_bwd_jvp_op(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset)
+        return attention_bwd_jvp(q, k, v, o, lse, do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse, scale, offset)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

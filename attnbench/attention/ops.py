@@ -10,7 +10,6 @@ Each custom op (``attnbench::attention_*``) has a fake (meta) implementation and
 folds the mapped dimension into the batch. Ops keep every launch opaque to torch.compile:
 Inductor never re-types our kernels' arguments, and our autotuner stays ours.
 """
-import contextlib
 from typing import Optional
 
 import torch
@@ -22,7 +21,8 @@ from ..kernels.attention.attention_bwd_jvp import attention_bwd_jvp_launch
 from ..kernels.attention.attention_jvp import attention_jvp_launch
 from ..kernels.attention.flash_bwd import flash_bwd_launch
 from ..kernels.attention.flash_fwd import flash_fwd_launch
-from ..kernels.offsets import slice_needs_copy
+from ..kernels.launch import on_device
+from ..kernels.offsets import INT32_MAX, slice_needs_copy
 from ..kernels.precision import lse_dtype
 from ..kernels.attention.row_dot import row_dot_launch
 
@@ -47,9 +47,11 @@ def _unit_stride(t):
     """The kernels take any batch/head/sequence strides but need a contiguous head dimension, and
     offsets inside one head (row * row stride) small enough for int32 address arithmetic: a
     [B, N, H, D] view of a long sequence is copied to [B, H, N, D] rather than overflowing."""
-    if t is None or not slice_needs_copy(t, "seqlen x head_dim", "head", unit_last=True):
+    if t is None:
         return t
-    return t.contiguous()
+    if t.stride(3) == 1 and (t.shape[2] - 1) * abs(t.stride(2)) + t.shape[3] - 1 <= INT32_MAX:
+        return t  # the usual case, decided without the general rule's work
+    return t.contiguous() if slice_needs_copy(t, "seqlen x head_dim", "head", unit_last=True) else t
 
 
 def interpreter_upcasts(dtype) -> bool:
@@ -71,13 +73,12 @@ def _launch(launcher, *args):
         parts = [_launch(launcher, *(a[b0:b0 + MAX_GRID_BATCH] if isinstance(a, Tensor) else a for a in args))
                  for b0 in range(0, batch, MAX_GRID_BATCH)]
         return tuple(None if outs[0] is None else torch.cat(outs) for outs in zip(*parts))
-    tensors = [a for a in args if isinstance(a, Tensor)]
-    device = tensors[0].device
-    upcast = interpreter_upcasts(tensors[0].dtype)
+    first = next(a for a in args if isinstance(a, Tensor))
+    upcast = interpreter_upcasts(first.dtype)
     args = [_unit_stride(a) if isinstance(a, Tensor) and a.dim() == 4 else a for a in args]
     if upcast:
         args = [a.float() if isinstance(a, Tensor) else a for a in args]
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+    with on_device(first):
         out = launcher(*args)
     if upcast:
         out = tuple(t.to(torch.bfloat16) if t is not None and t.dim() == 4 else t for t in out)
@@ -117,9 +118,11 @@ def _rows_like(q):
     return _like(q, q.shape[:3], lse_dtype(q.dtype))
 
 
-@torch.library.custom_op("attnbench::attention_fwd", mutates_args=())
-def attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor]:
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor]:
     return _launch(flash_fwd_launch, q, k, v, scale, offset)
+
+
+attention_fwd_op = torch.library.custom_op("attnbench::attention_fwd", _attention_fwd, mutates_args=())
 
 
 @attention_fwd_op.register_fake
@@ -127,10 +130,12 @@ def _(q, k, v, scale, offset):
     return _like(q), _rows_like(q)
 
 
-@torch.library.custom_op("attnbench::attention_fwd_jvp", mutates_args=())
-def attention_fwd_jvp_op(q: Tensor, k: Tensor, v: Tensor, tq: Optional[Tensor], tk: Optional[Tensor],
-                         tv: Optional[Tensor], scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _attention_fwd_jvp(q: Tensor, k: Tensor, v: Tensor, tq: Optional[Tensor], tk: Optional[Tensor],
+                       tv: Optional[Tensor], scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _launch(attention_jvp_launch, q, k, v, tq, tk, tv, scale, offset)
+
+
+attention_fwd_jvp_op = torch.library.custom_op("attnbench::attention_fwd_jvp", _attention_fwd_jvp, mutates_args=())
 
 
 @attention_fwd_jvp_op.register_fake
@@ -138,13 +143,15 @@ def _(q, k, v, tq, tk, tv, scale, offset):
     return _like(q), _rows_like(q), _like(q), _rows_like(q)
 
 
-@torch.library.custom_op("attnbench::attention_jvp", mutates_args=())
-def attention_jvp_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, tq: Optional[Tensor],
-                     tk: Optional[Tensor], tv: Optional[Tensor], scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor]:
+def _attention_jvp(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, tq: Optional[Tensor],
+                   tk: Optional[Tensor], tv: Optional[Tensor], scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor]:
     if tq is None and tk is None and tv is None:
         return torch.zeros_like(o), torch.zeros_like(lse)
     return _launch(lambda q, k, v, o, lse, tq, tk, tv, s, off: attention_jvp_launch(q, k, v, tq, tk, tv, s, off, o, lse),
                    q, k, v, o, lse.contiguous(), tq, tk, tv, scale, offset)
+
+
+attention_jvp_op = torch.library.custom_op("attnbench::attention_jvp", _attention_jvp, mutates_args=())
 
 
 @attention_jvp_op.register_fake
@@ -152,11 +159,13 @@ def _(q, k, v, o, lse, tq, tk, tv, scale, offset):
     return _like(q), _rows_like(q)
 
 
-@torch.library.custom_op("attnbench::attention_bwd", mutates_args=())
-def attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
-                     scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
+                   scale: float, offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
     return _launch(lambda q, k, v, o, lse, do, dlse, s, off: flash_bwd_launch(do, q, k, v, o, lse, s, off, dlse),
                    q, k, v, o, lse.contiguous(), do, dlse, scale, offset)
+
+
+attention_bwd_op = torch.library.custom_op("attnbench::attention_bwd", _attention_bwd, mutates_args=())
 
 
 @attention_bwd_op.register_fake
@@ -164,13 +173,15 @@ def _(q, k, v, o, lse, do, dlse, scale, offset):
     return _like(q), _like(k), _like(v)
 
 
-@torch.library.custom_op("attnbench::attention_bwd_jvp", mutates_args=())
-def attention_bwd_jvp_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
-                         tq: Optional[Tensor], tk: Optional[Tensor], tv: Optional[Tensor], o_t: Optional[Tensor],
-                         lse_t: Optional[Tensor], tdo: Optional[Tensor], tdlse: Optional[Tensor], scale: float,
-                         offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_bwd_jvp(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
+                       tq: Optional[Tensor], tk: Optional[Tensor], tv: Optional[Tensor], o_t: Optional[Tensor],
+                       lse_t: Optional[Tensor], tdo: Optional[Tensor], tdlse: Optional[Tensor], scale: float,
+                       offset: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
     return _launch(_bwd_jvp_launch, q, k, v, o, lse.contiguous(), do, dlse, tq, tk, tv, o_t, lse_t, tdo, tdlse,
                    scale, offset)
+
+
+attention_bwd_jvp_op = torch.library.custom_op("attnbench::attention_bwd_jvp", _attention_bwd_jvp, mutates_args=())
 
 
 @attention_bwd_jvp_op.register_fake
@@ -199,3 +210,30 @@ def _vmap_rule(op, n_tensors):
 for _op, _n in ((attention_fwd_op, 3), (attention_fwd_jvp_op, 6), (attention_jvp_op, 8), (attention_bwd_op, 7),
                 (attention_bwd_jvp_op, 14)):
     torch.library.register_vmap(_op, _vmap_rule(_op, _n))
+
+
+def _plain(args) -> bool:
+    """Whether a launch may take ``args`` as they are: no torch.func transform, no dispatch mode
+    (torch.compile's fake tensors and tracing), only plain tensors. Then the launch runs without the
+    custom op's dispatch, which costs host time on every eager call; otherwise the op handles them."""
+    if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack():
+        return False
+    wrapped, legacy = torch._C._functorch.is_functorch_wrapped_tensor, torch._C._functorch.is_legacy_batchedtensor
+    # legacy batched tensors (gradcheck's batched gradients) have no storage and no transform on the stack
+    return all(type(a) is Tensor and not wrapped(a) and not legacy(a) for a in args if isinstance(a, Tensor))
+
+
+def _eager_or_op(body, op):
+    def call(*args):
+        return body(*args) if _plain(args) else op(*args)
+
+    call.__name__ = body.__name__.lstrip("_")
+    return call
+
+
+# What the Functions call: the launch itself on plain eager tensors, the custom op anywhere else.
+attention_fwd = _eager_or_op(_attention_fwd, attention_fwd_op)
+attention_fwd_jvp = _eager_or_op(_attention_fwd_jvp, attention_fwd_jvp_op)
+attention_jvp = _eager_or_op(_attention_jvp, attention_jvp_op)
+attention_bwd = _eager_or_op(_attention_bwd, attention_bwd_op)
+attention_bwd_jvp = _eager_or_op(_attention_bwd_jvp, attention_bwd_jvp_op)

@@ -167,6 +167,9 @@ def _decode():
     return cases
 
 
+# Host-bound shapes: what a Python caller pays per call when the kernels take microseconds (the eager
+# clock; bench --host-time), the tiny one and a small batch.
+HOST_SHAPES = [(1, 2, 2, 128, 128, 64, None), (8, 16, 16, 512, 512, 64, None)]
 RANDOM_SEED = 20261127
 RANDOM_COUNT = 128
 RANDOM_HEAD_DIMS = (32, 40, 48, 64, 64, 72, 80, 96, 112, 128, 128, 160, 192, 256)
@@ -210,6 +213,7 @@ CASE_SETS = {
     "decode": _decode,
     "odd": lambda: [FlashCase(*row, dtype=dt) for dt, rows in ODD_SHAPES.items() for row in rows],
     "random": _random,
+    "host": lambda: _shapes(HOST_SHAPES, ("bfloat16",)),
 }
 
 

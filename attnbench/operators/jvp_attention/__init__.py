@@ -3,8 +3,9 @@
 Modes (routes.py): ``fwd_jvp`` -> (o, lse, o_t, lse_t), the forward and its tangent;
 ``hvp_fwd_rev`` and ``hvp_rev_rev`` -> (hq, hk, hv), the Hessian of <dO, O> along a tangent by
 forward-over-reverse (torch.func.jvp of torch.func.grad) and by reverse-over-reverse
-(autograd.grad twice); ``vjp_of_jvp`` -> the gradient of a tangent output in (q, k, v) and in the
-tangent (gq, gk, gv, gtq, gtk, gtv).
+(autograd.grad twice), and ``hvp_func`` the same as a torch.func user writes it
+(torch.func.jvp(torch.func.grad(...))); ``vjp_of_jvp`` -> the gradient of a tangent output in
+(q, k, v) and in the tangent (gq, gk, gv, gtq, gtk, gtv).
 
 Variants: ``reference`` (eager math, PyTorch's AD), ``split`` (explicit formulas, no autograd),
 ``triton`` (flash_attention through the same AD routes as the reference and the peers: what a user
@@ -23,11 +24,12 @@ from collections.abc import Mapping
 import torch
 
 from ...bench.registry import Operator, Unsupported, Variant, register
-from ..flash import ODD_SHAPES, FlashCase, _shapes
+from ..flash import HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
 from . import peers, reference, routes, split
 
-FLOP_FACTOR = {"fwd_jvp": 3.0, "hvp_fwd_rev": 8.5, "hvp_rev_rev": 8.5, "vjp_of_jvp": 8.5}
+FLOP_FACTOR = {"fwd_jvp": 3.0, "hvp_fwd_rev": 8.5, "hvp_rev_rev": 8.5, "hvp_func": 8.5, "vjp_of_jvp": 8.5}
+HVP_MODES = ("hvp_fwd_rev", "hvp_rev_rev", "hvp_func")
 
 # Tiny shapes for the CPU gate: lengths off the interpreter's 16-blocks, Nq != Nk both ways, GQA
 # and MQA, a head dim that is not a power of two, both causal alignments, rows that see no key.
@@ -67,6 +69,8 @@ CASE_SETS = {
     # compute-sanitizer's set (scripts/gpu_gate.sh): the JVP and backward-JVP kernels on flash's odd fp16 shapes
     # (lengths off every block, GQA, head dims in one and two column blocks and masked ones, D 256)
     "odd": lambda: _shapes(ODD_SHAPES["float16"], ("float16",)),
+    # flash's host-bound shapes and the fwd+JVP / HVP targets' B2 H8 N2048 D64, for the eager clock
+    "host": lambda: _shapes(HOST_SHAPES + [ANCHOR_SHAPES[3]], ("bfloat16",)),
 }
 
 
@@ -138,7 +142,7 @@ def split_prepare(case, x, mode):
     s, off = case.softmax_scale, case.causal_offset
     if mode == "fwd_jvp":
         return lambda: dict(zip(routes.OUTPUTS[mode], split.attention_jvp(q, k, v, tq, tk, tv, s, off)))
-    if mode in ("hvp_fwd_rev", "hvp_rev_rev"):
+    if mode in HVP_MODES:
         return lambda: dict(zip(routes.OUTPUTS[mode], split.hvp(do, q, k, v, tq, tk, tv, s, off)))
     return lambda: dict(zip(routes.OUTPUTS[mode], split.vjp_of_jvp(do, q, k, v, tq, tk, tv, s, off)))
 
@@ -158,7 +162,7 @@ def triton_fused_prepare(case, x, mode):
     kw = dict(scale=case.softmax_scale, causal=case.causal)
     if mode == "fwd_jvp":
         return lambda: dict(zip(routes.OUTPUTS[mode], attention_jvp(q, k, v, tq, tk, tv, **kw)))
-    if mode in ("hvp_fwd_rev", "hvp_rev_rev"):
+    if mode in HVP_MODES:
         def hvp():
             o, lse = flash_fwd(q, k, v, **kw)
             return dict(zip(routes.OUTPUTS[mode], attention_bwd_jvp(do, q, k, v, o, lse, tq, tk, tv, **kw)))
@@ -213,6 +217,7 @@ class JvpAttentionOperator(Operator):
             "fwd_jvp": 2 * q_like + 4 * kv_like + 2 * q_like + 2 * rows,  # read x, x_t; write o, o_t, lse, lse_t
             "hvp_fwd_rev": 3 * q_like + 4 * kv_like + q_like + 2 * kv_like,  # read x, dO, u; write H u
             "hvp_rev_rev": 3 * q_like + 4 * kv_like + q_like + 2 * kv_like,
+            "hvp_func": 3 * q_like + 4 * kv_like + q_like + 2 * kv_like,
             "vjp_of_jvp": 3 * q_like + 4 * kv_like + 2 * q_like + 4 * kv_like,  # read x, x_t, c; write 6 grads
         }[mode]
 

@@ -9,12 +9,12 @@ With f(q, k, v) -> o, inputs x = (q, k, v), a tangent u = (tq, tk, tv) and a cot
                    create_graph, and its tangent                                       -> H u
 - ``hvp_rev_rev``  reverse-over-reverse: autograd.grad(create_graph=True), then grad along u -> H u
 - ``vjp_of_jvp``   the gradient of a tangent output: torch.func.vjp of (x, u) -> o_t with cotangent dO
+- ``hvp_func``     forward-over-reverse the torch.func way: torch.func.jvp(torch.func.grad(<dO, f>))
 
-H is the Hessian of <dO, f(x)>, so both HVP routes compute the same (hq, hk, hv). Both run on
-PyTorch's core autograd, like for like; torch.func.jvp(torch.func.grad(...)) computes the same
-forward-over-reverse (tests/test_jvp_attention_interpreter.py checks it) but functorch's dispatch of
-custom autograd Functions costs several ms of host time per call (measured on the H200's host:
-9.5 ms for 0.65 ms of kernels at B2 H8 N2048 D64), which would time PyTorch, not the kernels.
+H is the Hessian of <dO, f(x)>, so the three HVP routes compute the same (hq, hk, hv). The first two
+run on PyTorch's core autograd, like for like; ``hvp_func`` is what a torch.func user writes, and
+functorch's dispatch of custom autograd Functions costs host time on every call, which its eager
+latency shows (its GPU time does not).
 """
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -29,6 +29,7 @@ OUTPUTS = {
     "hvp_fwd_rev": ("hq", "hk", "hv"),
     "hvp_rev_rev": ("hq", "hk", "hv"),
     "vjp_of_jvp": ("gq", "gk", "gv", "gtq", "gtk", "gtv"),
+    "hvp_func": ("hq", "hk", "hv"),
 }
 MODES = tuple(OUTPUTS)
 
@@ -72,7 +73,17 @@ def vjp_of_jvp(f, x):
     return dict(zip(OUTPUTS["vjp_of_jvp"], pullback(x["do"])))
 
 
-ROUTES = {"fwd_jvp": fwd_jvp, "hvp_fwd_rev": hvp_fwd_rev, "hvp_rev_rev": hvp_rev_rev, "vjp_of_jvp": vjp_of_jvp}
+def hvp_func(f, x):
+    def loss(q, k, v):
+        return (_output(f(q, k, v)) * x["do"]).sum()
+
+    primals, tangents = tuple(x[n] for n in ("q", "k", "v")), tuple(x[n] for n in ("tq", "tk", "tv"))
+    _, hvp = tf.jvp(tf.grad(loss, argnums=(0, 1, 2)), primals, tangents)
+    return dict(zip(OUTPUTS["hvp_func"], hvp))
+
+
+ROUTES = {"fwd_jvp": fwd_jvp, "hvp_fwd_rev": hvp_fwd_rev, "hvp_rev_rev": hvp_rev_rev, "vjp_of_jvp": vjp_of_jvp,
+          "hvp_func": hvp_func}
 
 
 def run(mode, f, x):
