@@ -521,9 +521,10 @@ def build_parser():
         p.add_argument("--op", action="append", help="operator (repeatable; default: all)")
         p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
         if cases:
-            p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, decode (flash), tabpfn "
-                                           "(shared_context) (default: tiny on CPU; on CUDA check: gpu, bench and "
-                                           "run: anchor)")
+            p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, odd (odd shapes, every operator), "
+                                           "decode, random, host (flash; random and host for jvp_attention too), "
+                                           "tabpfn (shared_context) (default: tiny on CPU; on CUDA check: gpu, bench "
+                                           "and run: anchor)")
             p.add_argument("--match", type=label_pattern, metavar="REGEX",
                            help="only the cases whose label matches (re.search), e.g. ' D(64|96) '")
             p.add_argument("--variant", action="append",
@@ -547,7 +548,8 @@ def build_parser():
     common(sub.add_parser("bench", help="time variants: latency, TF/s, GB/s, %% of roofline, speedup, error"),
            cases=True, timing=True)
     common(sub.add_parser("run", help="check, then bench: the main job"), cases=True, timing=True)
-    common(sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings and an empty launch's cost"))
+    cal = sub.add_parser("calibrate", help="measure this GPU's matmul and copy ceilings and an empty launch's cost")
+    cal.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
     cap = sub.add_parser("capabilities", help="which attention implementation differentiates which way, and "
                                               "correctly (verified / wrong / error per mode)")
     cap.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")

@@ -188,7 +188,7 @@ class GatherRows:
     float64 (repeated terms summed once, exactly rounded), so that out = in @ matrix is one GEMM, and
     ``matrix32`` the same rounded to fp32 (for fp32 and 16-bit inputs: no cast a call); else both None. ``splits``,
     for the gram table with a matrix form, maps bf16 and fp16 to mul's bilinear-route coefficients (matrix32
-    = scale (hi + lo): ``kernels.sparse_bilinear.coefficient_splits``, which leaves out a dtype whose split would
+    = scale (hi + lo): ``kernels.sparse.bilinear.coefficient_splits``, which leaves out a dtype whose split would
     lose precision), made once here rather than on every call."""
 
     bounds: Tensor

@@ -113,7 +113,7 @@ def fold_route(enabled: bool):
 
 
 def fold_split_matmul(enabled: bool):
-    """Within the block, the fold route's 16-bit products run on attnbench/kernels/sparse/split_matmul.py (both halves of the fp32
+    """Within the block, the fold route's 16-bit products run on split_matmul.py (both halves of the fp32
     fold in one program) where the fold has at most ``SPLIT_MATMUL["max_entries"]`` entries (the default), or
     always as two cuBLAS GEMMs with fp32 outputs."""
     return _switched(SPLIT_MATMUL, enabled)

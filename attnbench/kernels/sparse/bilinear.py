@@ -35,7 +35,7 @@ at most MAX_HELD rows, the route's limit; A's rows P_out span several programs p
 
 Non-finite inputs: every x row and held y row meets its whole coefficient block, zeros included, so an inf or NaN in
 one entry (n, i, c) makes NaN of the outputs of its column (n, c) that the block reaches (0 x inf), where the segment
-kernel keeps it to the outputs whose terms read it; as on the dense route (sparse_dense.py), a non-finite entry an
+kernel keeps it to the outputs whose terms read it; as on the dense route (dense.py), a non-finite entry an
 output reads never yields a finite value.
 """
 import torch

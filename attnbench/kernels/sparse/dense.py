@@ -41,7 +41,7 @@ __all__ = ["DENSE_OPS", "dense_product_launch", "gather_rows_launch", "gather_ro
 
 # the ops of the dense route, and the info table each reads
 DENSE_OPS = {"vecsca": "pairs1", "scavec": "pairs2", "inner": "gram"}
-# Both steps in one program (sparse_fused_dense.py) where the table has its matrix form and the sparse sizes are
+# Both steps in one program (fused_dense.py) where the table has its matrix form and the sparse sizes are
 # small; tests turn it off to check the two-launch route on the same cases.
 FUSED = {"enabled": True}
 

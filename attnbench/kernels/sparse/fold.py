@@ -24,7 +24,7 @@ Precision: fp32 and fp64 in their own precision (TF32 off); 16-bit inputs agains
 16-bit parts (hi + lo; fp16 after a power-of-two scale: ``split_matmul.split_fp32``), both products with fp32 outputs
 (``torch.mm(..., out_dtype=torch.float32)``) summed before the one rounding to the output dtype, as the dense route of
 vecsca does with its M; where the fold is small enough (``SPLIT_MATMUL``), both halves accumulated in one Triton
-program instead (attnbench/kernels/sparse/split_matmul.py).
+program instead (split_matmul.py).
 """
 import torch
 
@@ -34,7 +34,7 @@ from .split_matmul import split_fp32, split_matmul
 
 __all__ = ["FOLD_OPS", "SPLIT_MATMUL", "fold_outer_sum_launch", "fold_product_launch", "folded_entries"]
 
-# 16-bit inputs against the fp32 fold on attnbench/kernels/sparse/split_matmul.py (both halves in one program, one rounding) where the
+# 16-bit inputs against the fp32 fold on split_matmul.py (both halves in one program, one rounding) where the
 # fold has at most max_entries entries, else two cuBLAS GEMMs with fp32 outputs, their sum and a cast. The kernel's
 # products are slower than cuBLAS's, so it wins only where the pair's fp32 passes cost more than that gap: the FC layer
 # gains on folds within max_entries and about ties or loses on wider ones, in forward, backward and double backward

@@ -1,6 +1,6 @@
 """The dense route's two steps in one program where the sparse sizes are small: vecsca, scavec and inner.
 
-sparse_dense.py runs the route as two launches with the per-sample matrices in memory between them: M for vecsca
+dense.py runs the route as two launches with the per-sample matrices in memory between them: M for vecsca
 and scavec (M[n, o, i] = sum s S[n, k], then z[n] = M[n] @ V[n]), the Gram matrices for inner (G[n] = x[n] @ y[n]^T,
 then z[n, o] = sum s G[n, i1, i2]). M is fp32 and as wide as the output's rows times the vectors' rows: at
 Clebsch-Gordan L 3 and N 1e6 it is 1 GB written and read again, as much as x, y and z of a bf16 C 32 forward

@@ -4,7 +4,7 @@
 
 is ``outer`` with ``out_accumulated`` and both inputs batched. The FC layer's shared weight (vecmat with a shared
 y) has it as its gradient, in the backward and again in the double backward. The segment kernel
-(``sparse_segment.py``) sums it on CUDA cores, a broadcast multiply per (batch item, term): the layer's backward
+(``segment.py``) sums it on CUDA cores, a broadcast multiply per (batch item, term): the layer's backward
 then takes many times its forward, no faster than split-PyTorch at C 128. Per term it is a [C1, N] x [N, C2] matrix
 product with the batch as the contraction dim, so here it is ``tl.dot``, which makes the layer's backward many times
 faster than the segment kernel's in fp32 and in bf16 (docs/measurements/sparse.md).

@@ -5,9 +5,9 @@
               t = gather_index[k] (k without it), s = scale (1 without it)
 
 Both are memory-bound gathers (1-20 FLOP per byte), so the layout is chosen for bandwidth. (vecsca, scavec and
-inner take the dense route of ``sparse_dense.py`` instead where their structure is dense enough; this kernel keeps
+inner take the dense route of ``dense.py`` instead where their structure is dense enough; this kernel keeps
 them for batch sums and thin structures; outer summed over the batch with both inputs batched, the FC layer's
-weight gradient, runs on matrix units in ``sparse_outer_sum.py``.)
+weight gradient, runs on matrix units in ``outer_sum.py``.)
 
 * Grid (batch block, output row, channel tile). A program owns one output row (every row of the output, not only
   the rows of index_out), BLOCK_N batch items and BLOCK_C output channels; it walks the row's terms in CSR
@@ -472,7 +472,7 @@ def batch_splits(batch, rows, cz, sms, device_type="cuda", channels_per_program=
     """Batch ranges of an out_accumulated product: enough (rows x channel tiles x splits) programs for
     PROGRAMS_PER_SM per SM, each range at least 256 batch items (2 under the interpreter, so that tiny CPU-gate
     shapes split too), within MAX_BATCH_SPLITS and MAX_PARTIAL_BYTES (fp64 partials counted). A program covers
-    ``channels_per_program`` output channels (64 here; a 64 x 64 tile in sparse_outer_sum.py)."""
+    ``channels_per_program`` output channels (64 here; a 64 x 64 tile in outer_sum.py)."""
     programs = rows * cdiv(cz, channels_per_program)
     wanted = cdiv(PROGRAMS_PER_SM * sms, programs)
     room = MAX_PARTIAL_BYTES // max(1, rows * cz * 8)

@@ -1,6 +1,6 @@
 """Many small matrix products, out[n] = a[n] @ b[n], in one launch: the dense route's per-sample products.
 
-The dense route of the sparse products (sparse_dense.py) multiplies, for every sample, a matrix of at most a few
+The dense route of the sparse products (dense.py) multiplies, for every sample, a matrix of at most a few
 dozen rows and columns (49 x 49 at L 6) by the sample's [rows, channels] block. cuBLAS's batched GEMM runs those
 far below the copy bandwidth (docs/measurements/sparse.md), and its 16-bit route pays a second product and a second
 pass over the output for the low half of M. Here one program walks ``SAMPLES`` consecutive samples of

@@ -1,6 +1,6 @@
 """A 16-bit batch times an fp32 matrix kept to fp32: out = a @ (hi + lo), fp32 accumulation, one rounding.
 
-The fold route (sparse_fold.py) multiplies a 16-bit batch [N, K] by a folded weight that stays in fp32 (rounding it
+The fold route (fold.py) multiplies a 16-bit batch [N, K] by a folded weight that stays in fp32 (rounding it
 to 16 bits would add an error of the output's own size). On cuBLAS that is two GEMMs, a @ hi and a @ lo with fp32
 outputs, their sum and a cast: at N 1e5 and 288 columns (L 2, 32 channels) three extra passes over a [N, M] fp32
 array, more time in memory traffic than the products take on the tensor cores (a byte and FLOP count, not a

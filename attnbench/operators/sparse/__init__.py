@@ -388,8 +388,8 @@ class SparseOperator(Operator):
             "triton", lambda: functional.use_implementation("triton"),
             unavailable_reason=triton_ops.unavailable_reason,
             description="the autograd Functions on the Triton kernels: CSR segments (attnbench/kernels/sparse/segment.py), the "
-                        "dense route of vecsca/scavec/inner (sparse_dense.py), batch sums of outer products on "
-                        "matrix units (sparse_outer_sum.py); no atomics; backward by rotated infos, so every order "
+                        "dense route of vecsca/scavec/inner (dense.py), batch sums of outer products on "
+                        "matrix units (outer_sum.py); no atomics; backward by rotated infos, so every order "
                         "runs on them"))
         for route in routes.sparse_routes(self.variants["triton"]):
             self.add_route(route)
