@@ -19,7 +19,7 @@ import torch
 import triton
 
 from . import interpreting
-from .tuning import gpu_property
+from .tuning import autotune_enabled, gpu_property
 
 # Triton 3.4+ (with ``triton.knobs``): a CompiledKernel's runner takes every argument of the
 # function in order, constexprs included. Older runners take another list, so those (and the
@@ -80,6 +80,68 @@ def remember(key, launch_plan):
 def forget_plans():
     """Forget every plan (tests do, with the autotuners' picks, to tune again)."""
     _PLANS.clear()
+
+
+def _argument_key(a):
+    """What a launch specializes on of one argument: a tensor's signature; a host tensor descriptor's
+    tensor, extents, strides, box and layout; any other value itself."""
+    if isinstance(a, torch.Tensor):
+        return tensor_signature(a)
+    if isinstance(getattr(a, "base", None), torch.Tensor) and hasattr(a, "block_shape"):
+        return (type(a), tensor_signature(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape), a.layout,
+                getattr(a, "padding", None))
+    return (type(a), a)
+
+
+def planned(kernel):
+    """``planned(kernel)[grid](*args, **kwargs)`` launches as ``kernel[grid](...)`` does (a JIT
+    function or an autotuner), and remembers the launch: a later one whose arguments have the same
+    signatures (``_argument_key``) and values calls the compiled kernel directly, skipping what
+    Triton's launcher does on every call (the autotuner's key and lookup, argument binding and
+    specialization, the cache lookup). Host time is what small eager calls pay for; the plan costs a
+    key over the arguments. Not under the interpreter, nor for kernels that make tensor
+    descriptors on the device (their scratch is set up by the JIT launch)."""
+    return _Planned(kernel)
+
+
+class _Planned:
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    def _launch(self, grid, args, kwargs):
+        if not DIRECT_LAUNCH or interpreting():
+            return self.kernel[grid](*args, **kwargs)
+        key = (id(self.kernel), autotune_enabled(), tuple(map(_argument_key, args)), tuple(kwargs.items()))
+        known = _PLANS.get(key)
+        if known is not None:
+            runner, tail = known
+            runner(*args, *tail)
+            return None
+        compiled = self.kernel[grid](*args, **kwargs)
+        made = self._plan(grid, args, kwargs, compiled)
+        if made is not None:
+            remember(key, made)
+        return compiled
+
+    def _plan(self, grid, args, kwargs, compiled):
+        """(runner, the arguments after ``args``) repeating the launch just made, or None."""
+        best = getattr(self.kernel, "best_config", None)
+        fn = getattr(self.kernel, "fn", self.kernel) if best is not None else self.kernel
+        names = getattr(fn, "arg_names", None)
+        if compiled is None or names is None:
+            return None
+        given = dict(kwargs, **(best.all_kwargs() if best is not None else {}))
+        rest = names[len(args):]
+        if not all(n in given for n in rest):
+            return None
+        size = grid(dict(zip(names, args), **given)) if callable(grid) else grid
+        size = tuple(size) + (1,) * (3 - len(size))
+        return compiled[size], tuple(given[n] for n in rest)
 
 
 # Tensor descriptors (TMA) -------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import triton.language as tl
 from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import load_lse_log2
+from ..launch import planned
 from ..tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 from ..tiling import query_tile, row_strides, visible_keys
 
@@ -308,8 +309,8 @@ def attention_bwd_jvp_launch(q, k, v, o, lse, do, tq, tk, tv, tdo, lse_t, delta,
     flags = dict(BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal, HAS_TQ=tq is not None,
                  HAS_TK=tk is not None, HAS_TV=tv is not None, HAS_TDO=tdo is not None,
                  ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype))
-    bwd_jvp_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
+    planned(bwd_jvp_dkdv_kernel)[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         *tensors, dk_t, dv_t, *strides, *row_strides(dk_t), *row_strides(dv_t), *scalars, **flags)
-    bwd_jvp_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
+    planned(bwd_jvp_dq_kernel)[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
         *tensors, dq_t, *strides, *row_strides(dq_t), *scalars, **flags)
     return dq_t, dk_t, dv_t

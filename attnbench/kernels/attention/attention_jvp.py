@@ -22,6 +22,7 @@ from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
 from ..tiling import query_tile, row_strides, visible_keys
+from ..launch import planned
 from ..tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
 
 
@@ -196,7 +197,7 @@ def attention_jvp_launch(q, k, v, tq, tk, tv, sm_scale: float, causal_offset, o=
     def grid(meta):
         return (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
 
-    attention_jvp_kernel[grid](
+    planned(attention_jvp_kernel)[grid](
         q, k, v, tq_, tk_, tv_, o, lse, o_t, lse_t,
         *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(tq_), *row_strides(tk_), *row_strides(tv_),
         *row_strides(o), *row_strides(o_t),

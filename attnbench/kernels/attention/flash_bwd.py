@@ -38,7 +38,7 @@ from .. import interpreting
 from .flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS, flash_bwd_dkdv_hopper_launch
 from .flash_fwd_hopper import hopper_applies
 from .head_padding import cut_heads, pad_heads, padded_width
-from ..launch import descriptor_scratch, tma_capable
+from ..launch import descriptor_scratch, planned, tma_capable
 from .key_block import head_columns, key_block_mask
 from ..outputs import new_output
 from ..precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, softmax_scale_log2,
@@ -475,7 +475,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     if atomic:
         return (dq_acc * sm_scale).to(q.dtype), dk, dv
     dq = new_output(q.shape, q.dtype, q.device)
-    flash_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
+    planned(flash_bwd_dq_kernel)[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
@@ -497,7 +497,8 @@ def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi
                 forms, common):
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    flash_bwd_dkdv_kernel[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
+    (flash_bwd_dkdv_kernel if tma else planned(flash_bwd_dkdv_kernel))[
+        lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv, dq_acc,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),

@@ -20,6 +20,7 @@ import math
 
 import triton.language as tl
 
+from ..launch import planned
 from .flash_fwd_hopper import GLUON, head_block, tile_descriptor
 
 if GLUON:
@@ -181,7 +182,7 @@ def flash_bwd_dkdv_hopper_launch(q, k, v, do, lse, delta, dk, dv, sm_scale: floa
     heads_kv, n_k = k.shape[1], k.shape[2]
     block_m, stages, maxnreg, consumer_regs = tiles or _TILES[head_block(head_dim)]
     grid = (-(-n_k // (2 * KEYS.value)), heads_kv, batch)
-    flash_bwd_dkdv_hopper_kernel[grid](
+    planned(flash_bwd_dkdv_hopper_kernel)[grid](
         tile_descriptor(q, block_m), tile_descriptor(do, block_m), tile_descriptor(k, KEYS.value),
         tile_descriptor(v, KEYS.value), tile_descriptor(dk, KEYS.value), tile_descriptor(dv, KEYS.value),
         lse, delta,

@@ -19,6 +19,7 @@ from ..outputs import new_output
 from ..precision import (accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype, softmax_scale_log2,
                         split_scale)
 from .softmax_rows import finish_rows_where
+from ..launch import planned
 from ..tuning import (autotune, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, registers_per_thread,
                      seq_bucket)
 
@@ -203,7 +204,7 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
     # the one state is the result, written in place with no merge; several are kept in fp32 (fp64)
     o_part = new_output((splits, *q.shape), q.dtype if splits == 1 else accumulator_torch_dtype(q.dtype), q.device)
     l_part = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
-    flash_decode_kernel[(row_tiles * splits, heads_kv, batch)](
+    planned(flash_decode_kernel)[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *o_part.stride()[:4], *l_part.stride()[:3],

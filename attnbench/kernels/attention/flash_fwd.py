@@ -27,7 +27,7 @@ from .flash_decode import decode_applies, flash_decode_launch
 from .flash_fwd_hopper import HOPPER_HEAD_DIMS, flash_fwd_hopper_launch, hopper_applies
 from .head_padding import cut_heads, pad_heads, padded_width
 from .key_block import attend_key_block, attend_key_block_tma, head_columns
-from ..launch import descriptor_scratch, descriptors_apply
+from ..launch import descriptor_scratch, descriptors_apply, planned
 from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .routes import RouteSwitch
@@ -235,7 +235,8 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     def grid(meta):
         return (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
 
-    kernel = flash_fwd_tma_kernel if route == "tma" else flash_fwd_kernel
+    # the descriptor kernel makes its descriptors on the device (scratch set up by the JIT launch): not planned
+    kernel = flash_fwd_tma_kernel if route == "tma" else planned(flash_fwd_kernel)
     with descriptor_scratch(q.device) if route == "tma" else contextlib.nullcontext():
         kernel[grid](
             q, k, v, o, lse,

@@ -28,11 +28,14 @@ a visible row whose sum is zero or NaN (softmax_rows.py). 16-bit inputs, the mea
 tiles run. Gluon has no interpreter, so these kernels are proven on the GPU (tests/test_gpu_flash.py),
 with the pointer tiles as the CPU-gated function they must equal.
 """
+import functools
 import math
 
 import torch
 
+from ..launch import planned
 from ..precision import LN2
+from ..tuning import gpu_property
 
 HOPPER_HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
@@ -77,11 +80,19 @@ def _aligned(t) -> bool:
             and all((s * size) % 16 == 0 for s in t.stride()[:-1]))
 
 
+_CAPABILITY = {}
+
+
+def _capability(device):
+    """The GPU's compute capability, asked once per device (a driver query every call is host time)."""
+    return gpu_property(_CAPABILITY, device, None, torch.cuda.get_device_capability)
+
+
 def hopper_applies(q, k, v) -> bool:
     """Whether the Gluon forward takes these (checked) inputs: an sm_90 GPU, fp16/bf16, a head dim
     in HOPPER_HEAD_DIMS, tensors TMA can address (16-byte base and strides), Triton GLUON_TRITON."""
     return (q.is_cuda and torch.version.hip is None and q.dtype in HOPPER_DTYPES
-            and q.shape[-1] in HOPPER_HEAD_DIMS and torch.cuda.get_device_capability(q.device) == (9, 0)
+            and q.shape[-1] in HOPPER_HEAD_DIMS and _capability(q.device) == (9, 0)
             and all(_aligned(t) for t in (q, k, v)) and GLUON)
 
 
@@ -443,9 +454,14 @@ def tile_descriptor(t, block_rows):
     """A host TMA descriptor of a [B, H, N, D] tensor read or written in tiles of ``block_rows`` rows
     of one (batch, head), head_block(D) columns wide."""
     block = [1, 1, block_rows, head_block(t.shape[-1])]
-    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _tile_layout(block_rows, block[3], t.dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_layout(block_rows, block_cols, dtype):
+    """The shared-memory layout of a tile (computed once: Gluon's default takes host time every call)."""
+    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, block_cols], element)
 
 
 def flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale: float, causal_offset, tiles=None):
@@ -466,9 +482,9 @@ def flash_fwd_hopper_launch(q, k, v, o, lse, sm_scale: float, causal_offset, til
             float(sm_scale) * math.log2(math.e))
     causal = causal_offset is not None
     if pair:
-        flash_fwd_hopper_pair_kernel[grid](*args, CAUSAL=causal, STAGES=stages, Q_IN_REGS=q_in_regs,
-                                           CONSUMER_REGS=ws[3], num_warps=num_warps, maxnreg=ws[1])
+        planned(flash_fwd_hopper_pair_kernel)[grid](*args, CAUSAL=causal, STAGES=stages, Q_IN_REGS=q_in_regs,
+                                                    CONSUMER_REGS=ws[3], num_warps=num_warps, maxnreg=ws[1])
     else:
-        flash_fwd_hopper_kernel[grid](*args, CAUSAL=causal, STAGES=stages, Q_IN_REGS=q_in_regs,
+        planned(flash_fwd_hopper_kernel)[grid](*args, CAUSAL=causal, STAGES=stages, Q_IN_REGS=q_in_regs,
                                       WARP_SPECIALIZE=bool(ws and ws[0]), num_warps=num_warps,
                                       **({"maxnreg": ws[1]} if ws and ws[0] else {}))

@@ -11,6 +11,7 @@ import triton.language as tl
 from ..outputs import new_output
 from ..precision import accumulator_dtype, lse_dtype
 from ..tiling import row_strides
+from ..launch import planned
 from ..tuning import cdiv, next_pow2
 
 
@@ -53,7 +54,7 @@ def row_dot_launch(shape, device, dtype, first=None, second=None, minus=None):
     a1, b1 = first if first is not None else (out.unsqueeze(-1), out.unsqueeze(-1))
     a2, b2 = second if second is not None else (out.unsqueeze(-1), out.unsqueeze(-1))
     block_m = 16 if device.type == "cpu" else 64
-    row_dot_kernel[(cdiv(n, block_m), heads, batch)](
+    planned(row_dot_kernel)[(cdiv(n, block_m), heads, batch)](
         a1, b1, a2, b2, out if minus is None else minus.contiguous(), out,
         *row_strides(a1), *row_strides(b1), *row_strides(a2), *row_strides(b2),
         n, head_dim, heads, HAS_FIRST=first is not None, HAS_SECOND=second is not None, HAS_C=minus is not None,
