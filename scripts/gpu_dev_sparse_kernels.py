@@ -32,7 +32,7 @@ fp32 outputs (``old``), over the vecmat anchors in bf16 (fp32 does not split). `
 its bilinear route (``new``: attnbench/kernels/sparse/bilinear.py) with the segment kernel (``old``: the route off, ALL_ROWS as
 by default) over mul's anchors (L 2, 3, 4, 6; C 32, 128; N 1e4, 1e5) and L 2-3 C 32 at N 1e6, old where N is 1e4 or
 L at most 3 unless ``--old-every-size``, errors against float64 at N 1e4 up to L 4 (L 6's dense float64 einsum
-takes tens of GB; tests/test_gpu_sparse.py checks L 6). ``--bilinear-baseline FILE`` compares the bilinear route on
+takes tens of GB; tests/sparse/test_gpu_routes.py checks L 6). ``--bilinear-baseline FILE`` compares the bilinear route on
 this tree (``new``) with the same route on an earlier ``attnbench/kernels/sparse/bilinear.py`` (``old``; one from before the
 scaled fp16 split through baseline_bilinear), over the same cases at every size. ``--fused-dense`` compares vecsca,
 scavec and inner with the dense route's two steps in one program (``new``: attnbench/kernels/sparse/fused_dense.py) against its

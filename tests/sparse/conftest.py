@@ -33,3 +33,35 @@ def all_rows_launches(monkeypatch, spy_kernel):
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
     monkeypatch.setitem(sparse_segment.ALL_ROWS, "ops", frozenset(CHANNEL_RANKS))
     return spy_kernel(sparse_segment, "sparse_product_kernel").kwargs
+
+
+@pytest.fixture(scope="module")
+def default_launch_configs():
+    """One launch config per kernel key, as scripts/gpu_gate.sh runs the correctness gate (ATTNBENCH_AUTOTUNE=0):
+    a tuning sweep per shape would dominate the sparse GPU files' runtime, and every config must be correct anyway.
+    Every test of those files uses it (gpu_cases.GPU_MARKS)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNBENCH_AUTOTUNE", "0")
+        yield
+
+
+@pytest.fixture
+def gpu_triton_only(monkeypatch):
+    """``triton_only`` of the GPU files: the default implementation for CUDA tensors (the dry run forces Triton: CPU
+    tensors default to split), with the split implementation made to fail, so every forward, those of every
+    derivative included, runs on the kernels; and every kernel output NaN-poisoned, so an element a kernel forgets
+    fails. Poisoning is patched at module level: ``poisoned_outputs()`` is thread-local, and autograd runs CUDA
+    backward nodes on its own device thread."""
+    from attnbench.kernels import outputs as kernel_outputs
+    from attnbench.sparse import functional, use_implementation
+
+    from .gpu_cases import DRYRUN
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the split implementation ran: sparse forwards on CUDA tensors must run on Triton")
+
+    monkeypatch.setattr(functional, "sparse_product_split", refuse)
+    monkeypatch.setattr(functional, "sparse_scale_split", refuse)
+    monkeypatch.setattr(kernel_outputs, "_poisoning", lambda: True)
+    with use_implementation("triton" if DRYRUN else None):
+        yield

@@ -129,7 +129,7 @@ def test_low_precision(dtype, routed):
     sums along a chain of at most P2 (the dot) + P1 (the rows of x) + 2 roundings, each at most eps32 of
     sum|terms|, plus for fp16 the coefficients' two scaled fp16 halves (the kernel's split path: fp16 is not upcast on
     the interpreter), which miss at most 2**-16 of each. bf16 runs as an fp32 upcast on the interpreter
-    and tf32x3 as fp32: tests/sparse/test_gpu_sparse.py bounds the tensor cores' products (matrix_unit_chain)."""
+    and tf32x3 as fp32: tests/sparse/gpu_cases.py bounds the tensor cores' products (matrix_unit_chain)."""
     infos = STRUCTURES["random_70_out"]
     info = infos[0]
     x, y = inputs(infos, "batched", dtype=dtype, seed=2)

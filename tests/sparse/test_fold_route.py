@@ -2,7 +2,7 @@
 values against the float64 reference and the segment kernel it replaces, its derivatives (the backward's mat_t_vec
 takes it too), the cases that keep the other kernels, and that it runs where it should (a counting spy on its
 launcher). It is GEMMs only: no Triton launch, so these are cheap. bf16 runs as an fp32 upcast on the interpreter, so
-its 16-bit path (fp32-output GEMMs) is checked in tests/sparse/test_gpu_sparse.py; fp16 takes that path here too.
+its 16-bit path (fp32-output GEMMs) is checked in tests/sparse/test_gpu_routes.py; fp16 takes that path here too.
 """
 import dataclasses
 
@@ -50,7 +50,7 @@ def _triton(op, x, y, infos, out_accumulated=False):
 
 
 # CG L 1: 16 terms on a 16-entry folded grid (the segment kernel's interpreter launches made L 2 cost ~25 s a test
-# here; L 3-4 run in tests/sparse/test_gpu_sparse.py)
+# here; L 3-4 run in tests/sparse/test_gpu_routes.py)
 STRUCTURES = {"random": lambda: random_product_infos(4, 3, 5, 48, torch.Generator().manual_seed(11)),
               "cg_l1": lambda: cg_product_infos(1, 1, 1)}
 
