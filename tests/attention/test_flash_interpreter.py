@@ -15,6 +15,8 @@ from attnbench.kernels.attention.flash_fwd import forward_route
 from attnbench.operators.flash import TINY_SHAPES, FlashCase, reference
 from attnbench.attention import flash_attention, flash_bwd, flash_fwd
 
+from .helpers import check_tma_route_refuses_40_byte_rows
+
 pytestmark = pytest.mark.interpreter
 
 CASES = [FlashCase(*shape, dtype=dt) for shape in TINY_SHAPES for dt in ("float32", "float16", "float64")]
@@ -164,12 +166,19 @@ def test_oracle_in_query_row_chunks_equals_the_whole(offset):
             assert torch.allclose(chunked[name], whole[name], rtol=1e-12, atol=1e-12, equal_nan=False), name
 
 
+BACKWARD_ROUTES = {"atomic_dq": lambda: dq_route("atomic"), "split_dkdv": lambda: dkdv_route("split")}
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
-def test_atomic_dq_route_matches_float64_oracle(flash, oracles, case):
-    """The non-deterministic dQ route (atomics in the dK/dV pass, no dQ pass) is held to the same
-    oracle: GQA (several query heads add into one pass's dQ), split head dims, blind rows."""
+@pytest.mark.parametrize("route", list(BACKWARD_ROUTES))
+def test_backward_route_matches_float64_oracle(flash, oracles, route, case):
+    """The backward's other routes are held to the same oracle: "atomic_dq", the non-deterministic dQ
+    route (atomics in the dK/dV pass, no dQ pass): GQA (several query heads add into one pass's dQ),
+    split head dims, blind rows; "split_dkdv", dkdv_route("split") (a dV pass and a dK pass, the
+    default at head width 256, which no tiny case reaches): GQA, split head dims, blind rows, both
+    alignments."""
     x, oracle, lowp = oracles(case, 0)
-    with dq_route("atomic"):
+    with BACKWARD_ROUTES[route]():
         result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
     assert result.passed, [o for o in result.outputs if not o.passed]
 
@@ -210,16 +219,6 @@ def test_rows_with_lse_below_minus_88_keep_finite_gradients(route, causal):
         # (measured; both within the fp32 bound on ordinary inputs). Held to 6x eager's error.
         bound = 6 * verify.relative_error(eager[name], oracle[name]) + verify.BOUNDS[torch.float32]
         assert verify.relative_error(grad, oracle[name]) < bound, name
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
-def test_split_dkdv_route_matches_float64_oracle(flash, oracles, case):
-    """dkdv_route("split") (a dV pass and a dK pass, the default at head width 256, which no tiny
-    case reaches) is held to the same oracle: GQA, split head dims, blind rows, both alignments."""
-    x, oracle, lowp = oracles(case, 0)
-    with dkdv_route("split"):
-        result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
-    assert result.passed, [o for o in result.outputs if not o.passed]
 
 
 def test_split_dkdv_route_gradcheck_fp64_and_refuses_an_atomic_dq():
@@ -274,21 +273,15 @@ def test_atomic_dq_route_refuses_deterministic_mode():
 
 def test_tma_route_refuses_strides_the_copy_engine_cannot_take():
     """Descriptors need 16-byte strides and base pointers: a forced "tma" route says so before any
-    kernel runs (D 20 in fp16: 40-byte rows; a view starting 2 bytes in), the default takes the tiles."""
-    from attnbench.attention import flash_fwd
+    kernel runs (D 20 in fp16: 40-byte rows; a view starting 2 bytes in), the default takes the tiles
+    (the same on a GPU: tests/attention/test_gpu_flash.py)."""
     from attnbench.kernels.launch import descriptors_apply
 
-    q, k, v = (torch.randn(1, 2, 70, 20, dtype=torch.float16) for _ in range(3))
+    q, k, v = check_tma_route_refuses_40_byte_rows("cpu", 70)
     assert not descriptors_apply((k, v))
     wide = torch.randn(1, 2, 70, 17, dtype=torch.float32)[..., 1:]  # rows of 68 bytes, base 4 bytes in
     assert not descriptors_apply((wide,))
     assert descriptors_apply((torch.randn(1, 2, 70, 16, dtype=torch.float16),))
-    with pytest.raises(ValueError, match="16 bytes"):
-        with forward_route("tma"):
-            flash_fwd(q, k, v)
-    o, _ = flash_fwd(q, k, v)
-    ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 20 ** 0.5, -1) @ v.double()
-    assert verify.relative_error(o, ref) < verify.BOUNDS[torch.float16]
 
 
 def test_descriptor_scratch_is_set_for_the_launch_only_and_never_over_the_callers_allocator():

@@ -12,6 +12,8 @@ from attnbench.bench import verify
 from attnbench.operators.flash import FlashCase
 from attnbench.bench.runner import bench
 
+from .helpers import check_tma_route_refuses_40_byte_rows
+
 pytestmark = pytest.mark.gpu
 
 
@@ -50,6 +52,21 @@ def test_peers_that_run_are_correct_too(flash, oracles, case):
 def test_backward_is_bitwise_deterministic(flash, case):
     x = flash.make_inputs(case, "cuda", 0)
     assert verify.bitwise_equal_runs(flash.variants["triton"].prepare(case, x, "bwd"), runs=3)
+
+
+def _repeats_and_agrees_with_the_tiles(flash, case, x, route):
+    """The triton forward on ``route`` repeats bit for bit (three runs) and computes what FA2's pointer tiles
+    compute, to the dtype's bound."""
+    from attnbench.kernels.attention.flash_fwd import forward_route
+
+    with forward_route(route):
+        fn = flash.variants["triton"].prepare(case, x, "fwd")
+        assert verify.bitwise_equal_runs(fn, runs=3)
+        ours = fn()
+    with forward_route("tiles"):
+        tiles = flash.variants["triton"].prepare(case, x, "fwd")()
+    for name in ("o", "lse"):
+        assert verify.relative_error(ours[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
 
 
 @pytest.mark.parametrize("route", ["atomic", "tma_atomic"])
@@ -129,13 +146,7 @@ def test_forward_route_matches_oracle_repeats_bitwise_and_agrees_with_the_tiles(
         for mode in ("fwd", "fwd_bwd"):
             result = verify.check_variant(flash, "triton", case, mode, x, oracle, lowp)
             assert result.passed, (mode, [o for o in result.outputs if not o.passed])
-        fn = flash.variants["triton"].prepare(case, x, "fwd")
-        assert verify.bitwise_equal_runs(fn, runs=3)
-        ours = fn()
-    with forward_route("tiles"):
-        tiles = flash.variants["triton"].prepare(case, x, "fwd")()
-    for name in ("o", "lse"):
-        assert verify.relative_error(ours[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
+    _repeats_and_agrees_with_the_tiles(flash, case, x, route)
 
 
 @pytest.mark.parametrize("case", [c for c in hopper_cases() if c.head_dim <= 128 and c.seqlen_q > 1],
@@ -196,33 +207,15 @@ def test_hopper_route_refuses_what_it_does_not_take():
 def test_tma_route_refuses_strides_the_copy_engine_cannot_take():
     """A row stride of 40 bytes (D 20 in fp16) cannot be a descriptor's: the forced route
     says so before any kernel runs, and the default route takes the pointer tiles."""
-    from attnbench.attention import flash_fwd
-    from attnbench.kernels.attention.flash_fwd import forward_route
-
-    q, k, v = (torch.randn(1, 2, 100, 20, device="cuda", dtype=torch.float16) for _ in range(3))
-    with pytest.raises(ValueError, match="16 bytes"):
-        with forward_route("tma"):
-            flash_fwd(q, k, v)
-    o, _ = flash_fwd(q, k, v)
-    ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 20 ** 0.5, -1) @ v.double()
-    assert verify.relative_error(o, ref) < verify.BOUNDS[torch.float16]
+    check_tma_route_refuses_40_byte_rows("cuda", 100)
 
 
 def test_decode_route_is_bitwise_deterministic_and_agrees_with_the_tiles(flash):
     """The split-KV forward (several splits here, merged in a fixed order) repeats bit for bit and
     computes what FA2's query tiles compute, to the dtype's bound."""
-    from attnbench.kernels.attention.flash_fwd import forward_route
-
     case = FlashCase(4, 32, 8, 3, 8191, 128, "bottom_right", "bfloat16")
     x = flash.make_inputs(case, "cuda", 0)
-    with forward_route("decode"):
-        fn = flash.variants["triton"].prepare(case, x, "fwd")
-        assert verify.bitwise_equal_runs(fn, runs=3)
-        decode = fn()
-    with forward_route("tiles"):
-        tiles = flash.variants["triton"].prepare(case, x, "fwd")()
-    for name in ("o", "lse"):
-        assert verify.relative_error(decode[name], tiles[name]) < verify.BOUNDS[case.torch_dtype], name
+    _repeats_and_agrees_with_the_tiles(flash, case, x, "decode")
 
 
 def test_decode_route_past_65535_batch_times_kv_heads():

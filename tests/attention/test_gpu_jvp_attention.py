@@ -17,6 +17,8 @@ from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attentio
 from attnbench.operators.flash import FlashCase
 from attnbench.bench.runner import bench
 
+from .helpers import sdpa
+
 pytestmark = pytest.mark.gpu
 
 
@@ -38,16 +40,6 @@ def test_our_variants_match_the_oracle_at_real_sizes(jvp_op, case):
                 print(f"{case.label} {variant} fwd_jvp errors vs float64: {errors}")
 
 
-def _sdpa(backend, causal=True):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def f(q, k, v):
-        with sdpa_kernel(getattr(SDPBackend, backend)):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return f
-
-
 def _flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -56,8 +48,8 @@ def _flex():
     return lambda q, k, v: compiled(q, k, v, block_mask=mask)
 
 
-FUSED = {"FLASH": lambda: _sdpa("FLASH_ATTENTION"), "EFFICIENT": lambda: _sdpa("EFFICIENT_ATTENTION"),
-         "CUDNN": lambda: _sdpa("CUDNN_ATTENTION"), "FLEX": _flex}
+FUSED = {"FLASH": lambda: sdpa("FLASH_ATTENTION"), "EFFICIENT": lambda: sdpa("EFFICIENT_ATTENTION"),
+         "CUDNN": lambda: sdpa("CUDNN_ATTENTION"), "FLEX": _flex}
 
 
 def _inputs(dtype=torch.bfloat16):
@@ -66,7 +58,7 @@ def _inputs(dtype=torch.bfloat16):
 
 
 def _reference(q, k, v):
-    return _sdpa("MATH")(q, k, v)
+    return sdpa("MATH")(q, k, v)
 
 
 @pytest.mark.parametrize("name", list(FUSED))

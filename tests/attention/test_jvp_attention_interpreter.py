@@ -16,6 +16,7 @@ from attnbench.operators.flash.reference import attention as reference_attention
 from attnbench.operators.jvp_attention import TINY_SHAPES
 
 from ..helpers import oracle_cache
+from .helpers import sdpa
 
 pytestmark = pytest.mark.interpreter
 
@@ -322,16 +323,6 @@ def test_backward_tangent_is_deterministic():
 
 
 # ----------------------------------------------------------------------------- the boundary, CPU side
-
-def sdpa(backend, causal=True):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def f(q, k, v):
-        with sdpa_kernel(getattr(SDPBackend, backend)):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return f
-
 
 def test_cpu_fused_sdpa_passes_first_order():
     """SDPA's fused CPU kernel (the FLASH backend on CPU) gives the forward and the gradient..."""

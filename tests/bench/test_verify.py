@@ -41,17 +41,11 @@ def test_relative_error_low_precision_output_is_compared_in_float64():
     assert relative_error(ref.to(torch.float32), ref) == 0.0  # values exactly representable
 
 
-def test_relative_error_nan_in_output_is_inf():
+@pytest.mark.parametrize("value,index", [(math.nan, (1, 2)), (math.inf, (0, 1))], ids=["nan", "inf"])
+def test_relative_error_non_finite_in_output_where_reference_is_finite_is_inf(value, index):
     ref = _ref()
     out = ref.clone()
-    out[1, 2] = math.nan
-    assert relative_error(out, ref) == math.inf
-
-
-def test_relative_error_inf_in_output_where_reference_is_finite_is_inf():
-    ref = _ref()
-    out = ref.clone()
-    out[0, 1] = math.inf
+    out[index] = value
     assert relative_error(out, ref) == math.inf
 
 

@@ -49,6 +49,8 @@ from attnbench.sparse import (CHANNEL_RANKS, product_infos, product_terms, rando
                               triton_ops)
 from attnbench.sparse.tensor_product import cg_product_infos
 
+from .helpers import SHARING
+
 DRYRUN = os.environ.get("ATTNBENCH_GPU_SPARSE_DRYRUN", "") == "1"
 DEVICE = "cpu" if DRYRUN else "cuda"
 # every GPU file's pytestmark: gpu (interpreter in the dry run), and one launch config per kernel key
@@ -182,10 +184,6 @@ def cg(*l_max):
 
 def rand(size1, size2, size3, terms):
     return ("random", size1, size2, size3, terms)
-
-
-SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True),
-           "shared_both": (True, True)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,10 +16,9 @@ from attnbench.sparse import (product_infos, random_product_infos, sparse_produc
                               triton_ops, use_implementation)
 from attnbench.sparse.tensor_product import cg_product_infos
 
-pytestmark = pytest.mark.interpreter
+from .helpers import SHARING
 
-SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True),
-           "shared_both": (True, True)}
+pytestmark = pytest.mark.interpreter
 
 
 @pytest.fixture(params=["rows_m", "columns_m"])

@@ -18,12 +18,12 @@ from attnbench.sparse import (CHANNEL_RANKS, product_infos, random_product_infos
 from attnbench.sparse.info import DENSE_GRID_PER_TERM, GATHER_MATRIX_PER_TERM, product_terms
 from attnbench.sparse.triton_ops import dense_route, fused_dense, gather_by_matmul
 
+from .helpers import SHARING
+
 pytestmark = pytest.mark.interpreter
 
 OPS = ("vecsca", "scavec", "inner")
 SIZES = (4, 3, 5)  # size1, size2, out_size
-SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True),
-           "shared_both": (True, True)}
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from attnbench.sparse import (random_product_infos, random_scale_infos, sparse_p
                               use_implementation)
 
 from .gpu_cases import (DEVICE, DRYRUN, DTYPES, GPU_MARKS, OPS, PRODUCT_CASES, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS,
-                        SCALE_CASES, SCALE_OUTPUTS, SHARED_CASES, SHARING, check_against_oracle)
+                        SCALE_CASES, SCALE_OUTPUTS, SHARED_CASES, check_against_oracle)
+from .helpers import SHARING
 
 pytestmark = GPU_MARKS
 

@@ -10,17 +10,13 @@ import torch
 
 from attnbench.sparse import (CHANNEL_RANKS, SparseProductInfo, SparseScaleInfo, dense_scale_matrix, functional,
                               product_infos, product_terms, random_product_infos, random_scale_infos, scale_infos,
-                              scale_terms, sparse_inner, sparse_mul, sparse_outer, sparse_product,
-                              sparse_product_reference, sparse_scale, sparse_scale_reference, sparse_vecmat)
+                              scale_terms, sparse_mul, sparse_outer, sparse_product, sparse_product_reference,
+                              sparse_scale, sparse_scale_reference, sparse_vecmat)
+
+from .helpers import CHANNELS, SHARING, check_compiled_pipeline, check_product_gradients_match_reference
 
 OPS = list(CHANNEL_RANKS)
 SIZE1, SIZE2, SIZE3, TERMS, BATCH = 5, 4, 6, 20, 2
-# channel shapes of (x, y) per op: small, with distinct sizes so that a transposed operand cannot pass
-CHANNELS = {
-    "mul": ((3,), (3,)), "outer": ((3,), (2,)), "inner": ((3,), (3,)), "vecmat": ((3,), (3, 2)),
-    "vecsca": ((3,), ()), "scavec": ((), (3,)), "mat_t_vec": ((3, 2), (3,)),
-}
-SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True), "shared_both": (True, True)}
 
 
 def _random_infos(gather_backward):
@@ -180,13 +176,9 @@ def test_product_gradcheck_and_gradgradcheck(infos_by_layout, op, sharing, out_a
 
 
 def test_product_gradients_match_reference(infos):
-    """The gradient of every op against autograd through the einsum reference, with a shared input."""
-    for op in OPS:
-        x, y = make_inputs(op, False, True, requires_grad=True)
-        weight = torch.randn_like(sparse_product_reference(op, x, y, infos[0]))
-        got = torch.autograd.grad((sparse_product(op, x, y, infos) * weight).sum(), (x, y))
-        expected = torch.autograd.grad((sparse_product_reference(op, x, y, infos[0]) * weight).sum(), (x, y))
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    """The gradient of every op against autograd through the einsum reference, with a shared input (the split
+    implementation; tests/sparse/test_triton.py: the same on Triton)."""
+    check_product_gradients_match_reference(infos, make_inputs, OPS)
 
 
 def test_scale_gradcheck_and_gradgradcheck(scale_info_pair):
@@ -224,22 +216,12 @@ def test_func_grad_and_vmap(infos):
 
 
 def test_torch_compile_fullgraph_forward_and_backward(infos):
-    """Two ops in one graph, the second on the rotated infos (bwd1 as the forward: the gather_index path)."""
-    def pipeline(x, y, w):
-        z = sparse_outer(x, y, infos, out_accumulated=True).flatten(-2)  # [SIZE3, 6]: no N, shared below
-        return sparse_inner(w, z, infos[1:] + infos[:1]).square().sum()  # w [N, SIZE2, 6] -> [N, SIZE1]
-
+    """Two ops in one graph, the second on the rotated infos (bwd1 as the forward: the gather_index path); the
+    split implementation (tests/sparse/test_triton.py: the same graph on Triton)."""
     x, y = make_inputs("outer", False, True, requires_grad=True)
     w = torch.randn(BATCH, SIZE2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2),
                     requires_grad=True)
-    torch._dynamo.reset()
-    compiled = torch.compile(pipeline, backend="aot_eager", fullgraph=True)
-    eager_out = pipeline(x, y, w)
-    eager_grads = torch.autograd.grad(eager_out, (x, y, w))
-    compiled_out = compiled(x, y, w)
-    compiled_grads = torch.autograd.grad(compiled_out, (x, y, w))
-    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(compiled_grads, eager_grads, rtol=1e-12, atol=1e-12)
+    check_compiled_pipeline(infos, x, y, w)
 
 
 # ---- bad infos and bad arguments: a ValueError naming the field, before anything is computed
@@ -365,7 +347,6 @@ def test_non_accumulating_path_is_deterministic(infos, op):
 
     for first, second in zip(run(), run()):
         assert torch.equal(first, second)
-
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])

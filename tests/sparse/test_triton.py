@@ -15,18 +15,15 @@ import torch
 
 from attnbench.kernels import poisoned_outputs
 from attnbench.sparse import (CHANNEL_RANKS, functional, product_infos, random_product_infos, random_scale_infos,
-                              scale_infos, sparse_inner, sparse_mul, sparse_outer, sparse_product,
-                              sparse_product_reference, sparse_scale, sparse_scale_reference, use_implementation)
+                              scale_infos, sparse_mul, sparse_outer, sparse_product, sparse_product_reference,
+                              sparse_scale, sparse_scale_reference, use_implementation)
+
+from .helpers import CHANNELS, SHARING, check_compiled_pipeline, check_product_gradients_match_reference
 
 pytestmark = pytest.mark.interpreter
 
 OPS = list(CHANNEL_RANKS)
 SIZE1, SIZE2, SIZE3, TERMS, BATCH = 4, 3, 5, 12, 3
-CHANNELS = {
-    "mul": ((3,), (3,)), "outer": ((3,), (2,)), "inner": ((3,), (3,)), "vecmat": ((3,), (3, 2)),
-    "vecsca": ((3,), ()), "scavec": ((), (3,)), "mat_t_vec": ((3, 2), (3,)),
-}
-SHARING = {"batched": (False, False), "shared_x": (True, False), "shared_y": (False, True), "shared_both": (True, True)}
 # per op: both inputs batched with and without the batch sum, each side shared, both shared
 VALUE_CASES = [("batched", False), ("batched", True), ("shared_x", False), ("shared_y", True), ("shared_both", False)]
 
@@ -325,12 +322,7 @@ def test_product_gradcheck_and_gradgradcheck(small_infos, op, triton_only):
 def test_product_gradients_match_reference(infos, triton_only):
     """Exact first derivatives of every op (x batched, y shared: gy sums over the batch) against autograd
     through the einsum reference."""
-    for op in OPS:
-        x, y = make_inputs(op, False, True, requires_grad=True)
-        weight = torch.randn_like(sparse_product_reference(op, x, y, infos[0]))
-        got = torch.autograd.grad((sparse_product(op, x, y, infos) * weight).sum(), (x, y))
-        expected = torch.autograd.grad((sparse_product_reference(op, x, y, infos[0]) * weight).sum(), (x, y))
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, msg=op)
+    check_product_gradients_match_reference(infos, make_inputs, OPS)
 
 
 def test_scale_gradcheck_and_gradgradcheck(scale_info_pair, triton_only):
@@ -366,23 +358,11 @@ def test_implementation_choice():
 
 def test_torch_compile_fullgraph_on_triton(infos, triton_only):
     """The launches are custom ops with fake implementations: Dynamo traces the Functions (forward and the
-    backward's sibling Functions) without graph breaks."""
-    def pipeline(x, y, w):
-        z = sparse_outer(x, y, infos, out_accumulated=True).flatten(-2)  # [SIZE3, 6], shared below
-        return sparse_inner(w, z, infos[1:] + infos[:1]).square().sum()  # w [N, SIZE2, 6] -> [N, SIZE1]
-
+    backward's sibling Functions) without graph breaks (the graph of tests/sparse/test_ops.py's compile test)."""
     x, y = make_inputs("outer", False, True, requires_grad=True)
     w = torch.randn(BATCH, SIZE2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2),
                     requires_grad=True)
-    torch._dynamo.reset()
-    compiled = torch.compile(pipeline, backend="aot_eager", fullgraph=True)
-    eager_out = pipeline(x, y, w)
-    eager_grads = torch.autograd.grad(eager_out, (x, y, w))
-    compiled_out = compiled(x, y, w)
-    compiled_grads = torch.autograd.grad(compiled_out, (x, y, w))
-    torch._dynamo.reset()
-    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(compiled_grads, eager_grads, rtol=1e-12, atol=1e-12)
+    check_compiled_pipeline(infos, x, y, w)
 
 
 def test_vmap_over_the_custom_op(infos, triton_only):
