@@ -19,15 +19,16 @@ def build(kind, out):
 
 
 def test_wheel_layout(tmp_path):
-    names = zipfile.ZipFile(build("wheel", tmp_path)).namelist()
+    wheel = zipfile.ZipFile(build("wheel", tmp_path))  # one build: every check below reads the same wheel
+    names = wheel.namelist()
     assert "attnbench/kernels/attention/flash_fwd.py" in names
     assert "attnbench/kernels/attention/flash_bwd.py" in names
     assert "attnbench/shared_context/spec.py" in names and "attnbench/bench/runner.py" in names
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "suites/"))]
     license_file = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))  # MIT, as declared
-    assert "MIT License" in zipfile.ZipFile(build("wheel", tmp_path / "license")).read(license_file).decode()
+    assert "MIT License" in wheel.read(license_file).decode()
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "attnbench = attnbench.cli:main" in zipfile.ZipFile(build("wheel", tmp_path / "again")).read(entry_points).decode()
+    assert "attnbench = attnbench.cli:main" in wheel.read(entry_points).decode()
 
 
 def test_sdist_has_sources(tmp_path):

@@ -177,7 +177,7 @@ def test_product_gradcheck_and_gradgradcheck(infos_by_layout, op, sharing, out_a
 
 def test_product_gradients_match_reference(infos):
     """The gradient of every op against autograd through the einsum reference, with a shared input (the split
-    implementation; tests/sparse/test_triton.py: the same on Triton)."""
+    implementation; tests/sparse/test_segment.py: the same on Triton)."""
     check_product_gradients_match_reference(infos, make_inputs, OPS)
 
 
@@ -217,7 +217,7 @@ def test_func_grad_and_vmap(infos):
 
 def test_torch_compile_fullgraph_forward_and_backward(infos):
     """Two ops in one graph, the second on the rotated infos (bwd1 as the forward: the gather_index path); the
-    split implementation (tests/sparse/test_triton.py: the same graph on Triton)."""
+    split implementation (tests/sparse/test_segment.py: the same graph on Triton)."""
     x, y = make_inputs("outer", False, True, requires_grad=True)
     w = torch.randn(BATCH, SIZE2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2),
                     requires_grad=True)

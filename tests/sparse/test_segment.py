@@ -187,8 +187,7 @@ def long_rows_pair():
 
 def test_scale_folds_wide_channels_of_a_batch_of_one(long_rows_pair, triton_only):
     """SparseScale on [M, C] (no batch) runs as [C / line, M, line] (kernels/sparse_segment.channel_line): values
-    against float64 and first and second derivatives through the kernels (the backward's short rows: 3 lines of
-    16, so the row-tile kernel), for a few foldable widths."""
+    against float64 for a few foldable widths (first and second derivatives: the test below)."""
     from attnbench.kernels.sparse.segment import channel_line
 
     assert channel_line(1, 2048, 1) == 64 and channel_line(1, 96, 1) == 32 and channel_line(1, 48, 1) == 16
@@ -199,37 +198,45 @@ def test_scale_folds_wide_channels_of_a_batch_of_one(long_rows_pair, triton_only
         with poisoned_outputs():
             y = sparse_scale(x, *long_rows_pair)
         torch.testing.assert_close(y, sparse_scale_reference(x, long_rows_pair[0]), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("check", ["gradcheck", "gradgradcheck"])
+def test_scale_folds_wide_channels_of_a_batch_of_one_derivatives(long_rows_pair, triton_only, check):
+    """The folded [M, C] SparseScale's first and second derivatives through the kernels (the backward's short rows:
+    3 lines of 16, so the row-tile kernel); one check a test, as xdist spreads them."""
     x = torch.randn(13, 48, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a: sparse_scale(a, *long_rows_pair), (x,), fast_mode=True)
-    assert torch.autograd.gradgradcheck(lambda a: sparse_scale(a, *long_rows_pair), (x,), fast_mode=True)
+    assert getattr(torch.autograd, check)(lambda a: sparse_scale(a, *long_rows_pair), (x,), fast_mode=True)
 
 
-def test_scale_routes_of_a_batch_of_one(spy_kernel, triton_only):
+# (info, x's shape, the row-tile kernel?, else the batched kernel's batch: lines of a folded row, or the batch); info
+# "short": 1 term a row on average, "long": 3.25
+SCALE_ROUTES = [("short", (9, 5), True, None), ("short", (1, 9, 96), True, None), ("long", (13, 96), False, 3),
+                ("long", (13, 5), False, 1), ("short", (2, 9, 5), False, 2), ("short", (9, 128), True, None),
+                ("short", (9, 1024), False, 16), ("long", (13, 128), False, 2)]
+
+
+@pytest.mark.parametrize("info_name,shape,rows_kernel,batch", SCALE_ROUTES, ids=str)
+def test_scale_routes_of_a_batch_of_one(spy_kernel, triton_only, info_name, shape, rows_kernel, batch):
     """SparseScale on [M, C]: rows of one or two terms on average (a segment sum's backward) take the row-tile
     kernel, also where the channels fold into a power-of-two count of a few lines (128: two of 64), but not of
     LINES_OVER_ROWS or more (1024: 16 of 64); longer rows the batched one with channels folded into lines; both
     against float64, with empty rows and repeated terms, odd and foldable channel counts, and the batched kernel
-    for a real batch."""
+    for a real batch. One route a test (the 1024 channels' took most of the time of all eight)."""
     from attnbench.kernels.sparse import segment as sparse_segment
 
     spies = {name: spy_kernel(sparse_segment, name) for name in ("sparse_scale_rows_kernel", "sparse_scale_kernel")}
     short = random_scale_infos(9, 13, 13, torch.Generator().manual_seed(6))[0]  # 1 term a row on average
     long = random_scale_infos(13, 4, 13, torch.Generator().manual_seed(7))[0]  # 3.25
     assert sparse_segment.terms_per_row(13, 13) == 1 and sparse_segment.terms_per_row(13, 4) == 4
-    # (info, x's shape, the row-tile kernel?, else the batched kernel's batch: lines of a folded row, or the batch)
-    for info, shape, rows_kernel, batch in [(short, (9, 5), True, None), (short, (1, 9, 96), True, None),
-                                            (long, (13, 96), False, 3), (long, (13, 5), False, 1),
-                                            (short, (2, 9, 5), False, 2), (short, (9, 128), True, None),
-                                            (short, (9, 1024), False, 16), (long, (13, 128), False, 2)]:
-        x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
-        before = {name: spy.launches for name, spy in spies.items()}
-        with poisoned_outputs():
-            y = sparse_segment.sparse_scale_launch(x, info)
-        torch.testing.assert_close(y, sparse_scale_reference(x, info), rtol=1e-12, atol=1e-12)
-        ran = {name: spy.launches - before[name] for name, spy in spies.items()}
-        assert (ran["sparse_scale_rows_kernel"] > 0) == rows_kernel and (ran["sparse_scale_kernel"] > 0) != rows_kernel
-        if not rows_kernel:  # N, the kernel's batch: 3 lines of 32 for 96 folded channels, 2 (16) of 64 for 128 (1024)
-            assert spies["sparse_scale_kernel"].args[-1][5] == batch
+    info = {"short": short, "long": long}[info_name]
+    x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    with poisoned_outputs():
+        y = sparse_segment.sparse_scale_launch(x, info)
+    torch.testing.assert_close(y, sparse_scale_reference(x, info), rtol=1e-12, atol=1e-12)
+    ran = {name: spy.launches for name, spy in spies.items()}
+    assert (ran["sparse_scale_rows_kernel"] > 0) == rows_kernel and (ran["sparse_scale_kernel"] > 0) != rows_kernel
+    if not rows_kernel:  # N, the kernel's batch: 3 lines of 32 for 96 folded channels, 2 (16) of 64 for 128 (1024)
+        assert spies["sparse_scale_kernel"].args[-1][5] == batch
 
 
 def test_scale_row_tiles_of_strided_channels_and_no_scale(spy_kernel, long_rows_pair, triton_only):
