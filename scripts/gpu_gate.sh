@@ -46,7 +46,7 @@ ops=${OPS:-$(python3 -c "import attnbench; print(' '.join(attnbench.all_operator
 
 if has tests; then
   # Correctness at the default launch configs (no tuning sweep per shape); the perf gates and the
-  # pytest-benchmark timings retune (tests/conftest.py: tuned_kernels); `attnbench run` below
+  # pytest-benchmark timings retune (tests/attention/conftest.py: tuned_kernels); `attnbench run` below
   # verifies the tuned configs on the anchor cases.
   ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider -rA ${TESTS:-} \
       --junitxml "$ART/gpu-tests.xml" --benchmark-json "$ART/pytest-benchmark.json" \

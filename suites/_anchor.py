@@ -4,7 +4,7 @@ asv runs every parameter combination in a process of its own (forked from a serv
 suites, with ``--launch-method forkserver``; a fresh interpreter each with ``spawn``), so suite modules
 never import torch at module level (the server must not hold CUDA, and a combination must not pay
 torch's import): each spells out its operator's case labels, variants and
-modes (tests/test_suites.py fails if they drift from the operator's own) and subclasses the two
+modes (tests/bench/test_suites.py fails if they drift from the operator's own) and subclasses the two
 classes below. Their names start with "_", so asv does not collect them here, only through the
 suites' subclasses (it finds inherited methods).
 

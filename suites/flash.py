@@ -3,7 +3,7 @@ Hopper issue's sweep (D 64-256, N 512-32K, causal and not, GQA, decode) for ours
 
 The shared measuring pass and benchmark bodies are in suites/_anchor.py; this module spells out
 the operator's parameters (no torch import: asv runs ~500 processes) and
-tests/test_suites.py keeps them equal to the operator's own.
+tests/bench/test_suites.py keeps them equal to the operator's own.
 """
 from ._anchor import _Anchor, _Latency, _Speedup, measurement
 

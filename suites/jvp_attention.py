@@ -2,7 +2,7 @@
 tangent output) for every variant on the anchor cases, with peak GPU memory.
 
 The shared measuring pass and benchmark bodies are in suites/_anchor.py; this module spells out
-the operator's parameters (no torch import) and tests/test_suites.py keeps them equal.
+the operator's parameters (no torch import) and tests/bench/test_suites.py keeps them equal.
 """
 from ._anchor import _Anchor, _Speedup, measurement
 

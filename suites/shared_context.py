@@ -3,7 +3,7 @@ fused Triton kernel's speed over each peer (per-batch SDPA, split, stride-0 expa
 
 The shared measuring pass and benchmark bodies are in suites/_anchor.py; this module spells out the
 operator's parameters (no torch import: asv runs one process per combination) and
-tests/test_suites.py keeps them equal to the operator's own. GB/s and % of roofline are against the
+tests/bench/test_suites.py keeps them equal to the operator's own. GB/s and % of roofline are against the
 operator's minimum bytes (context read once): for these memory-bound decode steps, % of the copy
 bandwidth. A per-batch cache that does not fit, or a peer without a feature, is skipped with its reason.
 """

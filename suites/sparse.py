@@ -4,7 +4,7 @@ GPU memory.
 
 The shared measuring pass and benchmark bodies are in suites/_anchor.py; this module spells out the operator's
 parameters (no torch import: the labels are built by plain string formatting, in the order of the operator's
-"anchor" set) and tests/test_suites.py keeps them equal.
+"anchor" set) and tests/bench/test_suites.py keeps them equal.
 """
 from ._anchor import _Anchor, _Speedup, measurement
 

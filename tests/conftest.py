@@ -1,15 +1,20 @@
-"""Test gate wiring: GPU-marked tests skip without CUDA; interpreter tests skip on a GPU machine.
+"""Test gate wiring shared by every family: GPU-marked tests skip without CUDA; interpreter tests skip on a GPU
+machine. The fixtures here serve more than one family (``flash``: the attention and bench tests; ``spy_kernel``:
+the attention and sparse tests); a family's own fixtures live in its folder's conftest.py.
 
 The CPU gate (CI) runs Triton kernels through TRITON_INTERPRET=1, which ``import attnbench``
 switches on by itself when torch sees no CUDA device. The GPU gate runs ``pytest -m gpu``.
+
+Layout: tests/<family>/ (attention, shared_context, sparse, bench, models), each a package (an __init__.py), so
+that modules of the same basename in two folders import as tests.<family>.<name> and never clash; GPU tests live in
+test_gpu_<topic>.py files marked ``gpu`` as a whole.
 """
 import pytest
-import torch
 
 import attnbench  # noqa: F401  first: sets the interpreter switch before triton is imported
 from attnbench.kernels import interpreting
 
-HAS_CUDA = torch.cuda.is_available()
+from .helpers import HAS_CUDA
 
 
 def pytest_collection_modifyitems(config, items):
@@ -26,66 +31,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def flash():
     return attnbench.get("flash")
-
-
-@pytest.fixture(scope="module")
-def oracles():
-    """get(case, seed=0) -> (inputs, float64 oracle, eager reference in the case dtype), computed
-    once per module for every variant and mode. Inputs live on the GPU when there is one, where
-    only the latest case is kept: a float64 oracle at real sizes is large."""
-    op = attnbench.get("flash")
-    device = "cuda" if HAS_CUDA else "cpu"
-    cache = {}
-
-    def get(case, seed=0):
-        if (case, seed) not in cache:
-            if HAS_CUDA:
-                cache.clear()
-            x = op.make_inputs(case, device, seed)
-            cache[case, seed] = (x, op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype))
-        return cache[case, seed]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def tuned_kernels():
-    """Kernels autotuned as shipped. The GPU gate runs with ATTNBENCH_AUTOTUNE=0 (one default
-    config per shape keeps tens of correctness shapes fast), and Triton's autotuner remembers its
-    pick per key, so performance tests clear those picks and tune again."""
-    from attnbench.kernels.attention import attention_bwd_jvp
-    from attnbench.kernels.attention import attention_jvp
-    from attnbench.kernels.attention import flash_bwd
-    from attnbench.kernels.attention import flash_decode
-    from attnbench.kernels.attention import flash_fwd
-
-    kernels = (flash_fwd.flash_fwd_kernel, flash_decode.flash_decode_kernel, flash_bwd.flash_bwd_dkdv_kernel,
-               flash_bwd.flash_bwd_dq_kernel,
-               attention_jvp.attention_jvp_kernel, attention_bwd_jvp.bwd_jvp_dkdv_kernel,
-               attention_bwd_jvp.bwd_jvp_dq_kernel)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNBENCH_AUTOTUNE", "1")
-        for kernel in kernels:
-            kernel.cache.clear()
-        yield
-        for kernel in kernels:
-            kernel.cache.clear()
-
-
-@pytest.fixture
-def triton_only(monkeypatch):
-    """The sparse Functions on Triton, forced, and their split implementation made to fail: every forward, every
-    derivative's included (autograd runs the backward after the test's own calls return), must run on the
-    kernels. test_gpu_sparse.py has its own (CUDA by default, outputs NaN-poisoned)."""
-    from attnbench.sparse import functional, use_implementation
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the split implementation ran under use_implementation('triton')")
-
-    monkeypatch.setattr(functional, "sparse_product_split", refuse)
-    monkeypatch.setattr(functional, "sparse_scale_split", refuse)
-    with use_implementation("triton"):
-        yield
 
 
 class LaunchSpy:
@@ -116,18 +61,3 @@ def spy_kernel(monkeypatch):
         return launches
 
     return spy
-
-
-@pytest.fixture
-def all_rows_launches(monkeypatch, spy_kernel):
-    """ALL_ROWS of the sparse product kernel (attnbench/kernels/sparse/segment.py) allowed for every op at every batch, mul's
-    bilinear route off (mul on the segment kernel), and the kernel's launches recorded: a list of each launch's
-    constexpr keywords (ALL_ROWS, ACCUMULATE, DOT, ...)."""
-    from attnbench.kernels.sparse import segment as sparse_segment
-    from attnbench.sparse import CHANNEL_RANKS, triton_ops
-
-    monkeypatch.setitem(triton_ops.BILINEAR_ROUTE, "enabled", False)
-
-    monkeypatch.setitem(sparse_segment.ALL_ROWS, "min_batch", 0)
-    monkeypatch.setitem(sparse_segment.ALL_ROWS, "ops", frozenset(CHANNEL_RANKS))
-    return spy_kernel(sparse_segment, "sparse_product_kernel").kwargs

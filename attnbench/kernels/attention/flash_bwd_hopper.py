@@ -14,7 +14,7 @@ tiles are zero-filled by the copy engine); a row with L = -inf (it sees no key) 
 that straddle this warpgroup's causal diagonal keep only keys j <= i + causal_offset. Keys past N_K
 are zero-filled and their dK/dV rows are clipped at the store. Head dims and tiles as in the forward
 (a tile holds the next power of two of columns). GPU-only, like the forward: the pointer kernel is
-the CPU-gated function it must equal (tests/test_gpu_flash.py).
+the CPU-gated function it must equal (tests/attention/test_gpu_flash.py).
 """
 import math
 

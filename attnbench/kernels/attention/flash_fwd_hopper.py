@@ -25,7 +25,7 @@ Same function as flash_fwd_kernel: O, the natural-log LSE, blind rows (O = 0, LS
 a visible row whose sum is zero or NaN (softmax_rows.py). 16-bit inputs, the measured head dims
 (HOPPER_HEAD_DIMS; a tile holds the next power of two, the copy engine zero-filling the rest),
 16-byte aligned strides, sm_90, Triton 3.6: ``hopper_applies`` says where; elsewhere the pointer
-tiles run. Gluon has no interpreter, so these kernels are proven on the GPU (tests/test_gpu_flash.py),
+tiles run. Gluon has no interpreter, so these kernels are proven on the GPU (tests/attention/test_gpu_flash.py),
 with the pointer tiles as the CPU-gated function they must equal.
 """
 import functools

@@ -23,7 +23,7 @@ products apply whatever P_out, with Y in shared memory), fp32 and fp64 as writte
 
 Precision: fp32 inputs run as three TF32 products (Triton's tf32x3: hi * hi + hi * lo + lo * hi); each misses at
 most about 5 x 2**-22 of itself (the low parts cut to TF32 by the tensor cores, the dropped lo * lo), 20 fp32 unit
-roundoffs, which tests/test_gpu_sparse.py's fp32 bound counts. (Splitting A on the host and the held tile once a
+roundoffs, which tests/sparse/test_gpu_products.py's fp32 bound counts. (Splitting A on the host and the held tile once a
 program into TF32 parts rounded to nearest is slower than tf32x3: docs/measurements/sparse.md.) 16-bit inputs meet A
 as two 16-bit halves (hi + lo, split once per table on the host) on the tensor cores, as small_matmul does, so that
 the coefficients are not rounded to 16 bits (fp16's scaled by a power of two into its range:

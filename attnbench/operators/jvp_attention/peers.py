@@ -2,7 +2,7 @@
 FlexAttention (from flash's peers) and jvp-flash-attention (PyPI) when installed.
 
 Only SDPA's MATH backend differentiates to second order; the fused backends and FlexAttention
-raise on forward-mode AD and double backward (tests/test_gpu_jvp_attention.py holds the strict
+raise on forward-mode AD and double backward (tests/attention/test_gpu_jvp_attention.py holds the strict
 xfail witnesses), and each peer's failure is reported with its own first error line.
 """
 import functools

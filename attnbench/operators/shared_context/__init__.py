@@ -277,17 +277,18 @@ class SharedContextOperator(Operator):
 
     def tunables(self):
         from ...bench.tune import Tunable
-        from ...kernels import shared_context as kernels
+        from ...kernels import shared_context as launchers
+        from ...kernels.shared_context import kernels
 
         # a head-dim class each (one compiled kernel underneath); the split picks and launch plans are forgotten
         # between configs, so each config gets its own split count
         return {t.name: t for t in (
             Tunable("fused", "the one-launch kernel (context, buffer and merge)", lambda: list(kernels.FUSED.values()),
-                    "fwd", "triton", kernels.clear_split_picks),
+                    "fwd", "triton", launchers.clear_split_picks),
             Tunable("context", "the composed path's context kernel", lambda: list(kernels.CONTEXT.values()), "fwd",
-                    "triton_composed", kernels.clear_split_picks),
+                    "triton_composed", launchers.clear_split_picks),
             Tunable("buffer", "the composed path's buffer kernel", lambda: list(kernels.BUFFER.values()), "fwd",
-                    "triton_composed", kernels.clear_split_picks),
+                    "triton_composed", launchers.clear_split_picks),
         )}
 
     def _register_variants(self):

@@ -1,0 +1,47 @@
+"""What a user may get wrong with attention's derivatives: a second-order route is computed, a third-order one
+refused, and a derivative flash_bwd cannot give is refused rather than dropped. Each failed before its fix."""
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from attnbench.attention import attention_bwd_jvp, flash_attention, flash_bwd, flash_fwd
+
+pytestmark = pytest.mark.interpreter
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_hvp_by_double_backward_is_computed_and_third_order_refused():
+    """torch.autograd.functional.hvp differentiates a vjp by its cotangent, which reaches the
+    backward's tangent kernel in its (linear) tangent inputs: second order, computed now (it had
+    raised "third-order derivatives ... not supported"); a gradient of that in x still raises."""
+    q, k, v, u = (randn(1, 2, 8, 16, seed=s) for s in range(4))
+
+    def f(a):
+        o, lse = flash_attention(a, k, v, causal="bottom_right", return_lse=True)
+        return lse.sum() + o.square().sum()
+
+    _, hvp = torch.autograd.functional.hvp(f, q, u)
+    _, vhp = torch.autograd.functional.vhp(f, q, u)  # the Hessian is symmetric: the same vector
+    assert (hvp - vhp).abs().max() < 1e-12 and hvp.abs().max() > 0.1
+    x = q.clone().requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    (hv,) = torch.autograd.grad(g, x, u, create_graph=True)
+    with pytest.raises(NotImplementedError, match="third-order"):
+        torch.autograd.grad(hv.square().sum(), x)
+
+
+def test_flash_bwd_refuses_derivatives_in_o_or_lse_alone():
+    """o and lse count as the forward's outputs at (q, k, v): a tangent or gradient on them alone
+    had come back as zero, silently (finite differences in o read 1.38)."""
+    q, k, v, do = (randn(1, 2, 8, 16, seed=s) for s in range(4))
+    o, lse = flash_fwd(q, k, v)
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="alone would be dropped"):
+        flash_bwd(do, q, k, v, fwAD.make_dual(o, torch.randn_like(o)), fwAD.make_dual(lse, torch.randn_like(lse)))
+    with pytest.raises(NotImplementedError, match="would be dropped"):
+        torch.func.grad(lambda o_: flash_bwd(do, q, k, v, o_, lse)[0].sum())(o)
+    with pytest.raises(NotImplementedError, match="none to them"):
+        attention_bwd_jvp(do, q, k, v, o, lse, q, o_t=o.clone().requires_grad_(), lse_t=lse)
+

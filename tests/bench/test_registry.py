@@ -1,0 +1,75 @@
+"""Registry and variants (flash as the example operator; its case sets, cost model and inputs:
+tests/attention/test_flash_cases.py)."""
+import pytest
+import torch
+
+import attnbench
+from attnbench.operators.flash import FlashOperator
+from attnbench.bench.registry import Operator, Variant, all_operators, register
+
+
+def _noop_prepare(case, x, mode):
+    return lambda: {}
+
+
+# ---------------------------------------------------------------- registry
+
+def test_get_flash():
+    op = attnbench.get("flash")
+    assert isinstance(op, Operator)
+    assert op.name == "flash"
+    assert op is attnbench.get("flash")
+    assert all_operators()["flash"] is op
+
+
+def test_all_operators_survives_loading_the_builtins():
+    """``attnbench.all_operators()`` is public API; importing the ``attnbench.operators``
+    subpackage, which get() does, must not shadow it (an earlier name did exactly that)."""
+    import importlib
+
+    attnbench.get("flash")
+    importlib.import_module("attnbench.operators.flash")
+    assert "flash" in attnbench.all_operators()
+
+
+def test_unknown_operator_names_the_known_ones():
+    with pytest.raises(KeyError) as info:
+        attnbench.get("no_such_op")
+    assert "no_such_op" in str(info.value)
+    assert "flash" in str(info.value)
+
+
+def test_registering_an_operator_twice_raises():
+    dup = Operator()
+    dup.name = "flash"
+    with pytest.raises(ValueError, match="twice"):
+        register(dup)
+    assert attnbench.get("flash") is not dup
+
+
+def test_duplicate_variant_raises():
+    op = Operator()
+    op.name = "scratch"
+    v = Variant("v1", "reference", _noop_prepare, ("fwd",))
+    op.add_variant(v)
+    with pytest.raises(ValueError, match="v1"):
+        op.add_variant(Variant("v1", "split", _noop_prepare, ("fwd",)))
+    assert op.variants["v1"] is v
+
+
+def test_duplicate_variant_on_a_flash_operator_raises():
+    op = FlashOperator()  # a fresh instance: the registered one is left alone
+    with pytest.raises(ValueError, match="triton"):
+        op.add_variant(Variant("triton", "triton", _noop_prepare, op.modes))
+
+
+def test_variant_bad_kind_raises():
+    with pytest.raises(ValueError, match="kind"):
+        Variant("x", "magic", _noop_prepare, ("fwd",))
+    for kind in ("reference", "split", "triton", "peer"):
+        assert Variant("x", kind, _noop_prepare, ("fwd",)).kind == kind
+
+
+def test_variant_default_is_available_everywhere():
+    v = Variant("x", "peer", _noop_prepare, ("fwd",))
+    assert v.unavailable_reason(torch.device("cpu")) is None

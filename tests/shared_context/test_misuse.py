@@ -1,0 +1,48 @@
+"""The merges and the shared_context API: functions without derivatives refuse them, and arguments of the
+wrong kind are named. Each failed before its fix."""
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from attnbench.merge import merge_many, merge_many_triton, merge_states, merge_states_triton
+from attnbench.shared_context import shared_context_attention
+
+pytestmark = pytest.mark.interpreter
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_triton_merges_refuse_derivatives():
+    """merge_states_triton and merge_many_triton have no derivatives: a gradient came back None and
+    a tangent vanished (no error); torch.func failed inside the interpreter."""
+    oa, ob = randn(1, 2, 8, 16), randn(1, 2, 8, 16, seed=1)
+    la, lb = randn(1, 2, 8, seed=2), randn(1, 2, 8, seed=3)
+    with pytest.raises(RuntimeError, match="no backward"):
+        merge_states_triton(oa.requires_grad_(), la, ob, lb)
+    oa = oa.detach()
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+        merge_states_triton(fwAD.make_dual(oa, torch.ones_like(oa)), la, ob, lb)
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.grad(lambda a: merge_many_triton(torch.stack([a, ob]), torch.stack([la, lb]))[0].sum())(oa)
+    # the plain PyTorch merges differentiate
+    assert torch.func.grad(lambda a: merge_states(a, la, ob, lb)[0].sum())(oa).abs().sum() > 0
+
+
+@pytest.mark.parametrize("bad", ["x", 5, torch.tensor(0.25)], ids=["str", "int", "tensor"])
+def test_out_dtype_must_be_a_dtype(bad):
+    o, lse = randn(2, 1, 4, 16), randn(2, 1, 4)
+    for call in (lambda: merge_many(o, lse, out_dtype=bad), lambda: merge_states(o[0], lse[0], o[1], lse[1], out_dtype=bad),
+                 lambda: merge_many_triton(o, lse, out_dtype=bad)):
+        with pytest.raises(TypeError, match="out_dtype must be a torch.dtype"):
+            call()
+
+
+@pytest.mark.parametrize("config,words", [("x", "must be a dict"), ({"BLOCK_MM": 16}, "unknown key 'BLOCK_MM'"),
+                                          ({"BLOCK_M": 0}, "positive int")])
+def test_a_forced_launch_config_is_checked(config, words):
+    q, kc = randn(1, 2, 1, 16).float(), randn(2, 8, 16).float()
+    with torch.no_grad(), pytest.raises((TypeError, ValueError), match=words):
+        shared_context_attention(q, kc, kc, config=config)
+
