@@ -39,7 +39,7 @@ def oracles(jvp_op):
     return oracle_cache(jvp_op, "cpu")
 
 
-MODES = ["fwd_jvp", "hvp_fwd_rev", "hvp_rev_rev", "vjp_of_jvp"]
+MODES = ["fwd_jvp", "hvp_fwd_rev", "hvp_rev_rev", "vjp_of_jvp", "hvp_func"]
 
 
 @pytest.mark.parametrize("case,mode,variant", [(c, m, v) for c in CASES for m in MODES for v in ("split", "triton", "triton_fused")]
@@ -548,14 +548,3 @@ def test_every_composition_of_transforms_is_right_or_refused(chain):
     else:
         with pytest.raises(NotImplementedError):
             build(o_only(ours("bottom_right")))(q)
-
-
-@pytest.mark.parametrize("variant", ["triton", "split"])
-def test_the_torch_func_hvp_mode_matches_the_oracle(jvp_op, oracles, variant):
-    """hvp_func (torch.func.jvp of torch.func.grad, what a torch.func user writes) computes the HVP
-    routes' function; one case: its kernels are those the other HVP modes check on every case."""
-    case = CASES[2]
-    x, oracle, lowp = oracles(case)
-    result = verify.check_variant(jvp_op, variant, case, "hvp_func", x, oracle, lowp)
-    assert result.passed, [o for o in result.outputs if not o.passed]
-    assert [o.name for o in result.outputs] == ["hq", "hk", "hv"]
