@@ -40,6 +40,12 @@ def cfg(num_warps: int, num_stages: int, **blocks) -> triton.Config:
     return triton.Config(dict(blocks), num_warps=num_warps, num_stages=num_stages)
 
 
+def configs(blocks: str, *rows) -> list:
+    """A table of configurations: each row (num_warps, num_stages, then one size per name in ``blocks``)."""
+    names = blocks.split()
+    return [cfg(warps, stages, **dict(zip(names, sizes))) for warps, stages, *sizes in rows]
+
+
 def config_list(gpu_configs, interpreter_config):
     """The configurations a kernel may use on this machine, default first."""
     return [interpreter_config] if interpreting() else list(gpu_configs)

@@ -28,7 +28,7 @@ from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
 from .softmax_rows import load_lse_log2
 from ..launch import planned
-from ..tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from ..tuning import autotune, cdiv, cfg, configs, config_list, next_pow2, pruner, seq_bucket
 from ..tiling import query_tile, row_strides, visible_keys
 
 
@@ -84,18 +84,11 @@ def _dkdv_shared_bytes(config, element_size, block_d):
 
 
 _DKDV_CONFIGS = config_list(
-    [
-        cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
-        cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
-        cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=32, BLOCK_N=128),
-        cfg(8, 2, BLOCK_M=32, BLOCK_N=128),
-        cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
-        cfg(2, 1, BLOCK_M=16, BLOCK_N=32),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
-)
+    configs("BLOCK_M BLOCK_N",
+            (4, 2, 32, 64), (8, 2, 64, 128), (4, 3, 64, 64),
+            (8, 2, 64, 64), (4, 2, 32, 128), (8, 2, 32, 128),
+            (4, 2, 32, 32), (2, 1, 16, 32)),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 _FLAGS = ["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "HAS_TQ", "HAS_TK", "HAS_TV", "HAS_TDO"]
 
@@ -217,18 +210,11 @@ def _dq_shared_bytes(config, element_size, block_d):
 
 
 _DQ_CONFIGS = config_list(
-    [
-        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-        cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
-        cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
-        cfg(8, 2, BLOCK_M=128, BLOCK_N=32),
-        cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
-        cfg(2, 1, BLOCK_M=32, BLOCK_N=16),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
-)
+    configs("BLOCK_M BLOCK_N",
+            (4, 2, 64, 32), (8, 2, 128, 64), (4, 3, 64, 64),
+            (8, 2, 64, 64), (4, 2, 128, 32), (8, 2, 128, 32),
+            (4, 2, 32, 32), (2, 1, 32, 16)),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 
 @autotune(_DQ_CONFIGS, key=_FLAGS, prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes)})

@@ -23,7 +23,7 @@ from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_sca
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
 from ..tiling import query_tile, row_strides, visible_keys
 from ..launch import planned
-from ..tuning import autotune, cdiv, cfg, config_list, next_pow2, pruner, seq_bucket
+from ..tuning import autotune, cdiv, cfg, configs, config_list, next_pow2, pruner, seq_bucket
 
 
 @triton.jit
@@ -86,18 +86,13 @@ def _jvp_shared_bytes(config, element_size, block_d):
 
 
 _JVP_CONFIGS = config_list(
-    [
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
-        cfg(8, 2, BLOCK_M=128, BLOCK_N=64),  # D = 128: three stages of K, K_t, V, V_t do not fit
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=64, BLOCK_N=128),
-        cfg(8, 2, BLOCK_M=128, BLOCK_N=32),
-        cfg(4, 3, BLOCK_M=128, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-        cfg(4, 1, BLOCK_M=32, BLOCK_N=32),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
-)
+    configs("BLOCK_M BLOCK_N",
+            (8, 3, 128, 64),
+            # D = 128: three stages of K, K_t, V, V_t do not fit
+            (8, 2, 128, 64), (4, 3, 64, 64), (4, 2, 64, 128),
+            (8, 2, 128, 32), (4, 3, 128, 64), (4, 2, 64, 32),
+            (4, 1, 32, 32)),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 
 @autotune(_JVP_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "LSE_GIVEN", "HAS_TQ", "HAS_TK", "HAS_TV"],

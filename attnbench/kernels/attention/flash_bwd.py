@@ -47,8 +47,8 @@ from .routes import RouteSwitch
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
 from ..tiling import query_tile, visible_keys
-from ..tuning import (autotune, cdiv, cfg, config_list, head_dim_blocks, head_width, pruner, registers_per_thread,
-                     seq_bucket)
+from ..tuning import (autotune, cdiv, cfg, configs, config_list, head_dim_blocks, head_width, pruner,
+                      registers_per_thread, seq_bucket)
 
 
 # Which of dK and dV a dK/dV-pass program forms (FORM_DK, FORM_DV): both in one pass, or, where the two
@@ -152,17 +152,12 @@ def _dkdv_accumulators_fit(config, constexprs):
 # default when autotuning is off. The 128-key tiles lead at D <= 128 (and at D 192); at D 256 only
 # 32- and 64-key tiles keep dK and dV in registers (4 warps x 32 keys, 8 warps x 64 keys).
 _DKDV_CONFIGS = config_list(
-    [
-        cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
-        cfg(4, 3, BLOCK_M=32, BLOCK_N=128),
-        cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
-        cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-        cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=16, BLOCK_N=64),  # the D 256 dK pass's (split route)
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
-)
+    configs("BLOCK_M BLOCK_N",
+            (8, 3, 64, 128), (4, 3, 32, 128), (8, 2, 64, 128),
+            (4, 2, 32, 64), (4, 2, 64, 32), (8, 2, 64, 64),
+            # the D 256 dK pass's (split route)
+            (4, 2, 16, 64)),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 
 # DQ_ACC is zeroed before each config is timed and after tuning (the atomic route adds into it).
@@ -305,16 +300,10 @@ def _dq_accumulator_fits(config, constexprs):
 # Ordered as above: 8 warps on 128 x 64 tiles lead at D <= 128 and D 160, 128 x 32 at D 256, 4 warps
 # on 64 x 64 at D 192 (docs/measurements/flash.md).
 _DQ_CONFIGS = config_list(
-    [
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
-        cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
-        cfg(4, 3, BLOCK_M=128, BLOCK_N=32),
-        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
-)
+    configs("BLOCK_M BLOCK_N",
+            (8, 3, 128, 64), (4, 3, 64, 32), (8, 3, 128, 32),
+            (4, 3, 64, 64), (4, 3, 128, 32), (4, 2, 64, 32)),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 
 @autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL"],

@@ -20,8 +20,8 @@ from ..precision import (accumulator_dtype, accumulator_torch_dtype, dot_precisi
                         split_scale)
 from .softmax_rows import finish_rows_where
 from ..launch import planned
-from ..tuning import (autotune, cdiv, cfg, config_list, multiprocessors, next_pow2, pruner, registers_per_thread,
-                     seq_bucket)
+from ..tuning import (autotune, cdiv, cfg, configs, config_list, multiprocessors, next_pow2, pruner,
+                      registers_per_thread, seq_bucket)
 
 DECODE_MAX_NQ = 64  # query rows per head up to which the forward takes this path
 # Packed rows a program holds (more rows: several row tiles, each reading K/V again). A config
@@ -76,20 +76,14 @@ def _accumulator_fits(config, constexprs):
 
 
 _DECODE_CONFIGS = config_list(
-    [
-        cfg(4, 3, BLOCK_N=64),
-        cfg(4, 4, BLOCK_N=64),
-        cfg(4, 3, BLOCK_N=128),
-        cfg(8, 3, BLOCK_N=128),
-        cfg(4, 2, BLOCK_N=128),
-        cfg(4, 2, BLOCK_N=64),
-        cfg(4, 4, BLOCK_N=32),  # D 256: 32-key stages leave room for two programs an SM
-        cfg(8, 2, BLOCK_N=64),  # D 256 at 64 rows: the accumulator needs 8 warps
-        cfg(8, 3, BLOCK_N=32),
-        cfg(4, 2, BLOCK_N=32),
-    ],
-    cfg(1, 1, BLOCK_N=16),
-)
+    configs("BLOCK_N",
+            (4, 3, 64), (4, 4, 64), (4, 3, 128),
+            (8, 3, 128), (4, 2, 128), (4, 2, 64),
+            # D 256: 32-key stages leave room for two programs an SM
+            (4, 4, 32),
+            # D 256 at 64 rows: the accumulator needs 8 warps
+            (8, 2, 64), (8, 3, 32), (4, 2, 32)),
+    cfg(1, 1, BLOCK_N=16))
 
 
 @autotune(_DECODE_CONFIGS, key=["ROWS_BUCKET", "SEQ_BUCKET", "BLOCK_D", "CAUSAL"],

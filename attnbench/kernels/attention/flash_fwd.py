@@ -33,7 +33,7 @@ from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_sca
 from .routes import RouteSwitch
 from .softmax_rows import finish_rows
 from ..tiling import query_tile, visible_keys
-from ..tuning import autotune, cdiv, cfg, config_list, head_dim_blocks, pruner, seq_bucket
+from ..tuning import autotune, cdiv, cfg, configs, config_list, head_dim_blocks, pruner, seq_bucket
 
 
 def _fwd_shared_bytes(config, element_size, block_d):
@@ -42,15 +42,10 @@ def _fwd_shared_bytes(config, element_size, block_d):
 
 
 _FWD_CONFIGS = config_list(
-    [
-        cfg(4, 3, BLOCK_M=128, BLOCK_N=64),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=128),
-        cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
-        cfg(4, 4, BLOCK_M=64, BLOCK_N=64),
-        cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-    ],
-    cfg(1, 1, BLOCK_M=16, BLOCK_N=16),
-)
+    configs("BLOCK_M BLOCK_N",
+            (4, 3, 128, 64), (8, 3, 128, 128), (8, 3, 128, 64),
+            (4, 4, 64, 64), (4, 2, 64, 32)),
+    cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 
 @triton.jit

@@ -15,7 +15,8 @@ import triton.language as tl
 
 from ..merge_states import merge_finish, merge_init, merge_step
 from ..precision import LOG2E, softmax_scale_log2
-from ..tuning import ACCUMULATOR_REGISTERS, autotune, cfg, config_list, pruner, registers_per_thread, seq_bucket
+from ..tuning import (ACCUMULATOR_REGISTERS, autotune, cfg, configs, config_list, pruner, registers_per_thread,
+                      seq_bucket)
 from .buffer_phase import _buffer_phase
 from .context_phase import _context_phase
 from .packed_rows import _load_q_tile, _normalized, _packed_rows, _rows, _store_state
@@ -44,31 +45,16 @@ def _fits(config, element_size, block_d):
 # of the first three is (docs/measurements/shared_context.md). Under the interpreter: 16-row
 # tiles, 16-key context blocks, 8-key buffer steps and 4-row buffer tiles (BLOCK_R, set by the
 # launcher), so that tiny cases span several of each. The pruner drops what does not fit.
-_FUSED_CONFIGS = {
-    "small_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
-                            cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=256),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=128),
-                            cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=128),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_NB=128)],
-                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
-    "large_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=64),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=64),
-                            cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16)],
-                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
+_FUSED_TABLES = {
+    "small_d": configs("BLOCK_M BLOCK_N BLOCK_NB", (8, 3, 128, 64, 128), (8, 2, 256, 64, 256), (4, 3, 64, 64, 128),
+                       (4, 3, 128, 64, 128), (4, 3, 64, 128, 128)),
+    "large_d": configs("BLOCK_M BLOCK_N BLOCK_NB", (8, 3, 128, 64, 64), (4, 3, 64, 64, 64), (4, 2, 32, 32, 16)),
 }
-# The context kernel has no buffer phase (BLOCK_NB unused).
-_CONTEXT_CONFIGS = {
-    "small_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
-                            cfg(8, 2, BLOCK_M=256, BLOCK_N=64, BLOCK_NB=16),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16),
-                            cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_NB=16)],
-                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
-    "large_d": config_list([cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_NB=16),
-                            cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_NB=16),
-                            cfg(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_NB=16)],
-                           cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)),
-}
+_INTERPRETER_CONFIG = cfg(1, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_NB=8)
+_FUSED_CONFIGS = {d: config_list(table, _INTERPRETER_CONFIG) for d, table in _FUSED_TABLES.items()}
+# The context kernel has no buffer phase: the fused kernel's tiles with BLOCK_NB unused (16).
+_CONTEXT_CONFIGS = {d: config_list([cfg(c.num_warps, c.num_stages, **dict(c.kwargs, BLOCK_NB=16)) for c in table],
+                                   _INTERPRETER_CONFIG) for d, table in _FUSED_TABLES.items()}
 # The buffer kernel has no context phase (BLOCK_N unused): BLOCK_M only sets how many samples'
 # rows one program streams through.
 _BUFFER_CONFIGS = {

@@ -30,7 +30,7 @@ from ..launch import on_device
 from ..outputs import new_output
 from ..precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
 from .segment import MAX_GRID_YZ, batch_splits, compact_channels
-from ..tuning import autotune, autotune_enabled, cfg, config_list, multiprocessors, next_pow2
+from ..tuning import autotune, autotune_enabled, cfg, configs, config_list, multiprocessors, next_pow2
 
 __all__ = ["outer_sum_launch", "outer_sum_kernel", "channel_tiles"]
 
@@ -38,18 +38,11 @@ __all__ = ["outer_sum_launch", "outer_sum_kernel", "channel_tiles"]
 # contraction). Defaults, not tuned yet (the autotuner picks among them); default first. Interpreter: blocks of 2,
 # so tiny test shapes span several channel tiles and batch blocks.
 _CONFIGS = config_list(
-    [
-        cfg(4, 3, BLOCK_N=64, BLOCK_A=64, BLOCK_B=64),
-        cfg(8, 3, BLOCK_N=64, BLOCK_A=128, BLOCK_B=128),
-        cfg(8, 3, BLOCK_N=32, BLOCK_A=128, BLOCK_B=128),
-        cfg(4, 3, BLOCK_N=128, BLOCK_A=64, BLOCK_B=64),
-        cfg(4, 3, BLOCK_N=64, BLOCK_A=32, BLOCK_B=32),
-        cfg(4, 3, BLOCK_N=128, BLOCK_A=32, BLOCK_B=32),
-        cfg(4, 3, BLOCK_N=64, BLOCK_A=128, BLOCK_B=32),
-        cfg(4, 3, BLOCK_N=64, BLOCK_A=32, BLOCK_B=128),
-    ],
-    cfg(1, 1, BLOCK_N=2, BLOCK_A=2, BLOCK_B=2),
-)
+    configs("BLOCK_N BLOCK_A BLOCK_B",
+            (4, 3, 64, 64, 64), (8, 3, 64, 128, 128), (8, 3, 32, 128, 128),
+            (4, 3, 128, 64, 64), (4, 3, 64, 32, 32), (4, 3, 128, 32, 32),
+            (4, 3, 64, 128, 32), (4, 3, 64, 32, 128)),
+    cfg(1, 1, BLOCK_N=2, BLOCK_A=2, BLOCK_B=2))
 
 
 def _prune(configs, named_args, **constexprs):

@@ -56,7 +56,7 @@ from ..launch import on_device
 from ..offsets import INT32_MAX, offset_span
 from ..outputs import new_output
 from ..precision import accumulator_dtype, accumulator_torch_dtype, dot_precision
-from ..tuning import autotune, autotune_enabled, cdiv, cfg, config_list, multiprocessors, next_pow2
+from ..tuning import autotune, autotune_enabled, cdiv, cfg, configs, config_list, multiprocessors, next_pow2
 
 __all__ = ["ALL_ROWS", "walks_all_rows", "PRODUCT_OPS", "CHANNEL_RANKS", "product_out_shape", "scale_out_shape",
            "sparse_product_launch", "sparse_scale_launch", "sparse_product_kernel", "sparse_scale_kernel",
@@ -131,21 +131,14 @@ _PRODUCT_CONFIGS = config_list(
     cfg(1, 1, BLOCK_N=2, BLOCK_C=2, BLOCK_R=2),
 )
 _SCALE_CONFIGS = config_list(
-    [
-        cfg(4, 1, BLOCK_N=4, BLOCK_C=64),
-        cfg(4, 1, BLOCK_N=2, BLOCK_C=128),
-        cfg(4, 1, BLOCK_N=8, BLOCK_C=32),
-        cfg(8, 1, BLOCK_N=8, BLOCK_C=128),
-        cfg(4, 1, BLOCK_N=16, BLOCK_C=16),
-        # larger tiles for rows of one term (the gather of a segment sum's backward): a program's index chain
-        # (row bounds, then the term's index, then x) is paid once per tile, so a tile must move kilobytes
-        cfg(4, 1, BLOCK_N=16, BLOCK_C=64),
-        cfg(8, 1, BLOCK_N=32, BLOCK_C=64),
-        cfg(8, 1, BLOCK_N=64, BLOCK_C=32),
-        cfg(8, 1, BLOCK_N=16, BLOCK_C=128),
-    ],
-    cfg(1, 1, BLOCK_N=2, BLOCK_C=2),
-)
+    configs("BLOCK_N BLOCK_C",
+            (4, 1, 4, 64), (4, 1, 2, 128), (4, 1, 8, 32),
+            (8, 1, 8, 128), (4, 1, 16, 16),
+            # larger tiles for rows of one term (the gather of a segment sum's backward): a program's index chain
+            # (row bounds, then the term's index, then x) is paid once per tile, so a tile must move kilobytes
+            (4, 1, 16, 64), (8, 1, 32, 64), (8, 1, 64, 32),
+            (8, 1, 16, 128)),
+    cfg(1, 1, BLOCK_N=2, BLOCK_C=2))
 
 
 # BATCH_DECADE (floor(log10 N), unused by the body) keys the tuning: with ALL_ROWS the batch blocks are the whole
@@ -291,28 +284,18 @@ def sparse_scale_kernel(X, Z, SCALE, INDEX, SEG_OUT, N, ROW0, C, CZ, ROW_TERMS,
 
 
 _SCALE_ROWS_CONFIGS = config_list(
-    [
-        cfg(4, 1, BLOCK_M=16, BLOCK_C=64),
-        cfg(8, 1, BLOCK_M=32, BLOCK_C=64),
-        cfg(4, 1, BLOCK_M=32, BLOCK_C=32),
-        cfg(8, 1, BLOCK_M=16, BLOCK_C=128),
-        cfg(4, 1, BLOCK_M=8, BLOCK_C=128),
-        cfg(8, 1, BLOCK_M=64, BLOCK_C=32),
-        # wider row pieces, for wide channel counts (6272 bf16 channels: docs/measurements/sparse.md)
-        cfg(8, 1, BLOCK_M=32, BLOCK_C=128),
-        cfg(8, 1, BLOCK_M=64, BLOCK_C=64),
-        cfg(4, 1, BLOCK_M=16, BLOCK_C=256),
-        # more bytes a thread (the configs above move 16-32): a gather's index chain needs more in flight per SM
-        cfg(4, 1, BLOCK_M=64, BLOCK_C=32),
-        cfg(4, 1, BLOCK_M=128, BLOCK_C=32),
-        cfg(8, 1, BLOCK_M=256, BLOCK_C=32),
-        cfg(4, 1, BLOCK_M=64, BLOCK_C=64),
-        # whole rows of 512 channels (L 3 C 32, 8 lines of 64: this kernel, see LINES_OVER_ROWS) in a program: the
-        # autotuner's pick there in bf16 (docs/measurements/sparse.md)
-        cfg(8, 1, BLOCK_M=8, BLOCK_C=512),
-    ],
-    cfg(1, 1, BLOCK_M=2, BLOCK_C=2),
-)
+    configs("BLOCK_M BLOCK_C",
+            (4, 1, 16, 64), (8, 1, 32, 64), (4, 1, 32, 32),
+            (8, 1, 16, 128), (4, 1, 8, 128), (8, 1, 64, 32),
+            # wider row pieces, for wide channel counts (6272 bf16 channels: docs/measurements/sparse.md)
+            (8, 1, 32, 128), (8, 1, 64, 64), (4, 1, 16, 256),
+            # more bytes a thread (the configs above move 16-32): a gather's index chain needs more in flight per SM
+            (4, 1, 64, 32), (4, 1, 128, 32), (8, 1, 256, 32),
+            (4, 1, 64, 64),
+            # whole rows of 512 channels (L 3 C 32, 8 lines of 64: this kernel, see LINES_OVER_ROWS) in a program: the
+            # autotuner's pick there in bf16 (docs/measurements/sparse.md)
+            (8, 1, 8, 512)),
+    cfg(1, 1, BLOCK_M=2, BLOCK_C=2))
 
 
 @autotune(_SCALE_ROWS_CONFIGS, key=["C", "HAS_SCALE"], prune_configs_by={"early_config_prune": _prune})
