@@ -59,8 +59,7 @@ class Ceilings:
     triton: str
     # An empty Triton kernel (one program, two arguments): its GPU time as the timing core reads every call
     # (CUDA events, L2 flushed; no call that launches a kernel reads less), and the host time of submitting it
-    # (back-to-back launches without a sync). Measured on an H100 by the study this replaces: 3.6 us of GPU time
-    # (4.0 us with 48 arguments); on an H200's host 13-16 us to submit with 5 arguments, 21 us with 47. None in a
+    # (back-to-back launches without a sync); the figures are in docs/measurements/shared_context.md. None in a
     # cache written before these were measured.
     launch_floor_us: float | None = None
     launch_host_us: float | None = None

@@ -38,12 +38,10 @@ from ..kernels.gpu_time import gpu_time_samples
 CPU_MIN_SAMPLES = 5
 CPU_BUDGET_S = 2.0
 CPU_MAX_SAMPLES = 10_000
-# A timing whose IQR exceeds this fraction of its median is flagged as noisy (``Timing.noisy``).
-# Measured IQR/median: H200 anchor run (CUDA events) median 0.2%, worst 5.8% of 96 rows; CPU, one
-# thread, an idle 2-core VM, 400 samples of the reference backward (0.27 ms): 6%; the same VM while
-# other jobs shared its cores: median 19-26%, 90th percentile 50-75% over 306 rows, and medians
-# moved up to 2.1x between three runs. At 25% the quartiles cannot separate the decision rules'
-# 1.30 "prioritize" step, while no GPU or quiet-CPU row above comes near it.
+# A timing whose IQR exceeds this fraction of its median is flagged as noisy (``Timing.noisy``): at
+# 25% the quartiles cannot separate the decision rules' 1.30 "prioritize" step, while GPU rows and
+# quiet CPU rows stay far below it and a CPU shared with other jobs often does not
+# (docs/methodology.md has the measured spreads).
 NOISY_IQR_FRACTION = 0.25
 
 
@@ -80,8 +78,8 @@ def comparable(a: Timing, b: Timing) -> bool:
 
 def not_graph_capturable(fn):
     """Mark a timed callable that cannot be captured in a CUDA graph. Autograd's backward is one:
-    on an H200 (torch 2.11) capturing it failed with 'operation would make the legacy stream depend
-    on a capturing blocking stream', the engine's work being on the legacy stream."""
+    capturing it fails ('operation would make the legacy stream depend on a capturing blocking
+    stream', torch 2.11), the engine's work being on the legacy stream."""
     fn.graph_capturable = False
     return fn
 

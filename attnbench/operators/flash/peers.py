@@ -35,9 +35,9 @@ def sdpa_unavailable(backend_name, device):
 
 def sdpa_forward(backend_name, case, offset):
     if offset is not None and offset < 0:
-        # Measured on an H200 (torch 2.11): with causal_lower_right and Nq > Nk, cuDNN returns
-        # non-zero values (rel. error 0.23) for the rows that see no key, and torch documents NaN
-        # there for the other backends; no SDPA backend has a defined answer to compare.
+        # with causal_lower_right and Nq > Nk, cuDNN returns non-zero values for the rows that see no
+        # key (torch 2.11; docs/measurements/flash.md) and torch documents NaN there for the other
+        # backends: no SDPA backend has a defined answer to compare.
         raise Unsupported("rows that see no key (bottom-right causal, Nq > Nk): SDPA's output is undefined there")
     backend = getattr(SDPBackend, backend_name)
     gqa = case.heads_q != case.heads_kv

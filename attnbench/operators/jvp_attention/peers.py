@@ -23,9 +23,9 @@ def jvp_flash_unavailable(device):
 
 
 def jvp_flash_declines(case):
-    """Cases jvp-flash-attention returns wrong values for without an error (measured on an H200,
-    v0.14: rel. err 0.195 at N = 1000, 1.36 with Nq != Nk), or cannot express: declined in check
-    and bench with the reason; the capability matrix still runs them to show the wrong values."""
+    """Cases jvp-flash-attention returns wrong values for without an error (lengths off its block,
+    Nq != Nk: docs/measurements/jvp_attention.md), or cannot express: declined in check and bench
+    with the reason; the capability matrix still runs them to show the wrong values."""
     if case.seqlen_q != case.seqlen_k:
         return "jvp-flash-attention assumes Nq = Nk (it returns wrong values otherwise)"
     if case.seqlen_q % JVP_FLASH_BLOCK:
@@ -39,7 +39,7 @@ def jvp_flash_declines(case):
 
 def jvp_flash_declines_mode(mode):
     """jvp-flash-attention cannot differentiate its tangent output or its backward: its gradient
-    of a tangent output comes back as zeros without an error (rel. err 1.0 on the H200), and its
+    of a tangent output comes back as zeros without an error (relative error 1), and its
     double backward raises. Declined in check and bench; the capability matrix shows both."""
     if mode != "fwd_jvp":
         return "jvp-flash-attention differentiates only to first order in forward mode (vjp of its tangent is zero)"
