@@ -75,12 +75,17 @@ def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
     return check_scale(scale, head_dim), causal_offset(causal, seqlen_q, k.shape[2])
 
 
+def softmax_scale(scale, head_dim):
+    """``scale``, or the default 1/sqrt(head_dim) where it is None."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
+
+
 def check_scale(scale, head_dim) -> float:
     """The softmax scale (default 1/sqrt(head_dim)): a real number (numpy scalars too, not bool),
     positive and finite once rounded to fp32, the precision kernels receive it in (1e39 would
     silently give NaN outputs, 1e-50 would round to 0)."""
     if scale is None:
-        return 1.0 / math.sqrt(head_dim)
+        return softmax_scale(scale, head_dim)
     if (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
             or not (math.isfinite(float(scale)) and FLOAT32_TINY / 2 < float(scale) <= FLOAT32_MAX)):
         raise ValueError(f"scale must be a positive finite number (in float32), got {scale!r}")
