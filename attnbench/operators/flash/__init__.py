@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from ...bench.cases import DtypeNamed, case_set, seeded_inputs
-from ...bench.registry import Operator, Unsupported, Variant, register
+from ...bench.registry import Operator, Variant, register
 from ...bench.timing import not_graph_capturable
+from ..peers import probed
 from . import peers, reference, routes, split
 from ...attention.spec import causal_offset, softmax_scale
 
@@ -388,17 +389,10 @@ def _with_case(make_prepare):
 
 
 def _probed(make_forward):
-    """An autograd variant whose forward is tried once first, so unsupported cases say why."""
-
-    def make(case, x):
-        try:
-            forward = make_forward(case, case.causal_offset)
-        except (RuntimeError, ValueError, NotImplementedError) as exc:
-            raise Unsupported(str(exc).splitlines()[0]) from None
-        peers.probe(forward, x)
-        return forward
-
-    return autograd_variant(make)
+    """An autograd variant whose forward (``make_forward(case, causal offset)``) is tried once first, so
+    unsupported cases say why."""
+    return autograd_variant(probed(lambda case, x: make_forward(case, case.causal_offset),
+                                   lambda forward, x: forward(*_tensors(x)[:3])))
 
 
 FLASH = register(FlashOperator())

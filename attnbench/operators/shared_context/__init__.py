@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ...bench.cases import DtypeNamed, case_set, seeded_normal
-from ...bench.registry import Operator, Unsupported, Variant, register
+from ...bench.registry import Operator, Variant, register
+from ..peers import probed
 from . import peers
 from ...shared_context import reference, split
 from ...attention.spec import softmax_scale
@@ -337,17 +338,9 @@ class SharedContextOperator(Operator):
 
 
 def _probed(make_forward):
-    """A peer's forward, tried once first so that unsupported cases say why."""
-
-    def make(case, x):
-        try:
-            forward = make_forward(case, x)
-        except (RuntimeError, ValueError, NotImplementedError) as exc:
-            raise Unsupported(str(exc).splitlines()[0]) from None
-        peers.probe(forward)
-        return forward
-
-    return make
+    """A peer's forward (``make_forward(case, x)`` -> () -> (o, lse)), tried once first so that unsupported
+    cases say why."""
+    return probed(make_forward, lambda forward, x: forward()[0])
 
 
 SHARED_CONTEXT = register(SharedContextOperator())
