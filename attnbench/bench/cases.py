@@ -33,6 +33,11 @@ def case_set(op_name: str, sets: dict, set_name: str) -> list:
     return sets[set_name]()
 
 
+def case_rows(case_type, rows, dtypes) -> list:
+    """``case_type(*row, dtype=dtype)`` for each row of a shape table and, within a row, each of ``dtypes``."""
+    return [case_type(*row, dtype=dt) for row in rows for dt in dtypes]
+
+
 def seeded_normal(seed: int):
     """randn(*shape) -> float32 standard normals on the CPU, drawn in call order from one generator seeded
     with ``seed``: the same values on every device the caller then moves them to."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_set, seeded_inputs
+from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_inputs
 from ...bench.registry import Operator, Variant, register
 from ...bench.timing import not_graph_capturable
 from ..peers import probed
@@ -77,8 +77,7 @@ class FlashCase(DtypeNamed):
         return f"B{self.batch} {heads} {seq} D{self.head_dim}{mask}{scale} {self.short_dtype}"
 
 
-def _shapes(rows, dtypes):
-    return [FlashCase(*row, dtype=dt) for row in rows for dt in dtypes]
+_shapes = functools.partial(case_rows, FlashCase)  # (rows, dtypes) -> cases
 
 
 # Tiny shapes for the CPU gate: lengths that are not block multiples, Nq != Nk both ways, length 1,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_set, seeded_normal
+from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_normal
 from ...bench.registry import Operator, Variant, register
 from ..peers import probed
 from . import peers
@@ -85,8 +85,7 @@ class SharedContextCase(DtypeNamed):
                 f"{extra}{scale} {self.short_dtype}")
 
 
-def _cases(rows, dtypes, **kw):
-    return [SharedContextCase(*row, dtype=dt, **kw) for row in rows for dt in dtypes]
+_cases = functools.partial(case_rows, SharedContextCase)  # (rows, dtypes) -> cases
 
 
 # (B, H, Hkv, Lq, Nctx, Nbuf, D, causal, lengths)
