@@ -5,7 +5,8 @@ suites, with ``--launch-method forkserver``; a fresh interpreter each with ``spa
 never import torch at module level (the server must not hold CUDA, and a combination must not pay
 torch's import): each spells out its operator's case labels, variants and
 modes (tests/bench/test_suites.py fails if they drift from the operator's own) and builds its benchmark
-classes with ``anchor_suite``, ``latency_suite`` and ``speedup_suite``: subclasses of the classes below,
+classes with ``operator_suites`` (``anchor_suite`` and ``speedup_suite`` over its parameters), ``latency_suite``
+and ``speedup_suite``: subclasses of the classes below,
 assigned to module-level names of the suite (asv collects classes from the module's namespace and names
 a benchmark by the class's ``__name__``). The bases' names start with "_", so asv does not collect them
 here, only through the suites' subclasses (it finds inherited methods). asv's version of a benchmark
@@ -185,3 +186,10 @@ def latency_suite(name, measure, labels, variants, modes, doc=None):
 def speedup_suite(name, measure, labels, modes, peers, doc=None, subject=_Speedup.subject):
     """``subject``'s speed as a multiple of each of ``peers``', per case and mode."""
     return _suite(name, _Speedup, measure, (labels, modes, peers), doc, subject=subject)
+
+
+def operator_suites(measure, labels, variants, modes, ratio_peers, anchor, speedup, speedup_doc=None):
+    """An operator's two suites on one measuring pass: ``anchor`` (anchor_suite) over (labels, variants, modes),
+    ``speedup`` (speedup_suite, Triton's) over (labels, modes, ratio_peers)."""
+    return (anchor_suite(anchor, measure, labels, variants, modes),
+            speedup_suite(speedup, measure, labels, modes, ratio_peers, speedup_doc))

@@ -5,7 +5,7 @@ The shared measuring pass and benchmark bodies are in suites/_anchor.py; this mo
 the operator's parameters (no torch import: asv runs ~500 processes) and
 tests/bench/test_suites.py keeps them equal to the operator's own.
 """
-from ._anchor import anchor_suite, latency_suite, measurement, speedup_suite
+from ._anchor import latency_suite, measurement, operator_suites, speedup_suite
 
 OP = "flash"
 LABELS = ["B4 H16 N4096 D64 bf16", "B4 H16 N4096 D64 causal bf16",
@@ -17,6 +17,11 @@ RATIO_PEERS = ["sdpa_flash", "sdpa_cudnn", "flex"]
 @measurement(OP)
 def measure_flash():
     """asv's setup_cache of the flash anchor suites (see suites/_anchor.measurement)."""
+
+
+FlashAnchor, FlashTritonSpeedup = operator_suites(
+    measure_flash, LABELS, VARIANTS, MODES, RATIO_PEERS, "FlashAnchor", "FlashTritonSpeedup",
+    "Triton's speed as a multiple of each peer's (peer latency / Triton latency), same run.")
 
 # flash's "sweep" set
 SWEEP_LABELS = ["B64 H16 N512 D64 bf16", "B64 H16 N512 D64 causal bf16", "B32 H16 N1024 D64 bf16",
@@ -51,10 +56,6 @@ def measure_flash_sweep():
     """asv's setup_cache of the flash sweep suites: a cache of its own (see suites/_anchor.measurement)."""
 
 
-FlashAnchor = anchor_suite("FlashAnchor", measure_flash, LABELS, VARIANTS, MODES)
-FlashTritonSpeedup = speedup_suite(
-    "FlashTritonSpeedup", measure_flash, LABELS, MODES, RATIO_PEERS,
-    "Triton's speed as a multiple of each peer's (peer latency / Triton latency), same run.")
 FlashSweep = latency_suite(
     "FlashSweep", measure_flash_sweep, SWEEP_LABELS, SWEEP_VARIANTS, SWEEP_MODES,
     "The sweep's latencies (the plot's TF/s are in the run's report); the ratios below.")
