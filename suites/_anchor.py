@@ -3,15 +3,15 @@
 asv runs every parameter combination in a process of its own (forked from a server that imported the
 suites, with ``--launch-method forkserver``; a fresh interpreter each with ``spawn``), so suite modules
 never import torch at module level (the server must not hold CUDA, and a combination must not pay
-torch's import): each spells out its operator's case labels, variants and
-modes (tests/bench/test_suites.py fails if they drift from the operator's own) and builds its benchmark
-classes with ``operator_suites`` (``anchor_suite`` and ``speedup_suite`` over its parameters), ``latency_suite``
-and ``speedup_suite``: subclasses of the classes below,
-assigned to module-level names of the suite (asv collects classes from the module's namespace and names
-a benchmark by the class's ``__name__``). The bases' names start with "_", so asv does not collect them
-here, only through the suites' subclasses (it finds inherited methods). asv's version of a benchmark
-hashes the source of its methods and of the stub, so the bodies stay as they are written here: a new
-version would hide the recorded results (results/asv) from the dashboard.
+torch's import): each spells out its operator's case labels, variants and modes
+(tests/bench/test_suites.py fails if they drift from the operator's own) and builds its benchmark
+classes with ``operator_suites``, ``latency_suite`` and ``speedup_suite`` (bottom of this module):
+subclasses of the classes below, assigned to module-level names of the suite, since asv collects
+classes from a module's namespace and names a benchmark by its class's ``__name__``. The bases' names
+start with "_", so asv does not collect them here, only through the suites' subclasses (it finds
+inherited methods). asv's version of a benchmark hashes the source of its methods and of its stub, and
+results of another version drop out of the dashboard: the bodies below stay as written, so that the
+recorded results (results/asv) keep their versions.
 
 ``@measurement(op)`` makes a suite's stub asv's ``setup_cache``: it verifies and times every (case, variant, mode)
 once through attnbench's timing core (CUDA events, L2 flushed, median of many) and the ``track_``

@@ -165,4 +165,3 @@ def split_peer_forward(name, case, x, backend=None):
         return o.reshape(batch, heads_q, seqlen_q, head_dim), lse.reshape(batch, heads_q, seqlen_q)
 
     return forward
-
