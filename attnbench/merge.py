@@ -18,9 +18,9 @@ checked entry point.
 """
 import torch
 
-from .checks import refuse_derivatives, require_dtype
+from .checks import FLOAT_DTYPES, refuse_derivatives, require_dtype, require_float_dtype
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+SUPPORTED_DTYPES = FLOAT_DTYPES
 NO_DERIVATIVES = "merge_states / merge_many (plain PyTorch) differentiate every way"
 
 
@@ -32,8 +32,7 @@ def check_state(o, lse, name="state"):
     """A state is O [..., D] (floating) and LSE [...] (float32 or float64) on one device."""
     if not isinstance(o, torch.Tensor) or not isinstance(lse, torch.Tensor):
         raise TypeError(f"{name}: O and LSE must be torch.Tensors, got {type(o).__name__} and {type(lse).__name__}")
-    if o.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name}: O has dtype {o.dtype}; supported: float16, bfloat16, float32, float64")
+    require_float_dtype(f"{name}: O", o.dtype)
     if lse.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{name}: LSE has dtype {lse.dtype}; it must be float32 or float64")
     if o.dim() < 1 or tuple(o.shape[:-1]) != tuple(lse.shape):

@@ -3,10 +3,15 @@
 asv runs every parameter combination in a process of its own (forked from a server that imported the
 suites, with ``--launch-method forkserver``; a fresh interpreter each with ``spawn``), so suite modules
 never import torch at module level (the server must not hold CUDA, and a combination must not pay
-torch's import): each spells out its operator's case labels, variants and
-modes (tests/bench/test_suites.py fails if they drift from the operator's own) and subclasses the two
-classes below. Their names start with "_", so asv does not collect them here, only through the
-suites' subclasses (it finds inherited methods).
+torch's import): each spells out its operator's case labels, variants and modes
+(tests/bench/test_suites.py fails if they drift from the operator's own) and builds its benchmark
+classes with ``operator_suites``, ``latency_suite`` and ``speedup_suite`` (bottom of this module):
+subclasses of the classes below, assigned to module-level names of the suite, since asv collects
+classes from a module's namespace and names a benchmark by its class's ``__name__``. The bases' names
+start with "_", so asv does not collect them here, only through the suites' subclasses (it finds
+inherited methods). asv's version of a benchmark hashes the source of its methods and of its stub, and
+results of another version drop out of the dashboard: the bodies below stay as written, so that the
+recorded results (results/asv) keep their versions.
 
 ``@measurement(op)`` makes a suite's stub asv's ``setup_cache``: it verifies and times every (case, variant, mode)
 once through attnbench's timing core (CUDA events, L2 flushed, median of many) and the ``track_``
@@ -158,3 +163,33 @@ class _Speedup:
         return self.ratio_eager if math.isfinite(self.ratio_eager) else math.nan
 
     track_speedup_eager.unit = "x"
+
+
+def _suite(name, base, measure, params, doc=None, **attrs):
+    """The class ``name`` on ``base`` for the suite module of ``measure`` (its ``@measurement`` stub, the
+    setup_cache of the class), with asv's ``params``."""
+    namespace = {"__module__": measure.__module__, "__qualname__": name, "__doc__": doc, "params": params,
+                 "setup_cache": measure, **attrs}
+    return type(name, (base,), namespace)
+
+
+def anchor_suite(name, measure, labels, variants, modes, doc=None):
+    """Every variant and mode on every case of ``labels``: latency, TF/s, GB/s, % of roofline, memory."""
+    return _suite(name, _Anchor, measure, (labels, variants, modes), doc)
+
+
+def latency_suite(name, measure, labels, variants, modes, doc=None):
+    """Latency alone of every (case, variant, mode) point (large grids: see _Latency)."""
+    return _suite(name, _Latency, measure, (labels, variants, modes), doc)
+
+
+def speedup_suite(name, measure, labels, modes, peers, doc=None, subject=_Speedup.subject):
+    """``subject``'s speed as a multiple of each of ``peers``', per case and mode."""
+    return _suite(name, _Speedup, measure, (labels, modes, peers), doc, subject=subject)
+
+
+def operator_suites(measure, labels, variants, modes, ratio_peers, anchor, speedup, speedup_doc=None):
+    """An operator's two suites on one measuring pass: ``anchor`` (anchor_suite) over (labels, variants, modes),
+    ``speedup`` (speedup_suite, Triton's) over (labels, modes, ratio_peers)."""
+    return (anchor_suite(anchor, measure, labels, variants, modes),
+            speedup_suite(speedup, measure, labels, modes, ratio_peers, speedup_doc))

@@ -5,7 +5,7 @@ The shared measuring pass and benchmark bodies are in suites/_anchor.py; this mo
 the operator's parameters (no torch import: asv runs ~500 processes) and
 tests/bench/test_suites.py keeps them equal to the operator's own.
 """
-from ._anchor import _Anchor, _Latency, _Speedup, measurement
+from ._anchor import latency_suite, measurement, operator_suites, speedup_suite
 
 OP = "flash"
 LABELS = ["B4 H16 N4096 D64 bf16", "B4 H16 N4096 D64 causal bf16",
@@ -17,6 +17,11 @@ RATIO_PEERS = ["sdpa_flash", "sdpa_cudnn", "flex"]
 @measurement(OP)
 def measure_flash():
     """asv's setup_cache of the flash anchor suites (see suites/_anchor.measurement)."""
+
+
+FlashAnchor, FlashTritonSpeedup = operator_suites(
+    measure_flash, LABELS, VARIANTS, MODES, RATIO_PEERS, "FlashAnchor", "FlashTritonSpeedup",
+    "Triton's speed as a multiple of each peer's (peer latency / Triton latency), same run.")
 
 # flash's "sweep" set
 SWEEP_LABELS = ["B64 H16 N512 D64 bf16", "B64 H16 N512 D64 causal bf16", "B32 H16 N1024 D64 bf16",
@@ -51,25 +56,7 @@ def measure_flash_sweep():
     """asv's setup_cache of the flash sweep suites: a cache of its own (see suites/_anchor.measurement)."""
 
 
-class FlashAnchor(_Anchor):
-    params = (LABELS, VARIANTS, MODES)
-    setup_cache = measure_flash
-
-
-class FlashTritonSpeedup(_Speedup):
-    """Triton's speed as a multiple of each peer's (peer latency / Triton latency), same run."""
-
-    params = (LABELS, MODES, RATIO_PEERS)
-    setup_cache = measure_flash
-
-
-class FlashSweep(_Latency):
-    """The sweep's latencies (the plot's TF/s are in the run's report); the ratios below."""
-
-    params = (SWEEP_LABELS, SWEEP_VARIANTS, SWEEP_MODES)
-    setup_cache = measure_flash_sweep
-
-
-class FlashSweepSpeedup(_Speedup):
-    params = (SWEEP_LABELS, SWEEP_MODES, SWEEP_PEERS)
-    setup_cache = measure_flash_sweep
+FlashSweep = latency_suite(
+    "FlashSweep", measure_flash_sweep, SWEEP_LABELS, SWEEP_VARIANTS, SWEEP_MODES,
+    "The sweep's latencies (the plot's TF/s are in the run's report); the ratios below.")
+FlashSweepSpeedup = speedup_suite("FlashSweepSpeedup", measure_flash_sweep, SWEEP_LABELS, SWEEP_MODES, SWEEP_PEERS)

@@ -4,7 +4,7 @@ tangent output) for every variant on the anchor cases, with peak GPU memory.
 The shared measuring pass and benchmark bodies are in suites/_anchor.py; this module spells out
 the operator's parameters (no torch import) and tests/bench/test_suites.py keeps them equal.
 """
-from ._anchor import _Anchor, _Speedup, measurement
+from ._anchor import measurement, operator_suites, speedup_suite
 
 OP = "jvp_attention"
 LABELS = ["B4 H16 N2048 D64 bf16", "B4 H16 N4096 D64 causal bf16", "B2 H16 N4096 D128 bf16",
@@ -19,21 +19,9 @@ def measure_jvp_attention():
     """asv's setup_cache of the jvp_attention suites (see suites/_anchor.measurement)."""
 
 
-class JvpAttentionAnchor(_Anchor):
-    params = (LABELS, VARIANTS, MODES)
-    setup_cache = measure_jvp_attention
-
-
-class JvpAttentionSpeedup(_Speedup):
-    """Our route's speed as a multiple of SDPA MATH's and jvp-flash-attention's, same run."""
-
-    params = (LABELS, MODES, RATIO_PEERS)
-    setup_cache = measure_jvp_attention
-
-
-class JvpAttentionFusedSpeedup(_Speedup):
-    """The kernels called directly, as a multiple of each peer."""
-
-    subject = "triton_fused"
-    params = (LABELS, MODES, RATIO_PEERS)
-    setup_cache = measure_jvp_attention
+JvpAttentionAnchor, JvpAttentionSpeedup = operator_suites(
+    measure_jvp_attention, LABELS, VARIANTS, MODES, RATIO_PEERS, "JvpAttentionAnchor", "JvpAttentionSpeedup",
+    "Our route's speed as a multiple of SDPA MATH's and jvp-flash-attention's, same run.")
+JvpAttentionFusedSpeedup = speedup_suite(
+    "JvpAttentionFusedSpeedup", measure_jvp_attention, LABELS, MODES, RATIO_PEERS,
+    "The kernels called directly, as a multiple of each peer.", subject="triton_fused")

@@ -10,8 +10,11 @@ import numbers
 
 import torch
 
+from ..checks import (FLOAT_DTYPES, require_float_tensor, require_head_dim, require_head_groups,
+                      require_size)
+
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+SUPPORTED_DTYPES = FLOAT_DTYPES
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 # a scale the kernels receive as float32 must neither overflow it nor round to zero (plain
 # arithmetic, no numpy: torch.compile traces this check)
@@ -47,13 +50,7 @@ def causal_mask(seqlen_q: int, seqlen_k: int, offset, device):
 def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
     """Validate flash inputs before anything runs; returns (softmax scale, causal offset)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name_prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name_prefix}{name} must have 4 dimensions [batch, heads, seqlen, head_dim]; "
-                             f"got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name_prefix}{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
+        require_float_tensor(f"{name_prefix}{name}", t, 4, "[batch, heads, seqlen, head_dim]")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -61,18 +58,18 @@ def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
     batch, heads_q, seqlen_q, head_dim = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[0] != batch:
-        raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch})")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"k head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
-    heads_kv = k.shape[1]
-    if heads_kv == 0 or heads_q % heads_kv:
-        raise ValueError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv}) (GQA/MQA)")
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {head_dim} is unsupported: flash needs {MIN_HEAD_DIM} <= head_dim <= {MAX_HEAD_DIM}")
+    require_size("k batch", k.shape[0], "q batch", batch)
+    require_size("k head_dim", k.shape[3], "q head_dim", head_dim)
+    require_head_groups(heads_q, k.shape[1], "k/v")
+    require_head_dim(head_dim, MIN_HEAD_DIM, MAX_HEAD_DIM, "flash")
     if seqlen_q == 0 or k.shape[2] == 0 or batch == 0 or heads_q == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
     return check_scale(scale, head_dim), causal_offset(causal, seqlen_q, k.shape[2])
+
+
+def softmax_scale(scale, head_dim):
+    """``scale``, or the default 1/sqrt(head_dim) where it is None."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
 def check_scale(scale, head_dim) -> float:
@@ -80,7 +77,7 @@ def check_scale(scale, head_dim) -> float:
     positive and finite once rounded to fp32, the precision kernels receive it in (1e39 would
     silently give NaN outputs, 1e-50 would round to 0)."""
     if scale is None:
-        return 1.0 / math.sqrt(head_dim)
+        return softmax_scale(scale, head_dim)
     if (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
             or not (math.isfinite(float(scale)) and FLOAT32_TINY / 2 < float(scale) <= FLOAT32_MAX)):
         raise ValueError(f"scale must be a positive finite number (in float32), got {scale!r}")

@@ -58,6 +58,11 @@ class Operator:
     def __init__(self):
         self.variants: dict[str, Variant] = {}  # the default set
         self.routes: dict[str, Variant] = {}  # forced routes ("variant@route"), run when named
+        self.register_variants()
+
+    def register_variants(self):
+        """Add this operator's variants and forced routes (``add_variant``, ``add_route``); called once by
+        ``__init__``. None by default."""
 
     def add_variant(self, variant: Variant):
         if self.knows(variant.name):

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from ..attention.spec import check_scale
+from ..checks import FLOAT_DTYPES, require_float_tensor, require_head_dim, require_head_groups, require_size
 from ..kernels.offsets import INT32_MAX
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+SUPPORTED_DTYPES = FLOAT_DTYPES
 LENGTH_DTYPES = (torch.int32, torch.int64)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
@@ -45,29 +46,20 @@ class Shapes:
         return self.heads_q // self.heads_kv
 
 
-def _tensor(name, t, dims, layout):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != dims:
-        raise ValueError(f"{name} must have {dims} dimensions {layout}; got shape {tuple(t.shape)}")
-    if t.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
-
-
 def check_inputs(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, causal=False, scale=None,
                  check_lengths=True) -> Shapes:
     """Validate one call before anything runs; returns its sizes. ``k_buf = v_buf = None`` means
     no buffer. ``check_lengths`` reads buf_lens' values to check their range, which waits for the
     GPU: a decode loop that maintains the lengths itself passes False (the kernels clamp them)."""
-    _tensor("q", q, 4, "[batch, heads, seqlen_q, head_dim]")
-    _tensor("k_ctx", k_ctx, 3, "[heads_kv, n_ctx, head_dim]")
-    _tensor("v_ctx", v_ctx, 3, "[heads_kv, n_ctx, head_dim]")
+    require_float_tensor("q", q, 4, "[batch, heads, seqlen_q, head_dim]")
+    require_float_tensor("k_ctx", k_ctx, 3, "[heads_kv, n_ctx, head_dim]")
+    require_float_tensor("v_ctx", v_ctx, 3, "[heads_kv, n_ctx, head_dim]")
     if (k_buf is None) != (v_buf is None):
         raise ValueError("k_buf and v_buf must both be tensors or both be None (no buffer)")
     tensors = {"q": q, "k_ctx": k_ctx, "v_ctx": v_ctx}
     if k_buf is not None:
-        _tensor("k_buf", k_buf, 4, "[batch, heads_kv, n_buf, head_dim]")
-        _tensor("v_buf", v_buf, 4, "[batch, heads_kv, n_buf, head_dim]")
+        require_float_tensor("k_buf", k_buf, 4, "[batch, heads_kv, n_buf, head_dim]")
+        require_float_tensor("v_buf", v_buf, 4, "[batch, heads_kv, n_buf, head_dim]")
         tensors.update(k_buf=k_buf, v_buf=v_buf)
     dtypes = {name: t.dtype for name, t in tensors.items()}
     if len(set(dtypes.values())) > 1:
@@ -86,25 +78,18 @@ def check_inputs(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=None, *, caus
     if k_ctx.shape != v_ctx.shape:
         raise ValueError(f"k_ctx and v_ctx must have the same shape; got {tuple(k_ctx.shape)} and {tuple(v_ctx.shape)}")
     heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
-    if k_ctx.shape[2] != head_dim:
-        raise ValueError(f"k_ctx head_dim ({k_ctx.shape[2]}) must equal q head_dim ({head_dim})")
+    require_size("k_ctx head_dim", k_ctx.shape[2], "q head_dim", head_dim)
     n_buf = 0
     if k_buf is not None:
         if k_buf.shape != v_buf.shape:
             raise ValueError(f"k_buf and v_buf must have the same shape; got {tuple(k_buf.shape)} and "
                              f"{tuple(v_buf.shape)}")
-        if k_buf.shape[0] != batch:
-            raise ValueError(f"k_buf batch ({k_buf.shape[0]}) must equal q batch ({batch})")
-        if k_buf.shape[1] != heads_kv:
-            raise ValueError(f"k_buf heads ({k_buf.shape[1]}) must equal k_ctx heads ({heads_kv})")
-        if k_buf.shape[3] != head_dim:
-            raise ValueError(f"k_buf head_dim ({k_buf.shape[3]}) must equal q head_dim ({head_dim})")
+        require_size("k_buf batch", k_buf.shape[0], "q batch", batch)
+        require_size("k_buf heads", k_buf.shape[1], "k_ctx heads", heads_kv)
+        require_size("k_buf head_dim", k_buf.shape[3], "q head_dim", head_dim)
         n_buf = k_buf.shape[2]
-    if heads_kv == 0 or heads_q % heads_kv:
-        raise ValueError(f"q heads ({heads_q}) must be a multiple of k_ctx heads ({heads_kv}) (GQA/MQA)")
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {head_dim} is unsupported: shared_context needs "
-                         f"{MIN_HEAD_DIM} <= head_dim <= {MAX_HEAD_DIM}")
+    require_head_groups(heads_q, heads_kv, "k_ctx")
+    require_head_dim(head_dim, MIN_HEAD_DIM, MAX_HEAD_DIM, "shared_context")
     if batch == 0 or heads_q == 0 or seqlen_q == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}; batch, heads and seqlen_q must be >= 1")
     if n_ctx + n_buf == 0:

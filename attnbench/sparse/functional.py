@@ -384,39 +384,27 @@ def sparse_product(op: str, x: Tensor, y: Tensor, infos, out_accumulated: bool =
     return PRODUCT_FUNCTIONS[op].apply(x, y, *infos, bool(out_accumulated), True)  # checked: see sparse_scale
 
 
-def sparse_mul(x, y, infos, out_accumulated=False):
-    """z[i3] += s x[i1] * y[i2], x [N, M1, C], y [N, M2, C] -> z [N, M3, C]."""
-    return sparse_product("mul", x, y, infos, out_accumulated)
+def _product_function(op, doc):
+    """``sparse_<op>(x, y, infos, out_accumulated=False)``: sparse_product of the op named ``op``."""
+
+    def product(x, y, infos, out_accumulated=False):
+        return sparse_product(op, x, y, infos, out_accumulated)
+
+    product.__name__ = product.__qualname__ = f"sparse_{op}"
+    product.__doc__ = doc
+    return product
 
 
-def sparse_outer(x, y, infos, out_accumulated=False):
-    """z[i3] += s x[i1] ⊗ y[i2], x [N, M1, C1], y [N, M2, C2] -> z [N, M3, C1, C2]."""
-    return sparse_product("outer", x, y, infos, out_accumulated)
-
-
-def sparse_inner(x, y, infos, out_accumulated=False):
-    """z[i3] += s <x[i1], y[i2]>, x [N, M1, C], y [N, M2, C] -> z [N, M3]."""
-    return sparse_product("inner", x, y, infos, out_accumulated)
-
-
-def sparse_vecmat(x, y, infos, out_accumulated=False):
-    """z[i3] += s x[i1] @ y[i2], x [N, M1, Cin], y [N, M2, Cin, Cout] -> z [N, M3, Cout]."""
-    return sparse_product("vecmat", x, y, infos, out_accumulated)
-
-
-def sparse_vecsca(x, y, infos, out_accumulated=False):
-    """z[i3] += s x[i1] y[i2], x [N, M1, C], y [N, M2] -> z [N, M3, C]."""
-    return sparse_product("vecsca", x, y, infos, out_accumulated)
-
-
-def sparse_scavec(x, y, infos, out_accumulated=False):
-    """z[i3] += s x[i1] y[i2], x [N, M1], y [N, M2, C] -> z [N, M3, C]."""
-    return sparse_product("scavec", x, y, infos, out_accumulated)
-
-
-def sparse_mat_t_vec(x, y, infos, out_accumulated=False):
-    """z[i3] += s x[i1]^T @ y[i2], x [N, M1, Cin, Cout], y [N, M2, Cin] -> z [N, M3, Cout]."""
-    return sparse_product("mat_t_vec", x, y, infos, out_accumulated)
+sparse_mul = _product_function("mul", "z[i3] += s x[i1] * y[i2], x [N, M1, C], y [N, M2, C] -> z [N, M3, C].")
+sparse_outer = _product_function(
+    "outer", "z[i3] += s x[i1] ⊗ y[i2], x [N, M1, C1], y [N, M2, C2] -> z [N, M3, C1, C2].")
+sparse_inner = _product_function("inner", "z[i3] += s <x[i1], y[i2]>, x [N, M1, C], y [N, M2, C] -> z [N, M3].")
+sparse_vecmat = _product_function(
+    "vecmat", "z[i3] += s x[i1] @ y[i2], x [N, M1, Cin], y [N, M2, Cin, Cout] -> z [N, M3, Cout].")
+sparse_vecsca = _product_function("vecsca", "z[i3] += s x[i1] y[i2], x [N, M1, C], y [N, M2] -> z [N, M3, C].")
+sparse_scavec = _product_function("scavec", "z[i3] += s x[i1] y[i2], x [N, M1], y [N, M2, C] -> z [N, M3, C].")
+sparse_mat_t_vec = _product_function(
+    "mat_t_vec", "z[i3] += s x[i1]^T @ y[i2], x [N, M1, Cin, Cout], y [N, M2, Cin] -> z [N, M3, Cout].")
 
 
 def _check_scale_call(x, info_fwd, info_bwd):

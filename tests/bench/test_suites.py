@@ -67,6 +67,17 @@ def test_asv_collects_the_suites_not_their_shared_bases():
     assert not [k for k, v in vars(_anchor).items() if isinstance(v, type) and not k.startswith("_")]
 
 
+def test_suite_classes_carry_the_names_asv_reports():
+    """asv names a benchmark <suite module>.<class __name__>.<method>, and the recorded results/asv history is keyed
+    by that name: a class the suite builds through suites/_anchor.py carries the name it is assigned to in its
+    suite module, that module, and that module's own measuring stub."""
+    for suite in SHARED:
+        for name, cls in vars(suite).items():
+            if isinstance(cls, type) and not name.startswith("_"):
+                assert (cls.__name__, cls.__qualname__, cls.__module__) == (name, name, suite.__name__)
+                assert cls.setup_cache.__module__ == suite.__name__
+
+
 @pytest.mark.interpreter  # the CPU gate: no CUDA there
 @pytest.mark.parametrize("suite", SHARED, ids=lambda s: s.__name__)
 def test_measurement_is_empty_without_cuda_so_asv_skips(suite):

@@ -14,18 +14,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.registry import Operator, Unsupported, Variant, register
+from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_inputs
+from ...bench.registry import Operator, Variant, register
 from ...bench.timing import not_graph_capturable
+from ..peers import probed
 from . import peers, reference, routes, split
-from ...attention.spec import causal_offset
+from ...attention.spec import causal_offset, softmax_scale
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
-SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 OUTPUTS = {"fwd": ("o", "lse"), "bwd": ("dq", "dk", "dv"), "fwd_bwd": ("o", "dq", "dk", "dv")}
 
 
 @dataclass(frozen=True)
-class FlashCase:
+class FlashCase(DtypeNamed):
     batch: int
     heads_q: int
     heads_kv: int
@@ -37,12 +37,8 @@ class FlashCase:
     scale: float | None = None  # None: 1 / sqrt(head_dim)
 
     @property
-    def torch_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
     def softmax_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+        return softmax_scale(self.scale, self.head_dim)
 
     @property
     def causal_offset(self):
@@ -58,16 +54,30 @@ class FlashCase:
         return int((rows + off + 1).clamp(0, self.seqlen_k).sum())
 
     @property
+    def forward_flops(self) -> float:
+        """The forward's FLOPs: 4 B Hq D per visible (query, key) pair (two matmuls)."""
+        return 4.0 * self.batch * self.heads_q * self.visible_pairs * self.head_dim
+
+    @property
+    def tensor_bytes(self):
+        """(q_like, kv_like, rows): bytes of one [B, Hq, Nq, D] tensor (q, o, do), one [B, Hkv, Nk, D] tensor
+        (k, v) and one [B, Hq, Nq] row statistic (lse: float32, float64 for float64 inputs)."""
+        item = self.torch_dtype.itemsize
+        q_like = self.batch * self.heads_q * self.seqlen_q * self.head_dim * item
+        kv_like = self.batch * self.heads_kv * self.seqlen_k * self.head_dim * item
+        rows = self.batch * self.heads_q * self.seqlen_q * (8 if self.dtype == "float64" else 4)
+        return q_like, kv_like, rows
+
+    @property
     def label(self) -> str:
         heads = f"H{self.heads_q}" if self.heads_q == self.heads_kv else f"H{self.heads_q}/{self.heads_kv}"
         seq = f"N{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"N{self.seqlen_q}x{self.seqlen_k}"
         mask = {None: "", "top_left": " causal", "bottom_right": " causal-br"}[self.causal]
         scale = "" if self.scale is None else f" s{self.scale:g}"
-        return f"B{self.batch} {heads} {seq} D{self.head_dim}{mask}{scale} {SHORT_DTYPE[self.dtype]}"
+        return f"B{self.batch} {heads} {seq} D{self.head_dim}{mask}{scale} {self.short_dtype}"
 
 
-def _shapes(rows, dtypes):
-    return [FlashCase(*row, dtype=dt) for row in rows for dt in dtypes]
+_shapes = functools.partial(case_rows, FlashCase)  # (rows, dtypes) -> cases
 
 
 # Tiny shapes for the CPU gate: lengths that are not block multiples, Nq != Nk both ways, length 1,
@@ -288,29 +298,18 @@ class FlashOperator(Operator):
     baselines = ("sdpa_flash", "reference")
     ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex")
 
-    def __init__(self):
-        super().__init__()
-        self._register_variants()
-
     def cases(self, set_name):
-        if set_name not in CASE_SETS:
-            raise ValueError(f"flash: case set must be one of {sorted(CASE_SETS)}, got {set_name!r}")
-        return CASE_SETS[set_name]()
+        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-
-        def randn(*shape):  # drawn on the CPU so a seed gives the same inputs on every device
-            return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=case.torch_dtype)
-
         q_shape = (case.batch, case.heads_q, case.seqlen_q, case.head_dim)
         kv_shape = (case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
-        return {"q": randn(*q_shape), "k": randn(*kv_shape), "v": randn(*kv_shape), "do": randn(*q_shape)}
+        shapes = {"q": q_shape, "k": kv_shape, "v": kv_shape, "do": q_shape}
+        return seeded_inputs(seed, shapes, device, case.torch_dtype)
 
     def flops(self, case, mode):
         self.check_mode(mode)
-        forward = 4.0 * case.batch * case.heads_q * case.visible_pairs * case.head_dim
-        return forward * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+        return case.forward_flops * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
     def exponentials(self, case, mode):
         """Softmax's exponentials (``attnbench report --floors``): one per visible (query, key) pair and query head
@@ -321,10 +320,7 @@ class FlashOperator(Operator):
 
     def bytes(self, case, mode):
         self.check_mode(mode)
-        item = case.torch_dtype.itemsize
-        q_like = case.batch * case.heads_q * case.seqlen_q * case.head_dim * item
-        kv_like = case.batch * case.heads_kv * case.seqlen_k * case.head_dim * item
-        rows = case.batch * case.heads_q * case.seqlen_q * (8 if case.dtype == "float64" else 4)
+        q_like, kv_like, rows = case.tensor_bytes
         return {
             "fwd": q_like + 2 * kv_like + q_like + rows,  # read q k v, write o lse
             "bwd": 3 * q_like + 2 * kv_like + rows + q_like + 2 * kv_like,  # read do q o k v lse, write dq dk dv
@@ -355,7 +351,7 @@ class FlashOperator(Operator):
             Tunable("dq", "the backward's dQ pass (flash_bwd_dq_kernel)", lambda: [flash_bwd.flash_bwd_dq_kernel], "bwd"),
         )}
 
-    def _register_variants(self):
+    def register_variants(self):
         from ...attention import flash_bwd as triton_bwd, flash_fwd as triton_fwd, unavailable_reason
 
         self.add_variant(Variant(
@@ -392,17 +388,10 @@ def _with_case(make_prepare):
 
 
 def _probed(make_forward):
-    """An autograd variant whose forward is tried once first, so unsupported cases say why."""
-
-    def make(case, x):
-        try:
-            forward = make_forward(case, case.causal_offset)
-        except (RuntimeError, ValueError, NotImplementedError) as exc:
-            raise Unsupported(str(exc).splitlines()[0]) from None
-        peers.probe(forward, x)
-        return forward
-
-    return autograd_variant(make)
+    """An autograd variant whose forward (``make_forward(case, causal offset)``) is tried once first, so
+    unsupported cases say why."""
+    return autograd_variant(probed(lambda case, x: make_forward(case, case.causal_offset),
+                                   lambda forward, x: forward(*_tensors(x)[:3])))
 
 
 FLASH = register(FlashOperator())

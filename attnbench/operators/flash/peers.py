@@ -1,6 +1,6 @@
 """Third-party flash implementations measured beside ours: SDPA's four backends and FlexAttention.
 
-Each SDPA backend is pinned with ``sdpa_kernel`` so that a backend that cannot run a case fails
+Each SDPA backend is pinned (operators/peers.py) so that a backend that cannot run a case fails
 loudly (reported as unsupported) instead of silently falling back to another one.
 """
 import functools
@@ -10,12 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ...bench.registry import Unsupported
-
-try:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.bias import causal_lower_right
-except ImportError:  # pragma: no cover - torch >= 2.11 is required, this guards odd builds
-    SDPBackend = sdpa_kernel = causal_lower_right = None
+from ..peers import SDPBackend, causal_lower_right, sdpa_kernel, sdpa_unavailable  # noqa: F401 (re-exported)
 
 SDPA_BACKENDS = {
     "sdpa_math": "MATH",
@@ -23,14 +18,6 @@ SDPA_BACKENDS = {
     "sdpa_efficient": "EFFICIENT_ATTENTION",
     "sdpa_cudnn": "CUDNN_ATTENTION",
 }
-
-
-def sdpa_unavailable(backend_name, device):
-    if SDPBackend is None:
-        return "torch.nn.attention.sdpa_kernel is not importable"
-    if backend_name != "MATH" and device.type != "cuda":
-        return "needs a CUDA device"
-    return None
 
 
 def sdpa_forward(backend_name, case, offset):
@@ -54,20 +41,6 @@ def sdpa_forward(backend_name, case, offset):
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
     return forward
-
-
-def probe(forward, x):
-    """Run a peer once so an unsupported case raises Unsupported with the backend's own reason."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with torch.no_grad():
-                out = forward(x["q"], x["k"], x["v"])
-        except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
-            reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
-            raise Unsupported(f"{str(exc).splitlines()[0]}{' (' + reasons + ')' if reasons else ''}") from None
-    if torch.isnan(out).any():
-        raise Unsupported("returns NaN on this case")
 
 
 def flex_unavailable(device):

@@ -28,9 +28,44 @@ def key_blocks(seqlen_q, seqlen_k, offset, block_n):
     return range(0, max(0, last_visible), block_n)
 
 
+def visible_blocks(seqlen_q, seqlen_k, offset, block_n, device):
+    """(n0, n1, visible) per key block [n0, n1) that any query row can see: ``visible`` the block's
+    [Nq, n1 - n0] columns of the causal mask, None when nothing is masked."""
+    mask = causal_mask(seqlen_q, seqlen_k, offset, device)
+    for n0 in key_blocks(seqlen_q, seqlen_k, offset, block_n):
+        n1 = min(seqlen_k, n0 + block_n)
+        yield n0, n1, None if mask is None else mask[:, n0:n1]
+
+
+def key_block(t, n0, n1, cdt):
+    """Keys n0..n1 of a [B, Hkv, Nk, X] tensor as [B, Hkv, 1, n1 - n0, X] in ``cdt`` (a broadcast over the
+    group axis); None stays None (an absent tangent)."""
+    return None if t is None else t[:, :, n0:n1].to(cdt).unsqueeze(2)
+
+
 def masked_scores(qg, kb, scale, visible):
     s = scale * (qg @ kb.transpose(-1, -2))
     return s if visible is None else s.masked_fill(~visible, float("-inf"))
+
+
+def online_softmax_step(m, s):
+    """One key block of the online softmax: the new running max, the block's unnormalized P and the factor
+    alpha that rescales what was accumulated under the old max."""
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    return m_new, torch.exp(s - m_new.unsqueeze(-1)), torch.exp(m - m_new)
+
+
+def saved_lse(lse, heads_kv, cdt):
+    """The forward's LSE as [B, Hkv, G, Nq, 1] in ``cdt``. A row that saw no key has LSE = -inf; read it as
+    +inf so that its P = exp(S - LSE) is 0, not NaN."""
+    lse_g = grouped(lse.to(cdt), heads_kv).unsqueeze(-1)
+    return torch.where(torch.isneginf(lse_g), torch.full_like(lse_g, float("inf")), lse_g)
+
+
+def gradient_buffers(qg, k, v, cdt):
+    """Zeroed accumulators for the gradients (or their tangents) of q (grouped, like ``qg``), k and v."""
+    return (torch.zeros_like(qg), torch.zeros(k.shape, dtype=cdt, device=k.device),
+            torch.zeros(v.shape, dtype=cdt, device=v.device))
 
 
 def flash_fwd(q, k, v, scale: float, offset, block_n: int = BLOCK_N):
@@ -43,15 +78,9 @@ def flash_fwd(q, k, v, scale: float, offset, block_n: int = BLOCK_N):
     m = torch.full(shape, -1e30, dtype=cdt, device=q.device)
     l = torch.zeros(shape, dtype=cdt, device=q.device)
     acc = torch.zeros(qg.shape, dtype=cdt, device=q.device)
-    mask = causal_mask(seqlen_q, seqlen_k, offset, q.device)
-    for n0 in key_blocks(seqlen_q, seqlen_k, offset, block_n):
-        n1 = min(seqlen_k, n0 + block_n)
-        kb = k[:, :, n0:n1].to(cdt).unsqueeze(2)
-        vb = v[:, :, n0:n1].to(cdt).unsqueeze(2)
-        s = masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1])
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        p = torch.exp(s - m_new.unsqueeze(-1))
-        alpha = torch.exp(m - m_new)
+    for n0, n1, visible in visible_blocks(seqlen_q, seqlen_k, offset, block_n, q.device):
+        kb, vb = (key_block(t, n0, n1, cdt) for t in (k, v))
+        m_new, p, alpha = online_softmax_step(m, masked_scores(qg, kb, scale, visible))
         l = l * alpha + p.sum(dim=-1)
         acc = acc * alpha.unsqueeze(-1) + p @ vb
         m = m_new
@@ -83,18 +112,11 @@ def flash_bwd(do, q, k, v, o, lse, scale: float, offset, block_n: int = BLOCK_N)
     qg = grouped(q.to(cdt), heads_kv)
     dog = grouped(do.to(cdt), heads_kv)
     delta = (dog * grouped(o.to(cdt), heads_kv)).sum(dim=-1, keepdim=True)
-    # A row that saw no key has LSE = -inf; read it as +inf so its P is exp(-inf) = 0, not NaN.
-    lse_g = grouped(lse.to(cdt), heads_kv).unsqueeze(-1)
-    lse_g = torch.where(torch.isneginf(lse_g), torch.full_like(lse_g, float("inf")), lse_g)
-    mask = causal_mask(seqlen_q, seqlen_k, offset, q.device)
-    dq = torch.zeros_like(qg)
-    dk = torch.zeros(k.shape, dtype=cdt, device=k.device)
-    dv = torch.zeros(v.shape, dtype=cdt, device=v.device)
-    for n0 in key_blocks(seqlen_q, seqlen_k, offset, block_n):
-        n1 = min(seqlen_k, n0 + block_n)
-        kb = k[:, :, n0:n1].to(cdt).unsqueeze(2)
-        vb = v[:, :, n0:n1].to(cdt).unsqueeze(2)
-        p = torch.exp(masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1]) - lse_g)
+    lse_g = saved_lse(lse, heads_kv, cdt)
+    dq, dk, dv = gradient_buffers(qg, k, v, cdt)
+    for n0, n1, visible in visible_blocks(seqlen_q, seqlen_k, offset, block_n, q.device):
+        kb, vb = (key_block(t, n0, n1, cdt) for t in (k, v))
+        p = torch.exp(masked_scores(qg, kb, scale, visible) - lse_g)
         dv[:, :, n0:n1] = (p.transpose(-1, -2) @ dog).sum(dim=2)
         dp = dog @ vb.transpose(-1, -2)
         ds = p * (dp - delta)

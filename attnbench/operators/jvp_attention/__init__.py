@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ...bench.cases import case_set, seeded_inputs
 from ...bench.registry import Operator, Unsupported, Variant, register
 from ..flash import HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
@@ -184,35 +185,24 @@ class JvpAttentionOperator(Operator):
     ratio_subject = "triton"
     ratio_peers = ("sdpa_math", "jvp_flash")
 
-    def __init__(self):
-        super().__init__()
-        self._register_variants()
-
     def cases(self, set_name):
-        if set_name not in CASE_SETS:
-            raise ValueError(f"jvp_attention: case set must be one of {sorted(CASE_SETS)}, got {set_name!r}")
-        return CASE_SETS[set_name]()
+        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
-        """q, k, v, the output cotangent do, and a tangent (tq, tk, tv), all drawn on the CPU so
-        that a seed gives the same inputs on every device."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        """q, k, v, the output cotangent do, and a tangent (tq, tk, tv), seeded (bench.cases.seeded_inputs)."""
         q_shape = (case.batch, case.heads_q, case.seqlen_q, case.head_dim)
         kv_shape = (case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
         shapes = {"q": q_shape, "k": kv_shape, "v": kv_shape, "do": q_shape, "tq": q_shape, "tk": kv_shape,
                   "tv": kv_shape}
-        return {n: torch.randn(*s, generator=gen).to(device=device, dtype=case.torch_dtype) for n, s in shapes.items()}
+        return seeded_inputs(seed, shapes, device, case.torch_dtype)
 
     def flops(self, case, mode):
         self.check_mode(mode)
-        return FLOP_FACTOR[mode] * 4.0 * case.batch * case.heads_q * case.visible_pairs * case.head_dim
+        return FLOP_FACTOR[mode] * case.forward_flops
 
     def bytes(self, case, mode):
         self.check_mode(mode)
-        item = case.torch_dtype.itemsize
-        q_like = case.batch * case.heads_q * case.seqlen_q * case.head_dim * item
-        kv_like = case.batch * case.heads_kv * case.seqlen_k * case.head_dim * item
-        rows = case.batch * case.heads_q * case.seqlen_q * (8 if case.dtype == "float64" else 4)
+        q_like, kv_like, rows = case.tensor_bytes
         return {
             "fwd_jvp": 2 * q_like + 4 * kv_like + 2 * q_like + 2 * rows,  # read x, x_t; write o, o_t, lse, lse_t
             "hvp_fwd_rev": 3 * q_like + 4 * kv_like + q_like + 2 * kv_like,  # read x, dO, u; write H u
@@ -248,7 +238,7 @@ class JvpAttentionOperator(Operator):
 
         return consistency_checks(device, seed=seed, op_name=self.name)
 
-    def _register_variants(self):
+    def register_variants(self):
         from ...attention import unavailable_reason
 
         self.add_variant(Variant(

@@ -18,9 +18,8 @@ group axis. Low precision computes in float32, float64 in float64.
 """
 import torch
 
-from ..flash.split import (BLOCK_N, compute_dtype, finish_rows, flash_bwd, flash_fwd, grouped, key_blocks, lse_dtype,
-                           masked_scores)
-from ...attention.spec import causal_mask
+from ..flash.split import (BLOCK_N, compute_dtype, finish_rows, flash_bwd, flash_fwd, gradient_buffers, grouped,
+                           key_block, lse_dtype, masked_scores, online_softmax_step, saved_lse, visible_blocks)
 
 
 def _as(t, cdt):
@@ -46,23 +45,16 @@ def attention_jvp(q, k, v, tq, tk, tv, scale: float, offset, block_n: int = BLOC
     m = torch.full(shape, -1e30, dtype=cdt, device=q.device)  # finite: fully masked rows keep p = 0
     l, mu = torch.zeros(shape, dtype=cdt, device=q.device), torch.zeros(shape, dtype=cdt, device=q.device)
     acc, acc_t = torch.zeros_like(qg), torch.zeros_like(qg)
-    mask = causal_mask(seqlen_q, seqlen_k, offset, q.device)
-    for n0 in key_blocks(seqlen_q, seqlen_k, offset, block_n):
-        n1 = min(seqlen_k, n0 + block_n)
-        kb, vb = (t[:, :, n0:n1].to(cdt).unsqueeze(2) for t in (k, v))
-        tkb = None if tk is None else tk[:, :, n0:n1].to(cdt).unsqueeze(2)
-        s = masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1])
-        pst_factor = _score_tangent(qg, tqg, kb, tkb, scale)
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        p = torch.exp(s - m_new.unsqueeze(-1))
-        alpha = torch.exp(m - m_new)
-        pst = p * pst_factor
+    for n0, n1, visible in visible_blocks(seqlen_q, seqlen_k, offset, block_n, q.device):
+        kb, vb, tkb = (key_block(t, n0, n1, cdt) for t in (k, v, tk))
+        m_new, p, alpha = online_softmax_step(m, masked_scores(qg, kb, scale, visible))
+        pst = p * _score_tangent(qg, tqg, kb, tkb, scale)
         l = l * alpha + p.sum(dim=-1)
         mu = mu * alpha + pst.sum(dim=-1)
         acc = acc * alpha.unsqueeze(-1) + p @ vb
         acc_t = acc_t * alpha.unsqueeze(-1) + pst @ vb
         if tv is not None:
-            acc_t = acc_t + p @ tv[:, :, n0:n1].to(cdt).unsqueeze(2)
+            acc_t = acc_t + p @ key_block(tv, n0, n1, cdt)
         m = m_new
     o, lse, inv_l = finish_rows(acc, l, m, offset)
     mu = mu * inv_l
@@ -90,18 +82,11 @@ def bwd_jvp(do, q, k, v, o, lse, tq, tk, tv, tdo, o_t, lse_t, scale: float, offs
     if tdlse is not None:
         delta_t = delta_t - grouped(tdlse.to(cdt), heads_kv).unsqueeze(-1)
     mu = grouped(lse_t.to(cdt), heads_kv).unsqueeze(-1)
-    # a row that saw no key has LSE = -inf: read it as +inf so that its P is 0, not NaN
-    lse_g = grouped(lse.to(cdt), heads_kv).unsqueeze(-1)
-    lse_g = torch.where(torch.isneginf(lse_g), torch.full_like(lse_g, float("inf")), lse_g)
-    mask = causal_mask(seqlen_q, seqlen_k, offset, q.device)
-    dq_t = torch.zeros_like(qg)
-    dk_t = torch.zeros(k.shape, dtype=cdt, device=k.device)
-    dv_t = torch.zeros(v.shape, dtype=cdt, device=v.device)
-    for n0 in key_blocks(seqlen_q, seqlen_k, offset, block_n):
-        n1 = min(seqlen_k, n0 + block_n)
-        kb, vb = (t[:, :, n0:n1].to(cdt).unsqueeze(2) for t in (k, v))
-        tkb, tvb = (None if t is None else t[:, :, n0:n1].to(cdt).unsqueeze(2) for t in (tk, tv))
-        p = torch.exp(masked_scores(qg, kb, scale, None if mask is None else mask[:, n0:n1]) - lse_g)
+    lse_g = saved_lse(lse, heads_kv, cdt)
+    dq_t, dk_t, dv_t = gradient_buffers(qg, k, v, cdt)
+    for n0, n1, visible in visible_blocks(seqlen_q, seqlen_k, offset, block_n, q.device):
+        kb, vb, tkb, tvb = (key_block(t, n0, n1, cdt) for t in (k, v, tk, tv))
+        p = torch.exp(masked_scores(qg, kb, scale, visible) - lse_g)
         p_t = p * (_score_tangent(qg, tqg, kb, tkb, scale) - mu)
         dp = dog @ vb.transpose(-1, -2)
         dp_t = torch.zeros_like(dp)

@@ -10,18 +10,18 @@ once (not once per sample), each sample's valid buffer entries once, o and lse w
 cache) must read, the seed's table: 13 MB vs 25.6 KB per layer at B512 H4 Nctx100 D32 bf16.
 """
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ...bench.registry import Operator, Unsupported, Variant, register
+from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_normal
+from ...bench.registry import Operator, Variant, register
+from ..peers import probed
 from . import peers
 from ...shared_context import reference, split
+from ...attention.spec import softmax_scale
 from ...shared_context.spec import check_inputs, visible_buffer_keys
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
-SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 OUTPUTS = {"fwd": ("o", "lse")}
 # Unused buffer slots hold these (finite, large) so that a kernel reading past a sample's length
 # gets a visibly wrong answer instead of a plausible one.
@@ -29,7 +29,7 @@ UNUSED_K, UNUSED_V = 25.0, -40.0
 
 
 @dataclass(frozen=True)
-class SharedContextCase:
+class SharedContextCase(DtypeNamed):
     batch: int
     heads_q: int
     heads_kv: int
@@ -47,12 +47,8 @@ class SharedContextCase:
             raise ValueError(f"lengths must be 'full' or 'varied', got {self.lengths!r}")
 
     @property
-    def torch_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
     def softmax_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+        return softmax_scale(self.scale, self.head_dim)
 
     @property
     def group(self) -> int:
@@ -86,11 +82,10 @@ class SharedContextCase:
         extra = (" causal" if self.causal else "") + (" varlen" if self.lengths == "varied" else "")
         scale = "" if self.scale is None else f" s{self.scale:g}"
         return (f"B{self.batch} {heads} Lq{self.seqlen_q} ctx{self.n_ctx} buf{self.n_buf} D{self.head_dim}"
-                f"{extra}{scale} {SHORT_DTYPE[self.dtype]}")
+                f"{extra}{scale} {self.short_dtype}")
 
 
-def _cases(rows, dtypes, **kw):
-    return [SharedContextCase(*row, dtype=dt, **kw) for row in rows for dt in dtypes]
+_cases = functools.partial(case_rows, SharedContextCase)  # (rows, dtypes) -> cases
 
 
 # (B, H, Hkv, Lq, Nctx, Nbuf, D, causal, lengths)
@@ -223,21 +218,11 @@ class SharedContextOperator(Operator):
     ratio_subject = "triton"
     ratio_peers = ("per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn")
 
-    def __init__(self):
-        super().__init__()
-        self._register_variants()
-
     def cases(self, set_name):
-        if set_name not in CASE_SETS:
-            raise ValueError(f"shared_context: case set must be one of {sorted(CASE_SETS)}, got {set_name!r}")
-        return CASE_SETS[set_name]()
+        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-
-        def randn(*shape):  # drawn on the CPU so a seed gives the same inputs on every device
-            return torch.randn(*shape, generator=gen, dtype=torch.float32)
-
+        randn = seeded_normal(seed)  # float32 on the CPU, masked there, then moved and cast
         # q as a model produces it: [B, Lq, H, D] memory seen as [B, H, Lq, D]
         q = randn(case.batch, case.seqlen_q, case.heads_q, case.head_dim).transpose(1, 2)
         k_ctx = randn(case.heads_kv, case.n_ctx, case.head_dim)
@@ -291,7 +276,7 @@ class SharedContextOperator(Operator):
                     "triton_composed", launchers.clear_split_picks),
         )}
 
-    def _register_variants(self):
+    def register_variants(self):
         from ...shared_context import shared_context_attention, shared_context_attention_composed, unavailable_reason
 
         def checked_once(api):
@@ -352,17 +337,9 @@ class SharedContextOperator(Operator):
 
 
 def _probed(make_forward):
-    """A peer's forward, tried once first so that unsupported cases say why."""
-
-    def make(case, x):
-        try:
-            forward = make_forward(case, x)
-        except (RuntimeError, ValueError, NotImplementedError) as exc:
-            raise Unsupported(str(exc).splitlines()[0]) from None
-        peers.probe(forward)
-        return forward
-
-    return make
+    """A peer's forward (``make_forward(case, x)`` -> () -> (o, lse)), tried once first so that unsupported
+    cases say why."""
+    return probed(make_forward, lambda forward, x: forward()[0])
 
 
 SHARED_CONTEXT = register(SharedContextOperator())

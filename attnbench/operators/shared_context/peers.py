@@ -23,25 +23,12 @@ import torch.nn.functional as F
 from ...merge import merge_states, merge_states_triton
 from ...bench.registry import Unsupported
 from ...shared_context import reference
-
-try:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.bias import causal_lower_right
-except ImportError:  # pragma: no cover - torch >= 2.11 is required, this guards odd builds
-    SDPBackend = sdpa_kernel = causal_lower_right = None
+from ..peers import SDPBackend, causal_lower_right, sdpa_kernel, sdpa_unavailable  # noqa: F401 (re-exported)
 
 PER_BATCH = {"per_batch_math": "MATH", "per_batch_flash": "FLASH_ATTENTION", "per_batch_cudnn": "CUDNN_ATTENTION"}
 # the backend a folded / expanded peer computes each (O, LSE) part with
 WITH_LSE = {"expand0_flash": "flash", "fold_flash": "flash", "fold_cudnn": "cudnn"}
 MEMORY_HEADROOM = 0.8  # a per-batch cache may take this share of the free GPU memory
-
-
-def sdpa_unavailable(backend_name, device):
-    if SDPBackend is None:
-        return "torch.nn.attention.sdpa_kernel is not importable"
-    if backend_name != "MATH" and device.type != "cuda":
-        return "needs a CUDA device"
-    return None
 
 
 def lse_unavailable(device):
@@ -178,17 +165,3 @@ def split_peer_forward(name, case, x, backend=None):
         return o.reshape(batch, heads_q, seqlen_q, head_dim), lse.reshape(batch, heads_q, seqlen_q)
 
     return forward
-
-
-def probe(forward):
-    """Run a peer once so an unsupported case raises Unsupported with the backend's own reason."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with torch.no_grad():
-                out, _ = forward()
-        except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
-            reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
-            raise Unsupported(f"{str(exc).splitlines()[0]}{' (' + reasons + ')' if reasons else ''}") from None
-    if torch.isnan(out).any():
-        raise Unsupported("returns NaN on this case")

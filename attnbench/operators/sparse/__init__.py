@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...bench.cases import DtypeNamed, case_set, seeded_inputs
 from ...bench.registry import Operator, Variant, register
 from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
@@ -53,8 +54,6 @@ from ...sparse.info import random_scale_infos, scale_infos
 from ...sparse.tensor_product import cg_product_infos
 from . import peers, routes
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
-SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 PRODUCTS = tuple(PRODUCT_FUNCTIONS)  # mul, outer, inner, vecmat, vecsca, scavec, mat_t_vec
 OPS = ("scale",) + PRODUCTS
 # channel multiply-adds per term and batch item, per op
@@ -68,7 +67,7 @@ SWEEP_BYTE_CAP = 8 * 2**30
 
 
 @dataclass(frozen=True)
-class SparseCase:
+class SparseCase(DtypeNamed):
     op: str  # "scale" or a product (a key of functional.PRODUCT_FUNCTIONS)
     l_max: int  # irreps 0..L: sparse size (L+1)^2 for products, row width (L+1)^2 C for scale
     batch: int  # N: batch items of a product, edges of a scale
@@ -84,10 +83,6 @@ class SparseCase:
             raise ValueError(f"sparse: shared must be '', 'x' or 'y' (products only), got {self.shared!r}")
         if self.structure not in (("", "segment", "random") if self.op == "scale" else ("",)):
             raise ValueError(f"sparse: structure {self.structure!r} does not apply to {self.op}")
-
-    @property
-    def torch_dtype(self):
-        return DTYPES[self.dtype]
 
     @property
     def is_scale(self):
@@ -127,7 +122,7 @@ class SparseCase:
     def label(self):
         name = "scale-rand" if self.structure == "random" else self.op
         shared = f" shared-{self.shared}" if self.shared else ""
-        return f"{name} L{self.l_max} N{self.batch} C{self.channels}{shared} {SHORT_DTYPE[self.dtype]}"
+        return f"{name} L{self.l_max} N{self.batch} C{self.channels}{shared} {self.short_dtype}"
 
 
 def num_terms(case):
@@ -373,8 +368,7 @@ class SparseOperator(Operator):
     ratio_subject = "triton"
     ratio_peers = ("split", "reference", "torch_csr", "e3nn")
 
-    def __init__(self):
-        super().__init__()
+    def register_variants(self):
         self.add_variant(Variant(
             "reference", "reference",
             lambda case, inputs, mode: _autograd_prepare(case, inputs, mode, _forward(case, inputs["infos"], None)),
@@ -425,20 +419,13 @@ class SparseOperator(Operator):
         )}
 
     def cases(self, set_name):
-        if set_name not in CASE_SETS:
-            raise ValueError(f"sparse: case set must be one of {sorted(CASE_SETS)}, got {set_name!r}")
-        return CASE_SETS[set_name]()
+        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-
-        def randn(shape):  # drawn on the CPU so a seed gives the same inputs on every device
-            return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=case.torch_dtype)
-
-        inputs = {"x": randn(case.shape("x")), "y": None if case.is_scale else randn(case.shape("y"))}
-        inputs.update({k: randn(s) for k, s in _cotangent_shapes(case).items()})
-        inputs["infos"] = structure(case, device, seed)
-        return inputs
+        shapes = {"x": case.shape("x"), **({} if case.is_scale else {"y": case.shape("y")}), **_cotangent_shapes(case)}
+        # y is None for scale (no draw); the keys in the order x, y, g, h_x[, h_y], infos
+        return {"x": None, "y": None, **seeded_inputs(seed, shapes, device, case.torch_dtype),
+                "infos": structure(case, device, seed)}
 
     def flops(self, case, mode):
         self.check_mode(mode)

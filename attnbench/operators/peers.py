@@ -1,0 +1,56 @@
+"""What the operators' peers share: SDPA pinned to one backend, and trying a peer once before it is timed.
+
+Each SDPA backend is pinned with ``sdpa_kernel`` so that a backend that cannot run a case fails loudly
+(reported as unsupported) instead of silently falling back to another one. A peer is built and run once
+in prepare (``probed``), so that a case it cannot run is a skip with the peer's own reason, not a failure.
+"""
+import warnings
+
+import torch
+
+from ..bench.registry import Unsupported
+
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+except ImportError:  # pragma: no cover - torch >= 2.11 is required, this guards odd builds
+    SDPBackend = sdpa_kernel = causal_lower_right = None
+
+
+def sdpa_unavailable(backend_name, device):
+    if SDPBackend is None:
+        return "torch.nn.attention.sdpa_kernel is not importable"
+    if backend_name != "MATH" and device.type != "cuda":
+        return "needs a CUDA device"
+    return None
+
+
+def probe(run):
+    """Run a peer once (``run() -> its output tensor``) so an unsupported case raises Unsupported with the
+    backend's own reason (and the warnings it gave), or because the output holds NaN."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.no_grad():
+                out = run()
+        except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
+            reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
+            raise Unsupported(f"{str(exc).splitlines()[0]}{' (' + reasons + ')' if reasons else ''}") from None
+    if torch.isnan(out).any():
+        raise Unsupported("returns NaN on this case")
+
+
+def probed(build, output):
+    """make(case, x) -> a peer's forward: ``build(case, x)``, whose refusal (RuntimeError, ValueError,
+    NotImplementedError) becomes Unsupported with its first line, then ``probe``d once, ``output(forward, x)``
+    giving the output tensor of one call."""
+
+    def make(case, x):
+        try:
+            forward = build(case, x)
+        except (RuntimeError, ValueError, NotImplementedError) as exc:
+            raise Unsupported(str(exc).splitlines()[0]) from None
+        probe(lambda: output(forward, x))
+        return forward
+
+    return make
