@@ -119,8 +119,7 @@ class _Planned:
         key = (id(self.kernel), autotune_enabled(), tuple(map(_argument_key, args)), tuple(kwargs.items()))
         known = _PLANS.get(key)
         if known is not None:
-            runner, tail = known
-            runner(*args, *tail)
+            known(args)
             return None
         compiled = self.kernel[grid](*args, **kwargs)
         made = self._plan(grid, args, kwargs, compiled)
@@ -129,19 +128,16 @@ class _Planned:
         return compiled
 
     def _plan(self, grid, args, kwargs, compiled):
-        """(runner, the arguments after ``args``) repeating the launch just made, or None."""
+        """A LaunchPlan repeating the launch just made with its compiled kernel, or None (nothing to gain)."""
         best = getattr(self.kernel, "best_config", None)
         fn = getattr(self.kernel, "fn", self.kernel) if best is not None else self.kernel
         names = getattr(fn, "arg_names", None)
         if compiled is None or names is None:
             return None
         given = dict(kwargs, **(best.all_kwargs() if best is not None else {}))
-        rest = names[len(args):]
-        if not all(n in given for n in rest):
-            return None
         size = grid(dict(zip(names, args), **given)) if callable(grid) else grid
-        size = tuple(size) + (1,) * (3 - len(size))
-        return compiled[size], tuple(given[n] for n in rest)
+        made = LaunchPlan(fn, compiled, tuple(size) + (1,) * (3 - len(size)), len(args), (), given)
+        return made if made.run is not None else None
 
 
 # Tensor descriptors (TMA) -------------------------------------------------------------------------
