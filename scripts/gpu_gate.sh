@@ -6,7 +6,7 @@
 #   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv]     (default: all)
 #
 #   tests         GPU-marked pytest (real sizes vs float64, determinism, boundary witnesses, perf
-#                 gates, pytest-benchmark timings)
+#                 gates, pytest-benchmark timings); TESTS= picks files, TESTS_MARK= a marker expression
 #   bench         `attnbench run --op OP` on the anchor cases, one JSON + table per operator
 #                 (OPS="flash jvp_attention" limits the operators; default: every operator;
 #                 RUN_ARGS="--mode fwd_jvp" is passed on and TAG=fwd names the files <op>-fwd-<gpu>.*
@@ -48,7 +48,9 @@ if has tests; then
   # Correctness at the default launch configs (no tuning sweep per shape); the perf gates and the
   # pytest-benchmark timings retune (tests/attention/conftest.py: tuned_kernels); `attnbench run` below
   # verifies the tuned configs on the anchor cases.
-  ATTNBENCH_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider -rA ${TESTS:-} \
+  # TESTS_MARK='gpu and not perf' runs the correctness tests alone (they may share the GPU with other work),
+  # 'gpu and perf' the timed ones (alone on the GPU); TESTS_TIMEOUT stops pytest in time for the archive.
+  ATTNBENCH_AUTOTUNE=0 timeout "${TESTS_TIMEOUT:-0}" python3 -m pytest -m "${TESTS_MARK:-gpu}" -q -p no:cacheprovider -rA ${TESTS:-} \
       --junitxml "$ART/gpu-tests.xml" --benchmark-json "$ART/pytest-benchmark.json" \
       --benchmark-timer attnbench.bench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log" | grep -v "^PASSED"
   status=$((status | $?))
@@ -92,26 +94,37 @@ for name in sys.argv[2:]:
 PY
   }
   : >"$ART/sanitize.log"
-  # OPS limits the operators here too, and SANITIZE_ARGS is passed on, split into words (SANITIZE_ARGS='--match
-  # fp16$': a part of the set). Measured on an H100: jvp_attention and shared_context together took 6.5 minutes
-  # under memcheck; without it, flash's set took over 5.5 minutes (16 of its 20 cases, three modes) and sparse's
-  # 7, so flash and sparse each take a call or two of their own.
+  # One memcheck process per operator and variant (OPS limits the operators; SANITIZE_ARGS is passed on, split into
+  # words: SANITIZE_ARGS='--match fp16$' runs a part of a set). Memcheck is bound by the host, so SANITIZE_JOBS
+  # processes (default: one per two cores) run side by side; each job's log is sanitize-<op>-<variant>.log, and the
+  # stage fails when any job does (memcheck's exit status, a check past its float64 bound, or SANITIZE_TIMEOUT).
+  # What it takes is in docs/gpu-gate.md.
+  jobs=()
   for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper" \
       "jvp_attention triton triton_fused" \
       "shared_context triton triton_composed triton@splits1 triton@splits32" \
       "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do
     op=${target%% *}
     [[ " $ops " == *" $op "* ]] || continue
-    modes=""
+    # shellcheck disable=SC2086
+    for variant in $(runnable $target 2>>"$ART/sanitize.log" | sed 's/--variant //g'); do jobs+=("$op $variant"); done
+  done
+  sanitize_one() {  # sanitize_one OP VARIANT: one memcheck job, its log in $ART
+    local op=$1 variant=$2 modes="" log="$ART/sanitize-$1-${2//@/-}.log"
     [[ $op == flash ]] && modes="--mode fwd --mode bwd"  # fwd_bwd launches the same kernels again
     # shellcheck disable=SC2086
-    variants=$(runnable $target 2>>"$ART/sanitize.log")
-    echo "== compute-sanitizer memcheck: check --op $op --cases odd $modes $variants" | tee -a "$ART/sanitize.log"
-    # shellcheck disable=SC2086
-    ATTNBENCH_AUTOTUNE=0 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m attnbench check --quiet \
-        --device cuda --cases odd --op "$op" $modes $variants ${SANITIZE_ARGS:-} 2>&1 | tail -n 12 | tee -a "$ART/sanitize.log"
-    status=$((status | ${PIPESTATUS[0]}))
-  done
+    ATTNBENCH_AUTOTUNE=0 timeout "${SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 -m attnbench check --quiet --device cuda --cases odd --op "$op" $modes --variant "$variant" \
+        ${SANITIZE_ARGS:-} >"$log" 2>&1
+    local rc=$?
+    echo "== memcheck check --op $op --cases odd $modes --variant $variant: exit $rc; $(grep -h "ERROR SUMMARY" "$log" | tail -n 1); $(grep -h "^summary:" "$log" | tail -n 1)"
+    return $rc
+  }
+  export -f sanitize_one
+  export ART SANITIZE_ARGS SANITIZE_TIMEOUT
+  printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-$(( $(nproc) / 2 ))}" -L 1 bash -c 'sanitize_one "$0" "$1"' \
+      | tee -a "$ART/sanitize.log"
+  status=$((status | ${PIPESTATUS[1]}))
 fi
 if has asv; then
   git config --global --add safe.directory "$PWD" 2>/dev/null

@@ -243,6 +243,7 @@ def test_rows_that_see_no_key_on_gpu(flash):
         assert all(torch.isfinite(t).all() for t in out.values())
 
 
+@pytest.mark.perf
 def test_triton_beats_sdpa_flash_on_an_anchor_case(flash, tuned_kernels):
     """Perf gate: the Triton kernels earn their place only while they beat what they replace.
     Measured on an H200 (bf16): fwd 1.37x, bwd 1.30x SDPA FLASH; the gate asks for >= 1.0x."""
@@ -256,6 +257,7 @@ def test_triton_beats_sdpa_flash_on_an_anchor_case(flash, tuned_kernels):
             assert row.speedup >= 1.0, f"{row.mode}: triton is {row.speedup:.2f}x SDPA FLASH"
 
 
+@pytest.mark.perf
 def test_decode_reads_kv_near_copy_bandwidth_and_beats_sdpa_flash(flash, tuned_kernels):
     """Perf gate for the split-KV route at the issue's decode anchor (B64 H32/8 Nq1 Nk8192 D128,
     2.1 GB of K/V): >= 1.0x SDPA FLASH and >= 80% of the measured copy bandwidth. Measured on an
@@ -272,6 +274,7 @@ def test_decode_reads_kv_near_copy_bandwidth_and_beats_sdpa_flash(flash, tuned_k
     assert copy_pct >= 80, f"{copy_pct:.1f}% of copy bandwidth"
 
 
+@pytest.mark.perf
 def test_cuda_graph_timing_agrees_with_cuda_events(flash, tuned_kernels):
     """--graphs replays a captured graph; for a 0.7 ms kernel launch overhead is negligible, so the
     two clocks must agree (graph replays skip the L2 flush, hence a little faster, never slower)."""

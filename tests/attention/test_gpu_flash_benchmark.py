@@ -15,7 +15,7 @@ from attnbench.bench import verify
 from attnbench.bench.roofline import achieved, ceilings
 from attnbench.bench.timing import cuda_synchronized_clock, measure
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.perf]
 
 OP = attnbench.get("flash")
 CASES = OP.cases("anchor")[:2]

@@ -163,6 +163,7 @@ def _ratio(rows, mode, ours, peer):
     return times[peer] / times[ours]
 
 
+@pytest.mark.perf
 def test_fwd_jvp_perf_gate(jvp_op, tuned_kernels):
     """Issue 6: fwd+JVP >= 3x jvp-flash-attention and >= 20x SDPA MATH under torch.func.jvp at
     B4 H16 N2048 D64 (measured on an H200: the fused kernel 4.1x and 34x)."""
@@ -174,6 +175,7 @@ def test_fwd_jvp_perf_gate(jvp_op, tuned_kernels):
         assert _ratio(rows, "fwd_jvp", "triton_fused", "jvp_flash") >= 3
 
 
+@pytest.mark.perf
 def test_hvp_perf_gate(jvp_op, tuned_kernels):
     """Issue 6: a Hessian-vector product >= 10x SDPA MATH's at B2 H8 N2048 D64, with peak GPU
     memory <= 10% of MATH's. At this size eager PyTorch is host-bound (autograd's and Triton's

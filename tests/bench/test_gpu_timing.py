@@ -9,7 +9,7 @@ import triton.testing
 
 from attnbench.bench.timing import measure
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.perf]
 
 
 def test_gpu_time_keeps_the_host_out_and_the_gpu_in():

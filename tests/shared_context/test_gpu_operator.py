@@ -133,6 +133,7 @@ def test_offsets_past_int32_in_the_buffer():
         assert verify.relative_error(lse[tail], lse_ref) < 1e-4
 
 
+@pytest.mark.perf
 @pytest.mark.parametrize("case", OP.cases("anchor"), ids=lambda c: c.label)
 def test_triton_stays_prioritized_over_the_best_baseline(oracles, tuned_shared_context, case):
     """Perf gate (the decision rule of attnbench.bench.decisions): the fused Triton kernel must be
