@@ -38,6 +38,15 @@ def case_rows(case_type, rows, dtypes) -> list:
     return [case_type(*row, dtype=dt) for row in rows for dt in dtypes]
 
 
+def table_sets(case_type, tiny, gpu, anchor, tiny_dtypes=("float32", "float16")) -> dict:
+    """The three case sets every operator builds from shape tables, with the dtypes each set is for: ``tiny``
+    (the CPU gate, through the interpreter: ``tiny_dtypes``), ``gpu`` (real sizes in both 16-bit dtypes) and
+    ``anchor`` (the timed cases, bf16)."""
+    return {"tiny": lambda: case_rows(case_type, tiny, tiny_dtypes),
+            "gpu": lambda: case_rows(case_type, gpu, ("bfloat16", "float16")),
+            "anchor": lambda: case_rows(case_type, anchor, ("bfloat16",))}
+
+
 def seeded_normal(seed: int):
     """randn(*shape) -> float32 standard normals on the CPU, drawn in call order from one generator seeded
     with ``seed``: the same values on every device the caller then moves them to."""

@@ -74,6 +74,21 @@ def _row_offsets(rows, DIM_Y, DIM_Z, stride_x, stride_y, stride_z):
 
 
 @triton.jit
+def _row_tile(N_ROWS, HEAD_DIM, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's rows and head-dim columns, with their masks."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    return rows, offs_d, rows < N_ROWS, offs_d < HEAD_DIM
+
+
+@triton.jit
+def _store_state(O, L, o, lse, rows, offs_d, row_mask, d_mask, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z):
+    o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
+    tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(L + _row_offsets(rows, DIM_Y, DIM_Z, s_l_x, s_l_y, s_l_z), lse.to(L.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
 def _load_state(O, L, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE: tl.constexpr):
     lse = tl.load(L + l_rows, mask=row_mask, other=float("-inf")).to(ACC_DTYPE)
     o = tl.load(O + o_rows[:, None] + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
@@ -86,10 +101,7 @@ def merge_two_kernel(OA, LA, OB, LB, O, L, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
                      s_ob_x, s_ob_y, s_ob_z, s_lb_x, s_lb_y, s_lb_z,
                      s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_mask = rows < N_ROWS
-    d_mask = offs_d < HEAD_DIM
+    rows, offs_d, row_mask, d_mask = _row_tile(N_ROWS, HEAD_DIM, BLOCK_R, BLOCK_D)
     m, s, acc = merge_init(BLOCK_R, BLOCK_D, ACC_DTYPE)
     lse, o = _load_state(OA, LA, _row_offsets(rows, DIM_Y, DIM_Z, s_oa_x, s_oa_y, s_oa_z),
                           _row_offsets(rows, DIM_Y, DIM_Z, s_la_x, s_la_y, s_la_z), offs_d, row_mask, d_mask, ACC_DTYPE)
@@ -98,9 +110,7 @@ def merge_two_kernel(OA, LA, OB, LB, O, L, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
                           _row_offsets(rows, DIM_Y, DIM_Z, s_lb_x, s_lb_y, s_lb_z), offs_d, row_mask, d_mask, ACC_DTYPE)
     m, s, acc = merge_step(m, s, acc, lse, o)
     o, lse = merge_finish(m, s, acc)
-    o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
-    tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
-    tl.store(L + _row_offsets(rows, DIM_Y, DIM_Z, s_l_x, s_l_y, s_l_z), lse.to(L.dtype.element_ty), mask=row_mask)
+    _store_state(O, L, o, lse, rows, offs_d, row_mask, d_mask, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z)
 
 
 @triton.jit
@@ -108,10 +118,7 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
                        s_os_s, s_os_x, s_os_y, s_os_z, s_ls_s, s_ls_x, s_ls_y, s_ls_z,
                        s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_mask = rows < N_ROWS
-    d_mask = offs_d < HEAD_DIM
+    rows, offs_d, row_mask, d_mask = _row_tile(N_ROWS, HEAD_DIM, BLOCK_R, BLOCK_D)
     o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_os_x, s_os_y, s_os_z)
     l_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_ls_x, s_ls_y, s_ls_z)
     m, s, acc = merge_init(BLOCK_R, BLOCK_D, ACC_DTYPE)
@@ -119,10 +126,7 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
         lse, o = _load_state(OS + k * s_os_s, LS + k * s_ls_s, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE)
         m, s, acc = merge_step(m, s, acc, lse, o)
     o, lse = merge_finish_where(m, s, acc, rows % DIM_Z >= SEE_FROM)
-    out_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
-    tl.store(O + out_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty),
-             mask=row_mask[:, None] & d_mask[None, :])
-    tl.store(L + _row_offsets(rows, DIM_Y, DIM_Z, s_l_x, s_l_y, s_l_z), lse.to(L.dtype.element_ty), mask=row_mask)
+    _store_state(O, L, o, lse, rows, offs_d, row_mask, d_mask, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z)
 
 
 def _acc_dtype(*dtypes):

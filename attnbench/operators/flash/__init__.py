@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_inputs
+from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_inputs, table_sets
 from ...bench.registry import Operator, Variant, register
 from ...bench.timing import not_graph_capturable
 from ..peers import probed
@@ -216,9 +216,7 @@ def _random(seed=RANDOM_SEED, count=RANDOM_COUNT):
 
 
 CASE_SETS = {
-    "tiny": lambda: _shapes(TINY_SHAPES, ("float32", "float16")),
-    "gpu": lambda: _shapes(GPU_SHAPES, ("bfloat16", "float16")),
-    "anchor": lambda: _shapes(ANCHOR_SHAPES, ("bfloat16",)),
+    **table_sets(FlashCase, TINY_SHAPES, GPU_SHAPES, ANCHOR_SHAPES),
     "sweep": _sweep,
     "decode": _decode,
     "odd": lambda: [FlashCase(*row, dtype=dt) for dt, rows in ODD_SHAPES.items() for row in rows],

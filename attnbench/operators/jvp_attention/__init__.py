@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...bench.cases import case_set, seeded_inputs
+from ...bench.cases import case_set, seeded_inputs, table_sets
 from ...bench.registry import Operator, Unsupported, Variant, register
 from ..flash import HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
@@ -63,9 +63,7 @@ def _sweep():
 
 
 CASE_SETS = {
-    "tiny": lambda: _shapes(TINY_SHAPES, ("float32",)),
-    "gpu": lambda: _shapes(GPU_SHAPES, ("bfloat16", "float16")),
-    "anchor": lambda: _shapes(ANCHOR_SHAPES, ("bfloat16",)),
+    **table_sets(FlashCase, TINY_SHAPES, GPU_SHAPES, ANCHOR_SHAPES, tiny_dtypes=("float32",)),
     "sweep": _sweep,
     # compute-sanitizer's set (scripts/gpu_gate.sh): the JVP and backward-JVP kernels on flash's odd fp16 shapes
     # (lengths off every block, GQA, head dims in one and two column blocks and masked ones, D 256)

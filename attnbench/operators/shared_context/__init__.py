@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_normal
+from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_normal, table_sets
 from ...bench.registry import Operator, Variant, register
 from ..peers import probed
 from . import peers
@@ -154,9 +154,7 @@ ODD_SHAPES = [
 ]
 
 CASE_SETS = {
-    "tiny": lambda: _cases(TINY_SHAPES, ("float32", "float16")),
-    "gpu": lambda: _cases(GPU_SHAPES, ("bfloat16", "float16")),
-    "anchor": lambda: _cases(ANCHOR_SHAPES, ("bfloat16",)),
+    **table_sets(SharedContextCase, TINY_SHAPES, GPU_SHAPES, ANCHOR_SHAPES),
     "sweep": _sweep,
     "tabpfn": _tabpfn_grid,
     "odd": lambda: _cases(TINY_SHAPES, ("bfloat16", "float32")) + _cases(ODD_SHAPES, ("bfloat16",)),
