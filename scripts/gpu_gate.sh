@@ -96,7 +96,7 @@ PY
   : >"$ART/sanitize.log"
   # One memcheck process per operator and variant (OPS limits the operators; SANITIZE_ARGS is passed on, split into
   # words: SANITIZE_ARGS='--match fp16$' runs a part of a set). Memcheck is bound by the host, so SANITIZE_JOBS
-  # processes (default: one per two cores) run side by side; each job's log is sanitize-<op>-<variant>.log, and the
+  # processes (default: 6) run side by side; each job's log is sanitize-<op>-<variant>.log, and the
   # stage fails when any job does (memcheck's exit status, a check past its float64 bound, or SANITIZE_TIMEOUT).
   # What it takes is in docs/gpu-gate.md.
   jobs=()
@@ -113,7 +113,10 @@ PY
     local op=$1 variant=$2 modes="" log="$ART/sanitize-$1-${2//@/-}.log"
     [[ $op == flash ]] && modes="--mode fwd --mode bwd"  # fwd_bwd launches the same kernels again
     # shellcheck disable=SC2086
-    ATTNBENCH_AUTOTUNE=0 timeout "${SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+    # Without torch's caching allocator every tensor is its own allocation, so memcheck sees each tensor's bounds
+    # (not a pooled block's) and a job holds only its live tensors: side by side, cached pools ran the card out of
+    # memory (measured: 10 jobs beside two pytest processes, every failure an allocation).
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 ATTNBENCH_AUTOTUNE=0 timeout "${SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 -m attnbench check --quiet --device cuda --cases odd --op "$op" $modes --variant "$variant" \
         ${SANITIZE_ARGS:-} >"$log" 2>&1
     local rc=$?
@@ -122,7 +125,7 @@ PY
   }
   export -f sanitize_one
   export ART SANITIZE_ARGS SANITIZE_TIMEOUT
-  printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-$(( $(nproc) / 2 ))}" -L 1 bash -c 'sanitize_one "$0" "$1"' \
+  printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-6}" -L 1 bash -c 'sanitize_one "$0" "$1"' \
       | tee -a "$ART/sanitize.log"
   status=$((status | ${PIPESTATUS[1]}))
 fi
