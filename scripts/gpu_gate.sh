@@ -107,7 +107,10 @@ PY
     op=${target%% *}
     [[ " $ops " == *" $op "* ]] || continue
     # shellcheck disable=SC2086
-    for variant in $(runnable $target 2>>"$ART/sanitize.log" | sed 's/--variant //g'); do jobs+=("$op $variant"); done
+    for variant in $(runnable $target 2>>"$ART/sanitize.log" | sed 's/--variant //g'); do
+      # SANITIZE_ONLY="sparse:triton flash:triton@tma" keeps those jobs alone (a rerun of a part)
+      [[ -z "${SANITIZE_ONLY:-}" || " $SANITIZE_ONLY " == *" $op:$variant "* ]] && jobs+=("$op $variant")
+    done
   done
   sanitize_one() {  # sanitize_one OP VARIANT: one memcheck job, its log in $ART
     local op=$1 variant=$2 modes="" log="$ART/sanitize-$1-${2//@/-}.log"
