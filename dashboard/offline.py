@@ -128,10 +128,11 @@ def vendor(out: Path, node_modules: Path, manifest: dict) -> list:
     """Copies every pinned file into OUT/vendor/ and rewrites OUT's html files; returns the CDN
     addresses of assets.json that no page named (an asv upgrade may have changed them)."""
     assets = manifest["assets"]
-    for asset in assets:
-        dest = out / local_path(asset)
+    copies = {local_path(asset): pinned_bytes(asset, node_modules) for asset in assets}  # all checked first
+    for relative, data in copies.items():
+        dest = out / relative
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(pinned_bytes(asset, node_modules))
+        dest.write_bytes(data)
     seen = set()
     for page in sorted(out.glob("*.htm*")):
         text, replaced = rewrite_html(page.read_text(encoding="utf-8"), assets)
