@@ -140,7 +140,7 @@ return plot.getData().map(function (s) {
 """
 
 
-def test_dashboard_graph_renders_offline(published, server, browser, tmp_path):
+def test_dashboard_graph_renders_offline(browser, published, server, tmp_path):  # browser first: a skip publishes nothing
     expected = expected_series(published)
     assert len(expected) > 1 and sum(len(c) > 1 for c in expected.values()) > 1, expected  # the data can show it
     url = (f"{server}/index.html#{BENCHMARK}?machine={MACHINE}"
