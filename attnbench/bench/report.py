@@ -280,6 +280,14 @@ def _git_dates(root):
     """{path relative to the checkout: date (YYYY-MM-DD) of the last commit that wrote its content}: a pure rename
     (git mv) keeps the date, a rewrite (a later run over the same name) takes its own; {} outside a git checkout.
     One ``git log`` over the folder, oldest first."""
+    history, top = git_history(root)
+    return {path: date for path, (date, _) in history.items()}, top
+
+
+def git_history(root):
+    """({path relative to the checkout: (date, order)}, the checkout's top folder): the date of the last commit
+    that wrote the file's content, as ``_git_dates`` gives it, and that commit's place in the history (0 the
+    oldest), which orders files written on the same day. ({}, None) outside a git checkout."""
     import subprocess
 
     try:
@@ -290,18 +298,18 @@ def _git_dates(root):
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return {}, None
-    dates, date = {}, ""
+    history, date, order = {}, "", -1
     for line in log.splitlines():
         if line.startswith("@"):
-            date = line[1:]
+            date, order = line[1:], order + 1
         elif line:
             fields = line.split("\t")
             if fields[0].startswith("R") and len(fields) == 3:
-                moved = dates.pop(fields[1], date)
-                dates[fields[2]] = moved if fields[0] == "R100" else date
+                moved = history.pop(fields[1], (date, order))
+                history[fields[2]] = moved if fields[0] == "R100" else (date, order)
             elif fields[0] in ("A", "M"):
-                dates[fields[1]] = date
-    return dates, top
+                history[fields[1]] = (date, order)
+    return history, top
 
 
 def _gpu_folder(rel, machine):

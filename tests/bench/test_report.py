@@ -26,7 +26,8 @@ def test_markdown_ratios_and_plot(tmp_path, capsys):
     assert main(["report", str(path), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     # flex was skipped on every case: no column of n/a for it, and a line says why
-    assert "| case | mode | triton ms | triton TF/s | vs sdpa_flash | vs sdpa_cudnn | % roofline | max rel. error |" in out
+    assert ("| case | mode | triton ms | triton TF/s | vs sdpa_flash | vs sdpa_cudnn | % roofline | max rel. error |"
+            in out)
     assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | 400 | 1.50x | 0.80x | 50 | 2.0e-03 |" in out
     assert "vs flex" not in out and "No column for flex: not timed on triton's clock" in out
     assert "Test GPU" in out and "700 TF/s" in out
