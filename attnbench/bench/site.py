@@ -14,7 +14,8 @@ each GPU is drawn against); ``<op>.md`` has, per GPU folder (results/<gpu>/):
   peer that ran beside it, on both clocks where measured (GPU time; eager latency), one pair of bars per case
   and mode of the headline set.
 - **the headline table**: the anchor case set (else whatever sets were run), each case and mode from the newest
-  run that timed the subject there (CUDA events before CUDA-graph replays), every ratio within that one run;
+  complete run that timed the subject there (a partial run only where no complete one did: a run cut short may
+  lack the peers of its last case; CUDA events before CUDA-graph replays), every ratio within that one run;
   only columns that were measured (a CPU tree shows times and errors, no TF/s, roofline or GPU ratios).
 - **decision verdicts** (``attnbench.bench.decisions``' rule) computed from the headline rows, and the verdict
   files committed for the operator; **the capability matrix** where one is committed (jvp_attention);
@@ -85,9 +86,14 @@ class Run:
         """Sort key, newest last: the day, the commit that wrote the file, the run's own time."""
         return (self.date[:10], self.order, self.date, self.rel)
 
+    @property
+    def complete(self):
+        return self.data.get("status", "complete") == "complete"
+
     def rank(self, op):
-        """Sort key for ``op``'s headline, newest last, CUDA events after graph replays."""
-        return (not self.graphs(op), *self.when)
+        """Sort key for ``op``'s headline, the run to show last: CUDA events after graph replays, a complete run
+        after a partial one (cut short, its last case may lack peers), then the newest."""
+        return (not self.graphs(op), self.complete, *self.when)
 
 
 @dataclass
@@ -205,7 +211,7 @@ def _baseline(run, op, variants):
 
 def headline(site, gpu, op):
     """(lines, the case sets they come from): the anchor set's cases and modes (every set where no anchor run
-    exists), each from the newest run that timed the subject there."""
+    exists), each from the last run by ``Run.rank`` that timed the subject there."""
     runs = site.runs_of(gpu, op)
     anchor = [r for r in runs if r.case_set(op).startswith("anchor")]
     pool = anchor or runs
@@ -456,7 +462,8 @@ def headline_table(out, lines):
                 cells.append(f"{_x(x)} {name}" if name else "-")
         if show["err"]:
             cells.append("unverified" if r.get("unverified") else report._num(r.get("max_error"), ".1e"))
-        cells.append(_link(out, line.run.path, os.path.splitext(os.path.basename(line.run.rel))[0]))
+        cells.append(_link(out, line.run.path, os.path.splitext(os.path.basename(line.run.rel))[0])
+                     + ("" if line.run.complete else f" ({line.run.data.get('status')})"))
         out_lines.append("| " + " | ".join(_cell(c) for c in cells[:-1]) + f" | {cells[-1]} |")
     return out_lines
 
@@ -573,8 +580,9 @@ def op_page(site, out, op, written):
                 lines += ["No case has a ratio on a comparable clock (a CPU run's interpreter timings are never "
                           "divided): no speedup plot.", ""]
             lines += headline_table(out, heads) + [""]
-            lines += [f"Each row is the newest run that timed {subject} on that case and mode (CUDA events before "
-                      "CUDA-graph replays); its ratios come from that run alone. Only measured columns are shown.", ""]
+            lines += [f"Each row comes from the newest complete run that timed {subject} on that case and mode (a "
+                      "partial run, marked, only where no complete one did; CUDA events before CUDA-graph replays); "
+                      "its ratios come from that run alone. Only measured columns are shown.", ""]
             computed = decisions.decide([r for h in heads for r in h.variants.values()])
             if computed:
                 lines += ["### Decision verdicts", "", f"The decision rule ({decisions.SOURCE}) applied to the "
@@ -654,7 +662,8 @@ def index_page(site, out, pages):
               "committed (`gate/calibration.txt`, else the ceilings the newest run recorded), else the datasheet's, "
               "drawn dashed and labelled spec.",
               "- **Speedups and the headline table**: the anchor case set (where a GPU has no anchor run, the sets it "
-              "has), each case and mode from the newest run that timed the subject there; the subject's speed over "
+              "has), each case and mode from the newest complete run that timed the subject there (a partial run "
+              "only where no complete one did: cut short, its last case may lack peers); the subject's speed over "
               "the baseline that run divided by and over the fastest peer timed beside it, on GPU time and on eager "
               "latency where measured. Columns appear only where something was measured: a peer that never ran gets "
               "none, and a CPU run shows no TF/s, roofline or ratios between clocks that differ.",

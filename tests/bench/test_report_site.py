@@ -146,6 +146,22 @@ def test_gpu_site_has_rooflines_speedups_headline_verdicts_and_capabilities(tmp_
     _links_resolve(out)
 
 
+def test_a_complete_run_outranks_a_newer_partial_one(tmp_path):
+    """A run cut short may lack the peers of its last case: where a complete run has the case, it is shown even
+    when a partial run is newer; a case only the partial run reached comes from it, marked."""
+    root, out = tmp_path / "results", tmp_path / "site"
+    _gpu_tree(root)
+    cut = _doc([_row(CASE_B, "triton", 0.9), _row("B1 H2 N1024 D64 bf16", "triton", 3.0),
+                _row("B1 H2 N1024 D64 bf16", "sdpa_flash", 4.5)], date="2026-11-28T10:00:00+00:00")
+    cut["status"] = "interrupted"
+    _write(root / "nvidia-h100" / "flash" / "anchor-cut.json", cut)
+    site.write(str(root), str(out))
+    _, rows = _table(_section((out / "flash.md").read_text(), "## nvidia-h100"), "| case | mode | triton ms")
+    runs = {r[0]: r[-1] for r in rows}
+    assert "anchor-old" in runs[CASE_B] and "1.50x" in [c for r in rows if r[0] == CASE_B for c in r]
+    assert "anchor-cut" in runs["B1 H2 N1024 D64 bf16"] and runs["B1 H2 N1024 D64 bf16"].endswith("(interrupted)")
+
+
 def test_capability_matrix_lands_on_its_operators_page(tmp_path):
     """jvp_attention's page exists once it has a timed run, and shows the committed matrix's worst verdicts."""
     root, out = tmp_path / "results", tmp_path / "site"
