@@ -637,7 +637,7 @@ def index_page(site, out, pages):
         for op in pages:
             mine = site.runs_of(gpu, op)
             rows = sum(len(r.timed(op)) for r in mine)
-            cells.append(f"{rows} rows, {len(mine)} runs" if mine else "-")
+            cells.append(f"{rows} rows, {len(mine)} run{'s' * (len(mine) != 1)}" if mine else "-")
         lines.append(f"| {gpu} | {device} | {roof} | " + " | ".join(cells) + " |")
     lines.append("")
     index = os.path.join(site.root, "index.csv")
@@ -652,8 +652,8 @@ def index_page(site, out, pages):
     else:
         lines += ["No `index.csv` in the results folder (`attnbench report --index` writes it).", ""]
     lines += [f"{len(site.runs)} result files, {len(site.verdicts)} verdict files and {len(site.capabilities)} "
-              f"capability matrices read; {len(site.skipped)} other JSON files (studies' outputs) are not attnbench "
-              "results and are not shown.", ""]
+              f"capability matri{'ces' if len(site.capabilities) != 1 else 'x'} read; {len(site.skipped)} other "
+              "JSON files (studies' outputs) are not attnbench results and are not shown.", ""]
     lines += ["## How the pages are made", "",
               "- **Throughput against arithmetic intensity**: every row timed on GPU time (CUDA events or graph "
               "replays) with a cost model, the newest of each case, mode and variant, for our variants, the peers "

@@ -142,7 +142,7 @@ def test_gpu_site_has_rooflines_speedups_headline_verdicts_and_capabilities(tmp_
     index = (out / "README.md").read_text()
     assert "[flash](flash.md)" in index and "It lists 1 measurements where the result files now hold 17" in index
     assert "Its columns are not the documented ones" in index
-    assert "1 capability matrices" in index
+    assert "1 capability matrix read" in index
     _links_resolve(out)
 
 
@@ -194,7 +194,7 @@ def test_cpu_site_shows_only_what_was_measured(tmp_path):
     assert header == ["case", "mode", "triton ms", "max rel. error", "run"]
     assert table[0][:4] == [CASE_A, "fwd", "50.000", "2.0e-03"]
     assert "no roofline plot" in page and "no speedup plot" in page and "TF/s" not in page
-    assert "| cpu | x86_64 | none | 3 rows, 1 runs |" in (out / "README.md").read_text()
+    assert "| cpu | x86_64 | none | 3 rows, 1 run |" in (out / "README.md").read_text()
     _links_resolve(out)
 
 
