@@ -362,10 +362,14 @@ def cmd_list(args):
 def cmd_report(args):
     from .bench import report
 
+    if args.site is not None:
+        return _report_site(args)
+    if args.out is not None:
+        raise UsageError("--out is the folder of --site's pages: give --site too")
     if args.index is not None:
         return _report_index(args, report)
     if not args.report:
-        raise UsageError("report: name a result file (or several parts of one run), or --index")
+        raise UsageError("report: name a result file (or several parts of one run), --index or --site")
     for option in ("markdown", "plot"):
         if getattr(args, option):
             results.check_output_path(getattr(args, option), f"--{option}")
@@ -407,6 +411,29 @@ def _report_index(args, report):
     files = len({r["file"] for r in rows})
     print(f"{args.csv or os.path.join(args.index, 'index.csv')}: {len(rows)} measurements from {files} result "
           f"files; {len(problems)} files not indexed (listed above)")
+    return EXIT_OK
+
+
+def _report_site(args):
+    """One page per operator, with plots, from every committed result under the folder (attnbench/bench/site.py)."""
+    from .bench import site
+
+    mixed = [name for name, given in (("result files", args.report), ("--index", args.index is not None),
+                                      ("--csv", args.csv), ("--markdown", args.markdown), ("--plot", args.plot),
+                                      ("--floors", args.floors is not None)) if given]
+    if mixed:
+        raise UsageError(f"--site renders every result under its folder: give no {', '.join(mixed)}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--site draws plots and needs matplotlib: pip install 'attnbench[plot]'") from None
+    out = args.out or os.path.join("docs", "report")
+    try:
+        written = site.write(args.site, out)
+    except site.SiteError as exc:
+        raise UsageError(str(exc)) from None
+    pages = [name for name in written if name.endswith(".md")]
+    print(f"{out}: {len(pages)} pages ({', '.join(pages)}) and {len(written) - len(pages)} plots from {args.site}")
     return EXIT_OK
 
 
@@ -570,13 +597,20 @@ def build_parser():
     tun.add_argument("--device", default="auto", help="auto (default), cuda or cuda:N")
     tun.add_argument("--json", help="write every row here")
     tun.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial")
+    rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial; "
+                                        "--index: results/index.csv; --site: the results pages")
     rep.add_argument("report", nargs="*", help="a JSON file written by check/bench/run --json (several: the parts "
                                                "of one run, e.g. split with --match, read as one)")
     rep.add_argument("--index", nargs="?", const="results", metavar="DIR",
                      help="instead: index every result file under DIR (default results/) into DIR/index.csv, one "
                           "row per measurement; files that are not result files are named on stderr")
     rep.add_argument("--csv", help="with --index: write the index here instead of DIR/index.csv")
+    rep.add_argument("--site", nargs="?", const="results", metavar="DIR",
+                     help="instead: render every result under DIR (default results/) as one markdown page per "
+                          "operator with PNG plots (roofline, speedups), an index page, verdicts and the capability "
+                          "matrix, into --out")
+    rep.add_argument("--out", metavar="FOLDER", help="with --site: the folder to write (default docs/report); an "
+                                                     "earlier site there is replaced, any other content refused")
     rep.add_argument("--markdown", help="write the summary here instead of printing it")
     rep.add_argument("--plot", help="write a PNG of TF/s per variant (needs matplotlib)")
     rep.add_argument("--floors", nargs="?", const="", metavar="RATES",

@@ -9,7 +9,7 @@
 # what spans operators (calibration, machine state, the pytest gate, sanitize, asv's output) goes to
 # <gpu>/gate/. Logs land beside their run but stay out of git (.gitignore): quote the lines a claim
 # needs in docs/measurements/<op>.md. Each run JSON gets its markdown summary and TF/s plot, and
-# results/index.csv is regenerated. A run that replaces a committed file says so: git keeps the old one,
+# results/index.csv and the results pages (docs/report/) are regenerated. A run that replaces a committed file says so: git keeps the old one,
 # but docs/measurements may cite it, so give a study its own TAG.
 set -euo pipefail
 python=${PYTHON:-python3}
@@ -60,4 +60,5 @@ for json in "${new_json[@]}"; do
     || echo "collect: no summary for $json (see above)" >&2
 done
 $python -m attnbench report --index results
-git status --short results
+$python -m attnbench report --site results --out docs/report || echo "collect: no results pages (see above)" >&2
+git status --short results docs/report

@@ -54,10 +54,89 @@ def _code_lines(code):
     return [f"Code: {describe(code)}."]
 
 
+def variant_kinds(op_name) -> dict:
+    """{variant: kind} of a registered operator's default set ("reference", "split", "triton", "peer"); {} for an
+    operator this checkout does not register (a file from elsewhere, a test's toy)."""
+    from .registry import all_operators
+
+    op = all_operators().get(op_name)
+    return {name: v.kind for name, v in op.variants.items()} if op else {}
+
+
+def peer_candidates(op_name, rows, declared) -> list:
+    """The variants a table may set beside the subject: the declared ratio peers first, then every other variant
+    of kind "peer" with a row here, in the order they ran. A candidate gets a column only where it was measured
+    on the subject's clock (``_subject_table``)."""
+    kinds = variant_kinds(op_name)
+    ran = [r["variant"] for r in rows]
+    return list(dict.fromkeys([*declared, *(v for v in ran if kinds.get(v) == "peer")]))
+
+
+def _gpu_time(row, machine) -> bool:
+    return clock(row, machine) == "gpu_time"
+
+
+def _measured(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _ratio(peer, ours, name):
+    """peer / ours on clock ``name`` ("timing": GPU time, only between comparable methods; "eager"), or None."""
+    if not peer or not ours:
+        return None
+    if name == "timing":
+        return peer["timing"]["median_ms"] / ours["timing"]["median_ms"] if _comparable(peer, ours) else None
+    a, b = (peer.get("eager") or {}).get("median_ms"), (ours.get("eager") or {}).get("median_ms")
+    return a / b if a and b else None
+
+
+def _subject_table(by_key, subject, candidates, machine):
+    """(lines of the table, the peers with a GPU-time column, those with an eager one, the candidates left without
+    a column). A column is there only when some row has its
+    value: TF/s on GPU time, a peer's ratio where the peer ran on the subject's clock, eager latency where it was
+    measured, % roofline where the run had ceilings; so a CPU run shows what a CPU measures, and a peer that never
+    ran (or ran only on another clock) gets no column of n/a."""
+    ours_rows = {key: v[subject] for key, v in by_key.items() if subject in v}
+    if not ours_rows:
+        return [], [], [], list(candidates)
+    ours = list(ours_rows.values())
+    show_tflops = any(_gpu_time(r, machine) and _measured(r.get("tflops")) for r in ours)
+    vs = [p for p in candidates if any(_ratio(by_key[k].get(p), r, "timing") for k, r in ours_rows.items())]
+    show_eager = any(r.get("eager") for r in ours)
+    vs_eager = [p for p in candidates if any(_ratio(by_key[k].get(p), r, "eager") for k, r in ours_rows.items())]
+    show_roof = any(_measured(r.get("roofline_pct")) for r in ours)
+    show_err = any(_measured(r.get("max_error")) or r.get("unverified") for r in ours)
+    headers = (["case", "mode", f"{subject} ms"] + [f"{subject} TF/s"] * show_tflops + [f"vs {p}" for p in vs]
+               + [f"{subject} eager ms"] * show_eager + [f"vs {p} eager" for p in vs_eager]
+               + ["% roofline"] * show_roof + ["max rel. error"] * show_err)
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    for (case, mode), r in ours_rows.items():
+        variants = by_key[case, mode]
+        cells = [case, mode, f"{r['timing']['median_ms']:.3f}"]
+        if show_tflops:
+            cells.append(_num(r.get("tflops") if _gpu_time(r, machine) else None, ".0f"))
+        for p in vs:
+            x = _ratio(variants.get(p), r, "timing")
+            cells.append("n/a" if x is None else f"{x:.2f}x")
+        if show_eager:
+            cells.append(_num((r.get("eager") or {}).get("median_ms"), ".3f"))
+        for p in vs_eager:
+            x = _ratio(variants.get(p), r, "eager")
+            cells.append("n/a" if x is None else f"{x:.2f}x")
+        if show_roof:
+            cells.append(_num(r.get("roofline_pct"), ".0f"))
+        if show_err:
+            cells.append("unverified" if r.get("unverified") else _num(r.get("max_error"), ".1e"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines, vs, vs_eager, [p for p in candidates if p not in vs and p not in vs_eager]
+
+
 def markdown(report, subject=None, peers=None) -> str:
     """Per operator, one row per case and mode: the subject's latency and TF/s (GPU clocks only),
     its speed as a multiple of each peer's (peer latency over ours, same clock only), % of
-    roofline, error."""
+    roofline, error. The peers are ``peers``, else the operator's declared ratio peers and every
+    other variant of kind "peer" in the file; only those measured on the subject's clock get a
+    column, and only measured quantities get one (``_subject_table``)."""
     machine = report.get("machine") or {}
     ceil = report.get("ceilings") or {}
     rows = _rows(report)
@@ -79,51 +158,43 @@ def markdown(report, subject=None, peers=None) -> str:
         passed = sum(1 for c in checks if c.get("passed"))
         skipped = sum(1 for c in checks if c.get("skipped"))
         lines.append(f"Checks: {passed} passed, {len(checks) - passed - skipped} failed, {skipped} skipped.")
+    any_vs = any_eager = False
+    subject_clocks = set()
     for op in ops:
         op_subject, op_peers = _claim(report, op)
-        op_subject, op_peers = subject or op_subject, op_peers if peers is None else peers
+        op_subject = subject or op_subject
+        op_rows = [r for r in rows if r["op"] == op]
         by_key = defaultdict(dict)
-        for r in rows:
-            if r["op"] == op:
-                by_key[r["case"], r["mode"]][r["variant"]] = r
+        for r in op_rows:
+            by_key[r["case"], r["mode"]][r["variant"]] = r
+        candidates = [p for p in (peer_candidates(op, op_rows, op_peers) if peers is None else peers)
+                      if p != op_subject]
         if len(ops) > 1:
             lines += ["", f"## {op}"]
-        eager = any(r.get("eager") for v in by_key.values() for r in v.values())
-        lines += ["", f"| case | mode | {op_subject} ms | {op_subject} TF/s | "
-                  + "".join(f"vs {p} | " for p in op_peers)
-                  + (f"{op_subject} eager ms | " + "".join(f"vs {p} eager | " for p in op_peers) if eager else "")
-                  + "% roofline | max rel. error |",
-                  "| --- | --- | --- | --- | " + "".join("--- | " for _ in op_peers) * (1 + eager) + "--- | " * eager
-                  + "--- | --- |"]
-        shown = 0
-        for (case, mode), variants in by_key.items():
-            ours = variants.get(op_subject)
-            if not ours:
-                continue
-            shown += 1
-            ratios = []
-            for p in op_peers:
-                peer = variants.get(p)
-                ok = peer and _comparable(peer, ours)
-                ratios.append(f"{peer['timing']['median_ms'] / ours['timing']['median_ms']:.2f}x" if ok else "n/a")
-            if eager:
-                ours_eager = (ours.get("eager") or {}).get("median_ms")
-                ratios.append(_num(ours_eager, ".3f"))
-                for p in op_peers:
-                    peer_eager = ((variants.get(p) or {}).get("eager") or {}).get("median_ms")
-                    ratios.append(f"{peer_eager / ours_eager:.2f}x" if peer_eager and ours_eager else "n/a")
-            tflops = ours.get("tflops") if ours["timing"].get("method", "cuda").startswith("cuda") else None
-            lines.append(f"| {case} | {mode} | {ours['timing']['median_ms']:.3f} | {_num(tflops, '.0f')} | "
-                         + "".join(f"{x} | " for x in ratios)
-                         + f"{_num(ours.get('roofline_pct'), '.0f')} | "
-                         + ("unverified" if ours.get("unverified") else _num(ours.get("max_error"), ".1e")) + " |")
-        if not shown:
+        table, vs, vs_eager, left_out = _subject_table(by_key, op_subject, candidates, machine)
+        if not table:
             lines.append(f"\n(no timed {op_subject} row for {op})")
+            continue
+        any_vs, any_eager = any_vs or bool(vs or vs_eager), any_eager or " eager ms |" in table[0]
+        subject_clocks |= {clock(r, machine) for r in op_rows if r["variant"] == op_subject}
+        lines += ["", *table]
+        if left_out:
+            lines += ["", f"No column for {', '.join(left_out)}: not timed on {op_subject}'s clock in this file."]
     named = " / ".join(dict.fromkeys(subject or _claim(report, op)[0] for op in ops)) or "the subject"
-    lines += ["", f"'vs peer' is the peer's median latency over {named}'s, measured in the same run on the same "
-              f"clock: above 1 means {named} is faster; n/a: the peer did not run, or the clocks differ. ms and "
-              "'vs peer' are GPU time (CUDA events, L2 flushed: the kernels' cost); 'eager' columns, where present, "
-              "are eager latency (wall time per call back to back, host included: what a Python caller pays)."]
+    notes = []
+    if any_vs:
+        notes.append(f"'vs peer' is the peer's median latency over {named}'s, measured in the same run on the same "
+                     f"clock: above 1 means {named} is faster; n/a: the peer did not run that case, or on another "
+                     "clock.")
+    if subject_clocks == {"gpu_time"} and (any_vs or any_eager):
+        notes.append("ms and 'vs peer' are GPU time (CUDA events, L2 flushed: the kernels' cost)"
+                     + ("; 'eager' columns are eager latency (wall time per call back to back, host included: what "
+                        "a Python caller pays)." if any_eager else "."))
+    elif subject_clocks - {"gpu_time"}:
+        notes.append(f"ms are on the run's own clock ({', '.join(sorted(subject_clocks))}): cpu_wall is wall time on "
+                     "the CPU; the interpreter's times show that code runs, not how fast, and are never divided.")
+    if notes:
+        lines += ["", " ".join(notes)]
     return "\n".join(lines) + "\n"
 
 
@@ -209,6 +280,14 @@ def _git_dates(root):
     """{path relative to the checkout: date (YYYY-MM-DD) of the last commit that wrote its content}: a pure rename
     (git mv) keeps the date, a rewrite (a later run over the same name) takes its own; {} outside a git checkout.
     One ``git log`` over the folder, oldest first."""
+    history, top = git_history(root)
+    return {path: date for path, (date, _) in history.items()}, top
+
+
+def git_history(root):
+    """({path relative to the checkout: (date, order)}, the checkout's top folder): the date of the last commit
+    that wrote the file's content, as ``_git_dates`` gives it, and that commit's place in the history (0 the
+    oldest), which orders files written on the same day. ({}, None) outside a git checkout."""
     import subprocess
 
     try:
@@ -219,18 +298,18 @@ def _git_dates(root):
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return {}, None
-    dates, date = {}, ""
+    history, date, order = {}, "", -1
     for line in log.splitlines():
         if line.startswith("@"):
-            date = line[1:]
+            date, order = line[1:], order + 1
         elif line:
             fields = line.split("\t")
             if fields[0].startswith("R") and len(fields) == 3:
-                moved = dates.pop(fields[1], date)
-                dates[fields[2]] = moved if fields[0] == "R100" else date
+                moved = history.pop(fields[1], (date, order))
+                history[fields[2]] = moved if fields[0] == "R100" else (date, order)
             elif fields[0] in ("A", "M"):
-                dates[fields[1]] = date
-    return dates, top
+                history[fields[1]] = (date, order)
+    return history, top
 
 
 def _gpu_folder(rel, machine):

@@ -119,9 +119,14 @@ def test_report_output_paths_are_checked_first(capsys, tmp_path):
 
 
 def test_report_reads_a_null_throughput_as_not_measured(capsys, tmp_path):
-    """tflops null (an operator without a cost model) is data, not a broken file: shown as '-'."""
-    assert main(["report", report_file(tmp_path, {"bench": [{**ROW, "tflops": None, "roofline_pct": None}]})]) == 0
+    """tflops null (an operator without a cost model) is data, not a broken file: shown as '-' beside a row that
+    has it, and no TF/s column at all where no row does (nothing was measured)."""
+    other = {**ROW, "case": "B1 H1 N128 D64 bf16", "tflops": 2.0}
+    assert main(["report", report_file(tmp_path, {"bench": [{**ROW, "tflops": None, "roofline_pct": None}, other]})]) == 0
     assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | - |" in capsys.readouterr().out
+    assert main(["report", report_file(tmp_path, {"bench": [{**ROW, "tflops": None, "roofline_pct": None}]})]) == 0
+    out = capsys.readouterr().out
+    assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | 1.0e-03 |" in out and "TF/s" not in out
 
 
 @pytest.mark.parametrize("argv", [5, "list", [1, 2], ["list", 3], b"list"], ids=repr)

@@ -25,7 +25,11 @@ def test_markdown_ratios_and_plot(tmp_path, capsys):
     png = tmp_path / "r.png"
     assert main(["report", str(path), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | 400 | 1.50x | 0.80x | n/a | 50 | 2.0e-03 |" in out
+    # flex was skipped on every case: no column of n/a for it, and a line says why
+    assert ("| case | mode | triton ms | triton TF/s | vs sdpa_flash | vs sdpa_cudnn | % roofline | max rel. error |"
+            in out)
+    assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | 400 | 1.50x | 0.80x | 50 | 2.0e-03 |" in out
+    assert "vs flex" not in out and "No column for flex: not timed on triton's clock" in out
     assert "Test GPU" in out and "700 TF/s" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -61,8 +65,39 @@ def test_partial_cpu_run_states_what_it_is(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "**Partial run** (status: interrupted): 3 bench and 0 check rows" in out
     assert "CPU run" in out
-    assert "| case | mode | fast ms | fast TF/s | vs eager | vs slow | % roofline | max rel. error |" in out
-    assert "| c1 | fwd | 100.000 | - | n/a | n/a | - | 1.0e-07 |" in out
+    # only what a CPU run measured: no TF/s, no % roofline, and no ratio of the interpreter's clock to another
+    assert "| case | mode | fast ms | max rel. error |" in out
+    assert "| c1 | fwd | 100.000 | 1.0e-07 |" in out
+    assert "No column for eager, slow" in out and "never divided" in out and "GPU time" not in out
+
+
+def test_every_peer_that_ran_gets_a_column_and_none_that_did_not(tmp_path, capsys):
+    """The declared ratio peers of flash are sdpa_flash, sdpa_cudnn and flex; sdpa_math and sdpa_efficient are
+    peers too. A run where flex and sdpa_cudnn never ran but sdpa_math did: sdpa_math gets a column on each clock it
+    ran on, flex and sdpa_cudnn none; a peer that ran only some cases reads n/a on the others."""
+    def row(case, variant, ms, eager=None, **extra):
+        return {"op": "flash", "case": case, "mode": "fwd", "variant": variant, "tflops": 100.0 / ms,
+                "roofline_pct": 10.0 / ms, "max_error": 1e-3,
+                "timing": {"median_ms": ms, "method": "cuda-events"},
+                "eager": {"median_ms": eager, "method": "eager-wall"} if eager else None, **extra}
+
+    a, b = "B1 H1 N64 D64 bf16", "B1 H1 N128 D64 bf16"
+    data = {"machine": {"device": "cuda", "device_name": "Test GPU"},
+            "operators": {"flash": {"ratio_subject": "triton", "ratio_peers": ["sdpa_flash", "sdpa_cudnn", "flex"]}},
+            "bench": [row(a, "triton", 1.0, eager=2.0), row(a, "sdpa_math", 4.0, eager=5.0), row(a, "sdpa_flash", 2.0),
+                      row(b, "triton", 2.0), row(b, "sdpa_flash", 3.0), row(b, "sdpa_efficient", 3.0),
+                      {"op": "flash", "case": a, "mode": "fwd", "variant": "flex", "timing": None, "skipped": "x"},
+                      row(a, "sdpa_cudnn", 0.5) | {"timing": {"median_ms": 0.5, "method": "interpreter"}}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| case |"))
+    assert header == ("| case | mode | triton ms | triton TF/s | vs sdpa_flash | vs sdpa_math | vs sdpa_efficient | "
+                      "triton eager ms | vs sdpa_math eager | % roofline | max rel. error |")
+    assert f"| {a} | fwd | 1.000 | 100 | 2.00x | 4.00x | n/a | 2.000 | 2.50x | 10 | 1.0e-03 |" in out
+    assert f"| {b} | fwd | 2.000 | 50 | 1.50x | n/a | 1.50x | - | n/a | 5 | 1.0e-03 |" in out
+    assert "No column for sdpa_cudnn, flex: not timed on triton's clock in this file." in out
 
 
 def test_parts_of_one_run_read_as_one_and_other_devices_refused(tmp_path, capsys):
