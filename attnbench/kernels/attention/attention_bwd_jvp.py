@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
+from .key_block import key_block_mask
 from .softmax_rows import load_lse_log2
 from ..launch import planned
 from ..tuning import autotune, cdiv, cfg, configs, config_list, next_pow2, pruner, seq_bucket
@@ -169,10 +170,7 @@ def _dq_t_key_block(dq_t, q, do, tq, tdo, lse_log2, mu, delta, delta_t, K_head, 
                     HAS_TQ: tl.constexpr, HAS_TK: tl.constexpr, HAS_TV: tl.constexpr, HAS_TDO: tl.constexpr,
                     ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    if MASKED:
-        kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    else:
-        kv_mask = offs_d[None, :] < HEAD_DIM
+    kv_mask = key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, MASKED)
     k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2

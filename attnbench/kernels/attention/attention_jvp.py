@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale, softmax_scale_log2, split_scale
+from .key_block import key_block_mask
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
 from ..tiling import query_tile, row_strides, visible_keys
 from ..launch import planned
@@ -34,10 +35,7 @@ def _jvp_key_block(acc, acc_t, l_i, m_i, mu_i, mu_o, q, tq, lse_log2, K_head, V_
                    LSE_GIVEN: tl.constexpr, HAS_TQ: tl.constexpr, HAS_TK: tl.constexpr, HAS_TV: tl.constexpr,
                    ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    if MASKED:
-        kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    else:
-        kv_mask = offs_d[None, :] < HEAD_DIM
+    kv_mask = key_block_mask(offs_n, offs_d, N_K, HEAD_DIM, MASKED)
     k = tl.load(K_head + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE) * qk_scale_log2
     # Keys past N_K load as zeros, so their score tangent is 0: only S needs the mask.
