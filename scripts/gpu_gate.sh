@@ -48,12 +48,32 @@ if has tests; then
   # Correctness at the default launch configs (no tuning sweep per shape); the perf gates and the
   # pytest-benchmark timings retune (tests/attention/conftest.py: tuned_kernels); `attnbench run` below
   # verifies the tuned configs on the anchor cases.
-  # TESTS_MARK='gpu and not perf' runs the correctness tests alone (they may share the GPU with other work),
-  # 'gpu and perf' the timed ones (alone on the GPU); TESTS_TIMEOUT stops pytest in time for the archive.
-  ATTNBENCH_AUTOTUNE=0 timeout "${TESTS_TIMEOUT:-0}" python3 -m pytest -m "${TESTS_MARK:-gpu}" -q -p no:cacheprovider -rA ${TESTS:-} \
-      --junitxml "$ART/gpu-tests.xml" --benchmark-json "$ART/pytest-benchmark.json" \
-      --benchmark-timer attnbench.bench.timing.cuda_synchronized_clock 2>&1 | tee "$ART/gpu-tests.log" | grep -v "^PASSED"
-  status=$((status | $?))
+  # TESTS_MARK='gpu and not perf' runs the correctness tests (they may share the GPU with other work), 'gpu and
+  # perf' the timed ones (alone on the GPU); TESTS_TIMEOUT stops pytest in time for the archive. TESTS_PROCS=N
+  # deals the selected tests round-robin to N pytest processes side by side (correctness only: the attention
+  # tests take about 20 minutes in one process, mostly compiling; logs and records gpu-tests-<i>.*).
+  run_tests() {  # run_tests SUFFIX [pytest args]: one pytest process, its log and records in $ART
+    local suffix=$1; shift
+    ATTNBENCH_AUTOTUNE=0 timeout "${TESTS_TIMEOUT:-0}" python3 -m pytest -m "${TESTS_MARK:-gpu}" -q -p no:cacheprovider \
+        -rA --junitxml "$ART/gpu-tests$suffix.xml" --benchmark-json "$ART/pytest-benchmark$suffix.json" \
+        --benchmark-timer attnbench.bench.timing.cuda_synchronized_clock "$@" >"$ART/gpu-tests$suffix.log" 2>&1
+  }
+  procs=${TESTS_PROCS:-1}
+  if ((procs > 1)); then
+    # shellcheck disable=SC2086
+    python3 -m pytest -m "${TESTS_MARK:-gpu}" --co -q -p no:cacheprovider ${TESTS:-} | grep "::" >"$ART/gpu-test-ids.txt"
+    pids=()
+    for ((i = 0; i < procs; i++)); do
+      # shellcheck disable=SC2046
+      run_tests "-$i" $(awk -v n="$procs" -v i="$i" 'NR % n == i' "$ART/gpu-test-ids.txt") &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  else
+    # shellcheck disable=SC2086
+    run_tests "" ${TESTS:-} || status=1
+  fi
+  grep -hE "^(FAILED|ERROR)|^=+ .*(passed|failed|error).* =+$|^[0-9]+ (passed|failed)" "$ART"/gpu-tests*.log
 fi
 if has bench; then
   for op in $ops; do
