@@ -202,17 +202,25 @@ def markdown(report, subject=None, peers=None) -> str:
 LOG_SPAN = 20
 
 
+# Past this many cases a run's plot is the subject's speedup per shape (bars per case would be unreadable).
+MANY_CASES = 24
+
+
 def plot(report, path):
     """Grouped bars of TF/s: one panel per mode, cases along x, one bar per variant; a logarithmic axis where a
-    panel's bars span more than LOG_SPAN (peers 10x-300x slower, as sparse's are, would be flat on a linear one)."""
+    panel's bars span more than LOG_SPAN (peers 10x-300x slower, as sparse's are, would be flat on a linear one).
+    A run of more than MANY_CASES cases, or of the random set, gets ``plot_speedups`` instead."""
+    rows = _rows(report)
+    if not rows:
+        raise results.BadResultFile("--plot: the file has no timed rows to plot")
+    shape_sets = {info.get("case_set") for info in (report.get("operators") or {}).values()}
+    if len({r["case"] for r in rows}) > MANY_CASES or shape_sets & {"random"}:
+        return plot_speedups(report, path)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = _rows(report)
-    if not rows:
-        raise results.BadResultFile("--plot: the file has no timed rows to plot")
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     cases = list(dict.fromkeys(r["case"] for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
@@ -246,6 +254,76 @@ def plot(report, path):
     scales = [ax.get_yscale() for ax in axes[:, 0]]
     plt.close(fig)
     return scales
+
+
+def speedup_points(report):
+    """{(op, mode): {clock: {peer: [(peer ms, ratio, case), ...]}}}: for each case the subject ran, the ratio peer
+    time / subject time on each clock ("timing": GPU time between comparable methods; "eager"), keyed by the
+    peer's own time on that clock (the shape's size as the peer sees it)."""
+    by_key = {}
+    for r in _rows(report):
+        by_key.setdefault((r.get("op", ""), r["mode"], r["case"]), {})[r["variant"]] = r
+    points = {}
+    for (op, mode, case), variants in by_key.items():
+        subject, declared = _claim(report, op)
+        ours = variants.get(subject)
+        if not ours:
+            continue
+        for peer in peer_candidates(op, list(variants.values()), declared):
+            if peer == subject:
+                continue
+            for name in ("timing", "eager"):
+                ratio = _ratio(variants.get(peer), ours, name)
+                if ratio:
+                    peer_ms = variants[peer][name]["median_ms"]
+                    points.setdefault((op, mode), {}).setdefault(name, {}).setdefault(peer, []).append(
+                        (peer_ms, ratio, case))
+    return points
+
+
+def plot_speedups(report, path):
+    """The subject's speedup over each peer, one point per shape: a row of panels per (operator, mode), GPU time
+    on the left and eager latency on the right; x the peer's time (log: small shapes left), y peer time / ours
+    (log; above the line at 1 ours is faster). Each panel's legend counts the shapes below 1 and names the worst.
+    Returns the panels' titles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = speedup_points(report)
+    if not points:
+        raise results.BadResultFile("--plot: no case has the subject and a peer timed on one clock")
+    clocks = (("timing", "GPU time (CUDA events, L2 flushed)"), ("eager", "eager latency (wall per call)"))
+    fig, axes = plt.subplots(len(points), 2, figsize=(13, 4.2 * len(points)), squeeze=False, sharey="row")
+    titles = []
+    for row, ((op, mode), by_clock) in zip(axes, sorted(points.items())):
+        subject = _claim(report, op)[0]
+        for ax, (name, label) in zip(row, clocks):
+            for peer, pts in sorted(by_clock.get(name, {}).items()):
+                xs, ys, cases = zip(*pts)
+                below = sorted((y, c) for y, c in zip(ys, cases) if y < 1.0)
+                worst = f"; worst {below[0][0]:.2f}x {below[0][1]}" if below else ""
+                ax.scatter(xs, ys, s=14, alpha=0.75, label=f"vs {peer}: {len(below)} of {len(ys)} below 1{worst}")
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("the peer's time per call, ms (log)")
+            title = f"{op} {mode}, {label}"
+            titles.append(title)
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+            if ax.has_data():
+                ax.legend(fontsize=7, loc="lower right")
+            else:
+                ax.text(0.5, 0.5, "not measured on this clock", transform=ax.transAxes, ha="center")
+        row[0].set_ylabel(f"{subject} speedup = peer time / {subject}'s (log)")
+    fig.suptitle(f"{report.get('machine', {}).get('device_name', '')}: speedup per shape, "
+                 f"{len({c for v in points.values() for pts in v.values() for p in pts.values() for *_, c in p})} shapes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return titles
 
 
 # ---------------------------------------------------------------- the index of committed results

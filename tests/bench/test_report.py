@@ -145,3 +145,34 @@ def test_parts_measured_on_different_code_say_so(tmp_path, capsys):
     assert "- r2.json: attnbench 0.1.0, commit bbbbbbb + local changes (source fedcba9876543210)" in out
     assert main(["report", str(_report(tmp_path))]) == 0
     assert "Code: unknown (the result file predates this record)." in capsys.readouterr().out
+
+
+def test_a_random_set_plots_the_speedup_per_shape_on_both_clocks(tmp_path):
+    """Many shapes get one point each per peer and clock: the legend counts the shapes where ours is slower and
+    names the worst; a clock a peer never ran on stays empty rather than borrowing the other clock's numbers."""
+    from attnbench.bench import report
+
+    def row(case, variant, ms, eager_ms=None):
+        return {"op": "flash", "case": case, "mode": "fwd", "variant": variant, "tflops": 1.0,
+                "timing": {"median_ms": ms, "method": "cuda-events"},
+                "eager": None if eager_ms is None else {"median_ms": eager_ms, "method": "eager-wall"}}
+
+    cases = [f"B{i} H8 N{64 * i} D64 bf16" for i in range(1, 31)]
+    rows = []
+    for i, case in enumerate(cases):
+        rows += [row(case, "triton", 1.0, 2.0), row(case, "sdpa_flash", 0.5 if i < 3 else 1.5, 1.0),
+                 row(case, "sdpa_cudnn", 2.0)]  # cuDNN: GPU time only
+    data = {"machine": {"device_name": "Test GPU"},
+            "operators": {"flash": {"case_set": "random", "ratio_subject": "triton",
+                                    "ratio_peers": ["sdpa_flash", "sdpa_cudnn"]}},
+            "bench": rows}
+    points = report.speedup_points(data)
+    assert sorted(points[("flash", "fwd")]["timing"]) == ["sdpa_cudnn", "sdpa_flash"]
+    assert sorted(points[("flash", "fwd")]["eager"]) == ["sdpa_flash"]
+    flash_gpu = points[("flash", "fwd")]["timing"]["sdpa_flash"]
+    assert sum(ratio < 1 for _, ratio, _ in flash_gpu) == 3 and len(flash_gpu) == 30
+    assert all(ratio == 0.5 for _, ratio, _ in points[("flash", "fwd")]["eager"]["sdpa_flash"])
+    png = tmp_path / "random.png"
+    titles = report.plot(data, png)  # 30 shapes: the per-shape figure, not bars
+    assert titles == ["flash fwd, GPU time (CUDA events, L2 flushed)", "flash fwd, eager latency (wall per call)"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
