@@ -90,6 +90,13 @@ def _ratio(peer, ours, name):
     return a / b if a and b else None
 
 
+def _floor_cell(row):
+    """``NN (binding)``: the row's share of its attainable floor (bench/floors.py) and the resource that binds."""
+    if not _measured(row.get("floor_pct")):
+        return "-"
+    return f"{row['floor_pct']:.0f} ({row.get('floor_binding') or '?'})"
+
+
 def _subject_table(by_key, subject, candidates, machine):
     """(lines of the table, the peers with a GPU-time column, those with an eager one, the candidates left without
     a column). A column is there only when some row has its
@@ -105,10 +112,11 @@ def _subject_table(by_key, subject, candidates, machine):
     show_eager = any(r.get("eager") for r in ours)
     vs_eager = [p for p in candidates if any(_ratio(by_key[k].get(p), r, "eager") for k, r in ours_rows.items())]
     show_roof = any(_measured(r.get("roofline_pct")) for r in ours)
+    show_floor = any(_measured(r.get("floor_pct")) for r in ours)
     show_err = any(_measured(r.get("max_error")) or r.get("unverified") for r in ours)
     headers = (["case", "mode", f"{subject} ms"] + [f"{subject} TF/s"] * show_tflops + [f"vs {p}" for p in vs]
                + [f"{subject} eager ms"] * show_eager + [f"vs {p} eager" for p in vs_eager]
-               + ["% roofline"] * show_roof + ["max rel. error"] * show_err)
+               + ["% roofline"] * show_roof + ["% of floor (binding)"] * show_floor + ["max rel. error"] * show_err)
     lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     for (case, mode), r in ours_rows.items():
         variants = by_key[case, mode]
@@ -125,6 +133,8 @@ def _subject_table(by_key, subject, candidates, machine):
             cells.append("n/a" if x is None else f"{x:.2f}x")
         if show_roof:
             cells.append(_num(r.get("roofline_pct"), ".0f"))
+        if show_floor:
+            cells.append(_floor_cell(r))
         if show_err:
             cells.append("unverified" if r.get("unverified") else _num(r.get("max_error"), ".1e"))
         lines.append("| " + " | ".join(cells) + " |")

@@ -146,7 +146,7 @@ class ResultFile:
 # ---------------------------------------------------------------- reading
 
 _ROW_KEYS = ("op", "case", "mode", "variant")
-_OPTIONAL_NUMBERS = ("tflops", "gbps", "roofline_pct", "speedup", "speedup_eager", "max_error")
+_OPTIONAL_NUMBERS = ("tflops", "gbps", "roofline_pct", "floor_ms", "floor_pct", "speedup", "speedup_eager", "max_error")
 
 
 def _number(value) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import verify
+from . import floors, verify
 from ..kernels import interpreting
 from .registry import Unsupported
 from .roofline import achieved, ceilings
@@ -152,6 +152,9 @@ class BenchRow:
     tflops: float = math.nan
     gbps: float = math.nan
     roofline_pct: float | None = None
+    floor_ms: float | None = None  # the attainable floor (bench/floors.py): the least time any kernel can take
+    floor_binding: str | None = None  # the resource whose floor binds: bytes, compute, exps or launch
+    floor_pct: float | None = None  # floor_ms over this row's GPU time, in %: how close to what is reachable
     speedup: float | None = None  # baseline median / this median, same case and mode (GPU time)
     baseline: str | None = None
     eager: Timing | None = None  # eager latency (CUDA): wall ms per call back to back, host included
@@ -180,6 +183,29 @@ def _set_speedup(row, base_row):
         row.speedup_eager = base_row.eager.median_ms / row.eager.median_ms
 
 
+def _floor_rates(device, ceil, cuda_graph):
+    """The rates the floors of a GPU run use (bench/floors.py): this GPU's measured ceilings; the launch floor only
+    for CUDA-event timings (a graph replay does not pay it). None on a CPU (nothing there is a GPU clock)."""
+    if device.type != "cuda" or ceil is None:
+        return None
+    return floors.Rates(copy_gbps=ceil.copy_gbps, matmul_tflops=ceil.matmul_tflops,
+                        multiprocessors=torch.cuda.get_device_properties(device).multi_processor_count,
+                        launch_floor_us=0.0 if cuda_graph else ceil.launch_floor_us or 0.0)
+
+
+def _set_floor(row, op, case, mode, rates):
+    """A GPU-clock row's attainable floor and its share of it (operators without a cost model: none)."""
+    if rates is None or row.timing is None or row.timing.method not in floors.GPU_CLOCKS:
+        return
+    try:
+        f = floors.floor(op, case, mode, rates)
+    except NotImplementedError:
+        return
+    if math.isfinite(f.floor_s) and f.floor_s > 0:
+        row.floor_ms, row.floor_binding = f.floor_s * 1e3, f.binding
+        row.floor_pct = 100.0 * row.floor_ms / row.timing.median_ms
+
+
 def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, cuda_graph=False,
           verify_outputs=True, progress=True, rep_ms=100, on_row=None, eager=True, host_time=False) -> list:
     """Time each variant on each case and mode; rows carry throughput, roofline and error.
@@ -195,6 +221,7 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
     modes = modes or op.modes
     base = baseline or op.baseline(device, names)
     ceil = ceilings(device)
+    rates = _floor_rates(device, ceil, cuda_graph)
     bar = Progress(len(cases) * len(modes) * len(names), progress)
     rows = []
     for case in cases:
@@ -230,6 +257,7 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                     row.peak_mem_bytes = peak_memory_bytes(fn, device)
                     perf = achieved(*_cost(op, case, mode), row.timing, ceil)
                     row.tflops, row.gbps, row.roofline_pct = perf.tflops, perf.gbps, perf.roofline_pct
+                    _set_floor(row, op, case, mode, rates)
                 except Unsupported as exc:
                     row.skipped = str(exc)
                 except torch.OutOfMemoryError:

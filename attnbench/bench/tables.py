@@ -87,7 +87,7 @@ def bench_table(rows, bound_of) -> str:
         t = r.timing
         if t is None:
             body.append([r.case, r.mode, r.variant, notes.ref(r.skipped or "no timing")]
-                        + [""] * (4 + 3 * gpu + show_vs + extra_cols))
+                        + [""] * (4 + 4 * gpu + show_vs + extra_cols))
             continue
         iqr = _fmt(t.iqr_ms, ".3f")
         if t.noisy:
@@ -98,7 +98,9 @@ def bench_table(rows, bound_of) -> str:
             err, over = err + " !", True
         cells = [r.case, r.mode, r.variant, t.method, _fmt(t.median_ms, ".3f"), iqr, str(t.samples)]
         if gpu:
-            cells += [_fmt(r.tflops, ".1f"), _fmt(r.gbps, ".0f"), _fmt(r.roofline_pct, ".0f")]
+            floor_pct = getattr(r, "floor_pct", None)  # rows read back from older files lack the floor
+            cells += [_fmt(r.tflops, ".1f"), _fmt(r.gbps, ".0f"), _fmt(r.roofline_pct, ".0f"),
+                      "-" if floor_pct is None else f"{floor_pct:.0f} {r.floor_binding}"]
         if show_vs:
             cells.append("-" if r.speedup is None else f"{r.speedup:.2f}x")
         if eager:
@@ -110,7 +112,7 @@ def bench_table(rows, bound_of) -> str:
         body.append(cells + [err])
     headers = ["case", "mode", "variant", "clock", "median ms", "IQR ms", "n"]
     if gpu:
-        headers += ["TF/s", "GB/s", "% roof"]
+        headers += ["TF/s", "GB/s", "% roof", "% floor"]
     if show_vs:
         headers.append("speedup")
     if eager:
@@ -120,6 +122,8 @@ def bench_table(rows, bound_of) -> str:
     headers.append("max rel err")
     legend = []
     if gpu:
+        legend.append("% floor: the attainable floor (the largest of bytes at copy bandwidth, matmul work, "
+                      "exponentials, one launch: attnbench/bench/floors.py) over the row's GPU time, and what binds")
         legend.append("clock cuda-events: GPU time (the kernels' cost, host kept out)"
                       + ("; eager ms: wall time per call back to back, host included (what a Python caller pays)"
                          if eager else "") + ("; host us: the host's time to issue one call" if host else ""))
