@@ -32,7 +32,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from . import decisions, report, results
+from . import decisions, floors, report, results
 
 MARKER = "<!-- written by `attnbench report --site`: regenerate it, do not edit -->"
 # datasheet peaks (bf16 dense tensor-core TF/s, HBM GB/s) of the GPUs results/ holds, for a GPU with no measured
@@ -403,6 +403,52 @@ def plot_speedups(series, subject, baseline, title, path):
     plt.close(fig)
 
 
+def floor_shares(lines):
+    """[(label, % of the attainable floor, binding resource)] of the headline's subject rows on GPU time: the floor
+    from the row (runs since the floors became columns) or computed from its run's recorded rates
+    (``floors.from_report``, as ``report --floors`` does); rows whose run records no rates are left out."""
+    out = []
+    for line in lines:
+        row = line.ours
+        if row["timing"].get("method") not in floors.GPU_CLOCKS:
+            continue
+        pct, binding = row.get("floor_pct"), row.get("floor_binding")
+        if pct is None:
+            try:
+                rates = floors.rates_of(line.run.data)
+                placed, _ = floors.from_report({**line.run.data, "bench": [row]}, rates)
+            except (ValueError, NotImplementedError):
+                continue
+            if not placed or placed[0].of_floor_pct is None:
+                continue
+            pct, binding = placed[0].of_floor_pct, placed[0].binding
+        out.append((f"{line.case} · {line.mode}", pct, binding))
+    return out
+
+
+def plot_floor_shares(shares, subject, title, path):
+    """Horizontal bars: the subject's share of each case's attainable floor, coloured by the resource that binds
+    (100%: nothing on this GPU can be faster)."""
+    plt = _pyplot()
+    n = len(shares)
+    colors = {"bytes": "tab:blue", "compute": "tab:green", "exps": "tab:red", "launch": "tab:gray"}
+    fig, ax = plt.subplots(figsize=(9, max(2.6, 1.4 + 0.26 * n)), layout="constrained")
+    for y, (_, pct, binding) in enumerate(shares):
+        ax.barh(y, pct, color=colors.get(binding, "tab:purple"), label=binding)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), [f"{k} binds" for k in unique], fontsize=7, loc="lower right")
+    ax.axvline(100.0, color="black", lw=0.8)
+    ax.set_yticks(range(n), [label for label, *_ in shares], fontsize=7)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlim(0, max(105.0, max(p for _, p, _ in shares) * 1.05))
+    ax.set_xlabel(f"{subject}'s share of the attainable floor, % (floor time / measured GPU time)", fontsize=8)
+    ax.grid(axis="x", alpha=0.25)
+    ax.set_title(title, fontsize=10)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------- pages
 
 def _cell(text):
@@ -579,6 +625,19 @@ def op_page(site, out, op, written):
             else:
                 lines += ["No case has a ratio on a comparable clock (a CPU run's interpreter timings are never "
                           "divided): no speedup plot.", ""]
+            shares = floor_shares(heads)
+            if shares:
+                name = f"{op}-{gpu}-floor.png"
+                plot_floor_shares(shares[:BARS_PER_FIGURE], subject, f"{device}: {op}, {subject}'s share of the "
+                                  f"attainable floor, {title}", os.path.join(out, name))
+                written.append(name)
+                low = sorted(shares, key=lambda t: t[1])[:3]
+                lines += [f"![{op} on {gpu}: share of the attainable floor]({name})", "",
+                          f"The attainable floor of a case is the largest of its minimum bytes at the measured copy "
+                          f"bandwidth, its matmul work at the measured matmul rate, its exponentials at the "
+                          f"special-function rate and one empty launch (attnbench/bench/floors.py states the "
+                          f"assumptions). {len(shares)} rows; median {statistics.median(p for _, p, _ in shares):.0f}%"
+                          f"; furthest from it: " + ", ".join(f"{lab} {p:.0f}% ({b})" for lab, p, b in low) + ".", ""]
             lines += headline_table(out, heads) + [""]
             lines += [f"Each row comes from the newest complete run that timed {subject} on that case and mode (a "
                       "partial run, marked, only where no complete one did; CUDA events before CUDA-graph replays); "

@@ -66,3 +66,26 @@ def test_the_report_shows_the_share_only_where_measured(tmp_path):
     assert "% of floor (binding)" in text and "| 80 (exps) |" in text
     data["bench"][0].pop("floor_pct")
     assert "% of floor" not in report.markdown(data)
+
+
+def test_the_results_pages_take_the_rows_floor_or_compute_it_from_the_runs_rates():
+    """A row that carries its floor is shown as it is; an older row without one gets it from its run's recorded
+    ceilings (as `report --floors` computes it); a run that records no rates shows none rather than a guess."""
+    from attnbench.bench import site
+
+    def line(row, data):
+        run = site.Run(path="r.json", rel="gpu/flash/r.json", data=data, date="", order=0)
+        return site.Line(case=row["case"], mode=row["mode"], run=run, subject="triton",
+                         variants={"triton": row}, baseline=None, kinds={})
+
+    carried = {"op": "flash", "case": "B1 H1 N64 D64 bf16", "mode": "fwd", "variant": "triton",
+               "timing": {"median_ms": 1.0, "method": "cuda-events"}, "floor_pct": 42.0, "floor_binding": "compute"}
+    assert site.floor_shares([line(carried, {})]) == [("B1 H1 N64 D64 bf16 · fwd", 42.0, "compute")]
+    import attnbench
+    case = attnbench.get("flash").cases("anchor")[0]
+    old = {"op": "flash", "case": case.label, "mode": "fwd", "variant": "triton",
+           "timing": {"median_ms": 1.0, "method": "cuda-events"}}
+    with_rates = {"ceilings": {"copy_gbps": 3000.0, "matmul_tflops": 800.0}, "machine": {"multiprocessors": 132}}
+    (label, pct, binding), = site.floor_shares([line(old, with_rates)])
+    assert label == f"{case.label} · fwd" and binding == "compute" and 0 < pct < 100
+    assert site.floor_shares([line(old, {})]) == []  # no rates recorded: nothing invented
