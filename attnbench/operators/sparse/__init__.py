@@ -52,7 +52,7 @@ from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
 from ...sparse.info import random_scale_infos, scale_infos
 from ...sparse.tensor_product import cg_product_infos
-from . import peers, routes
+from . import cuequivariance, peers, routes
 
 PRODUCTS = tuple(PRODUCT_FUNCTIONS)  # mul, outer, inner, vecmat, vecsca, scavec, mat_t_vec
 OPS = ("scale",) + PRODUCTS
@@ -366,7 +366,7 @@ class SparseOperator(Operator):
     baselines = ("split", "reference")
     gate_baselines = ("split",)
     ratio_subject = "triton"
-    ratio_peers = ("split", "reference", "torch_csr", "e3nn")
+    ratio_peers = ("split", "reference", "torch_csr", "e3nn", "cuequivariance")
 
     def register_variants(self):
         self.add_variant(Variant(
@@ -392,6 +392,8 @@ class SparseOperator(Operator):
         self.add_variant(Variant("e3nn", "peer", peers.e3nn_prepare, self.modes,
                                  "vecsca only: e3nn.o3.TensorProduct ('uvu', every CG path of irreps 0..L, no "
                                  "normalization), torch autograd", peers.e3nn_unavailable))
+        self.add_variant(Variant("cuequivariance", "peer", cuequivariance.prepare, self.modes,
+                                 cuequivariance.description(), cuequivariance.unavailable_reason))
 
     def tunables(self):
         from ...bench.tune import Tunable
