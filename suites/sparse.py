@@ -12,9 +12,9 @@ OP = "sparse"
 LABELS = [f"{op} L{l} N{n} C{c}{' shared-y' if op == 'vecmat' else ''} {dtype}"
           for dtype in ("fp32", "bf16") for op in ("vecsca", "vecmat", "scale")
           for l in (2, 3, 4, 6) for c in (32, 128) for n in (10000, 100000)]  # sparse's "anchor" set (96 cases)
-VARIANTS = ["reference", "split", "triton", "torch_csr", "e3nn"]
+VARIANTS = ["reference", "split", "triton", "torch_csr", "e3nn", "cuequivariance"]
 MODES = ["fwd", "bwd", "double_bwd"]
-RATIO_PEERS = ["split", "reference", "torch_csr", "e3nn"]
+RATIO_PEERS = ["split", "reference", "torch_csr", "e3nn", "cuequivariance"]
 
 @measurement(OP)
 def measure_sparse():
