@@ -387,7 +387,8 @@ def cmd_report(args):
     if args.floors is not None and not run_paths:
         raise UsageError("--floors reads a run's timed rows: name a result file of check/bench/run too")
     data = results.merge([results.load(path) for path in run_paths], run_paths) if run_paths else None
-    measured_traffic = traffic.merge([traffic.load(path) for path in traffic_paths], traffic_paths) if traffic_paths else None
+    measured_traffic = traffic.merge([traffic.load(path) for path in traffic_paths], traffic_paths) \
+        if traffic_paths else None
     if args.plot and data is not None and not report._rows(data):
         raise UsageError(f"--plot: {' '.join(run_paths)} has no timed rows to plot")
     text = report.markdown(data) if data is not None else ""

@@ -472,9 +472,9 @@ def traffic_markdown(doc, level: int = 1, kernels: bool = True) -> str:
                 for k in r["kernels"]:
                     us = k.get("gpu_time_ns")
                     shown_us = "-" if us is None else format(us / 1e3, ".1f")
-                lines.append(f"| {r['case']} | {r['mode']} | {k['name']}{'' if k.get('triton') else ' (lib)'} | "
-                             f"{k.get('grid', '')} | {k.get('block', '')} | {megabytes(k.get('read_bytes'))} | "
-                             f"{megabytes(k.get('write_bytes'))} | {shown_us} |")
+                    lines.append(f"| {r['case']} | {r['mode']} | {k['name']}{'' if k.get('triton') else ' (lib)'} "
+                                 f"| {k.get('grid', '')} | {k.get('block', '')} | {megabytes(k.get('read_bytes'))} "
+                                 f"| {megabytes(k.get('write_bytes'))} | {shown_us} |")
     lines += ["", TRAFFIC_NOTE]
     return "\n".join(lines) + "\n"
 
