@@ -300,6 +300,7 @@ def part_rows(plan: dict, part: int, raw: str, triton_names=frozenset()) -> tupl
         raise NcuOutputError(f"{manifest_path}: cannot read the driver's manifest: {exc}") from None
     done = {e["index"]: e for e in manifest.get("calls", [])}
     profiled = [e["index"] for e in manifest.get("calls", []) if e.get("status") == "profiled"]
+    marked = [e["index"] for e in manifest.get("calls", []) if e.get("status") == "profiled" or e.get("marked")]
     groups = {}
     if profiled:
         try:
@@ -308,7 +309,7 @@ def part_rows(plan: dict, part: int, raw: str, triton_names=frozenset()) -> tupl
         except FileNotFoundError:
             raise NcuOutputError(f"{csv_path}: no ncu output, yet the driver profiled {len(profiled)} call(s)") \
                 from None
-        groups = assign(parse_ncu_csv(text, csv_path), profiled, csv_path)
+        groups = assign(parse_ncu_csv(text, csv_path), marked, csv_path)
     rows = []
     for call in calls:
         entry = done.get(call["index"])
@@ -560,8 +561,9 @@ def _marker_kernel():
 def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
     """Make the calls of one part: per case its inputs; per call the variant's preparation, ``warmups`` untimed
     calls (compilation, autotuning), then the profiler on, the marker, the call, a synchronization and the
-    profiler off. The manifest (which calls were profiled, which skipped and why) is rewritten after each call.
-    On a CPU (the tests) the profiler and the marker are left out."""
+    profiler off. The manifest (which calls were profiled, which skipped and why) is rewritten after each call; a
+    call that raises is recorded with its error and the part goes on. On a CPU (the tests) the profiler and the
+    marker are left out."""
     import torch
 
     from ..kernels.tuning import autotune_enabled
@@ -614,6 +616,7 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
             try:
                 if cuda:
                     marker[(call["index"] + 1,)](flag)
+                    entry["marked"] = True  # ncu saw the marker: a call that fails after it is matched, then dropped
                 fn()
                 if cuda:
                     torch.cuda.synchronize(device)
@@ -625,6 +628,9 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
             entry["reason"] = str(exc)
         except torch.OutOfMemoryError:
             entry["reason"] = "out of memory"
+        except Exception as exc:  # a failing call is reported and the part goes on (the check pass judges kernels)
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            entry["reason"] = f"error: {type(exc).__name__}: {first}"
         fn = None
         manifest["calls"].append(entry)
         results.write_atomic(manifest_path, json.dumps(manifest, indent=1))

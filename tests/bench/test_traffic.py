@@ -340,3 +340,17 @@ def test_the_index_names_a_traffic_file_for_what_it_is(tmp_path, flash):
     rows, problems = report.index(str(tmp_path / "results"))
     assert rows == [] and problems == ["nvidia-h100/flash/traffic.json: a traffic file (attnbench traffic): measured "
                                        "DRAM bytes, no timed rows"]
+
+
+def test_a_call_that_failed_after_its_marker_is_matched_and_left_out(tmp_path, flash):
+    """The driver launched call 1's marker, then the call raised: ncu saw the marker and the kernels before the
+    error; the row keeps the error, and call 0's bytes stand."""
+    raw = _raw(tmp_path, flash, skipped_third=False)
+    manifest = json.loads((raw / "part-000.json").read_text())
+    manifest["calls"][1] = {"index": 1, "status": "skipped", "reason": "error: RuntimeError: boom", "marked": True}
+    (raw / "part-000.json").write_text(json.dumps(manifest))
+    doc = traffic.rebuild(str(raw))
+    assert doc["traffic"][0]["bytes"] == pytest.approx(FWD_READ + FWD_WRITE)
+    assert doc["traffic"][1]["skipped"] == "error: RuntimeError: boom" and doc["traffic"][1]["kernels"] == []
+    assert doc["traffic"][2]["skipped"] == "not profiled: the part stopped before this call"
+    assert doc["status"] == "interrupted"
