@@ -614,8 +614,13 @@ def cmd_traffic(args):
     results.write_atomic(os.path.join(raw, "plan.json"), json.dumps(plan, indent=1))
     parts = len({c["part"] for c in calls})
     console.print(f"# traffic: {len(calls)} calls of {', '.join(operators)} in {parts} ncu process(es), {ncu}")
-    doc = traffic.profile(plan, raw, ncu, args.json, args.budget,
-                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        doc = traffic.profile(plan, raw, ncu, args.json, args.budget,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print(f"attnbench: interrupted; the parts that finished are in {args.json}, ncu's files in {raw}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     console.print(traffic_table(doc["traffic"]))
     measured = sum(1 for r in doc["traffic"] if not r["skipped"])
     console.print(f"\nsummary: traffic {measured} measured, {len(doc['traffic']) - measured} not; "

@@ -493,7 +493,11 @@ def profile(plan: dict, raw: str, ncu: str, out_path: str, budget_s: float | Non
                   manifest_path]
         count = sum(1 for c in plan["calls"] if c["part"] == part)
         say(f"traffic: part {part + 1}/{len(parts)}, {count} calls, under {ncu}")
-        rc, seconds = _run_part(ncu_command(ncu, csv_path, driver, plan.get("kernel_regex")), left, log)
+        try:
+            rc, seconds = _run_part(ncu_command(ncu, csv_path, driver, plan.get("kernel_regex")), left, log)
+        except KeyboardInterrupt:  # the parts that finished stay in the file, marked as an interrupted run
+            write("interrupted")
+            raise
         slowest = max(slowest, seconds)
         problem = ""
         try:

@@ -354,3 +354,23 @@ def test_a_call_that_failed_after_its_marker_is_matched_and_left_out(tmp_path, f
     assert doc["traffic"][1]["skipped"] == "error: RuntimeError: boom" and doc["traffic"][1]["kernels"] == []
     assert doc["traffic"][2]["skipped"] == "not profiled: the part stopped before this call"
     assert doc["status"] == "interrupted"
+
+
+def test_ctrl_c_keeps_the_parts_that_finished(tmp_path, monkeypatch, flash):
+    ncu, raw, out = _fake_ncu(tmp_path), tmp_path / "raw", tmp_path / "t.json"
+    plan = _cpu_plan(flash, raw, ncu)
+    real = traffic._run_part
+    calls = []
+
+    def run_part(command, timeout_s, log):
+        calls.append(command)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(command, timeout_s, log)
+
+    monkeypatch.setattr(traffic, "_run_part", run_part)
+    with pytest.raises(KeyboardInterrupt):
+        traffic.profile(plan, str(raw), ncu, str(out), log=None)
+    doc = traffic.load(str(out))
+    assert doc["status"] == "interrupted"
+    assert [r["skipped"] for r in doc["traffic"]] == ["", "not profiled: the run stopped before its part"]
