@@ -9,6 +9,7 @@ request that cannot run here (nothing is run then, or, for a write that fails mi
 stops); 130 interrupted (Ctrl-C), every finished row kept in the --json file.
 """
 import argparse
+import json
 import os
 import re
 import signal
@@ -24,7 +25,7 @@ from .bench.provenance import code_version
 from .bench.registry import all_operators, get
 from .bench.roofline import ceilings, machine_info
 from .bench.runner import bench, check, detach
-from .bench.tables import bench_table, check_table, ratio_lines, summary_line, unavailable_lines, wrap
+from .bench.tables import bench_table, check_table, ratio_lines, summary_line, traffic_table, unavailable_lines, wrap
 from .bench.verify import BOUNDS
 
 # Default case set per command, as (on CPU, on CUDA). ``run`` checks and times the same cases.
@@ -378,10 +379,19 @@ def cmd_report(args):
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'attnbench[plot]'") from None
-    data = results.merge([results.load(path) for path in args.report], args.report)
-    if args.plot and not report._rows(data):
-        raise UsageError(f"--plot: {' '.join(args.report)} has no timed rows to plot")
-    text = report.markdown(data)
+    from .bench import traffic
+
+    # a traffic file (attnbench traffic --json) gets its own table, after the run's summary when both are given
+    traffic_paths = [path for path in args.report if traffic.sniff(path)]
+    run_paths = [path for path in args.report if path not in traffic_paths]
+    if args.floors is not None and not run_paths:
+        raise UsageError("--floors reads a run's timed rows: name a result file of check/bench/run too")
+    data = results.merge([results.load(path) for path in run_paths], run_paths) if run_paths else None
+    measured_traffic = traffic.merge([traffic.load(path) for path in traffic_paths], traffic_paths) \
+        if traffic_paths else None
+    if args.plot and data is not None and not report._rows(data):
+        raise UsageError(f"--plot: {' '.join(run_paths)} has no timed rows to plot")
+    text = report.markdown(data) if data is not None else ""
     if args.floors is not None:  # the floors of every timed case (bench/floors.py)
         from .bench import floors
 
@@ -389,12 +399,18 @@ def cmd_report(args):
             text = text.rstrip("\n") + "\n\n" + floors.report_section(data, args.floors)
         except ValueError as exc:
             raise UsageError(f"--floors: {exc}") from None
+    if measured_traffic is not None:
+        section = report.traffic_markdown(measured_traffic, level=2 if text else 1)
+        text = text.rstrip("\n") + "\n\n" + section if text else section
     if args.markdown:
         results.write_atomic(args.markdown, text)
     else:
         Console(sys.stdout).print(text.rstrip("\n"))
     if args.plot:
-        report.plot(data, args.plot)
+        if data is not None:
+            report.plot(data, args.plot)
+        else:
+            report.plot_traffic(measured_traffic, args.plot)
     return EXIT_OK
 
 
@@ -532,6 +548,90 @@ def cmd_tune(args):
     return EXIT_OK
 
 
+def cmd_traffic(args):
+    """DRAM traffic of each call under ncu beside the analytic minimum (bench/traffic.py, docs/traffic.md)."""
+    import shutil
+    import tempfile
+
+    from .bench import traffic
+
+    if not args.json:
+        raise UsageError("traffic: --json OUT is required (the rows are rewritten there after every part)")
+    args.json = results.check_output_path(args.json)
+    console = Console(sys.stdout)
+    if args.rebuild is not None:
+        given = [name for name, value in (("--op", args.op), ("--match", args.match), ("--mode", args.mode),
+                                          ("--variant", args.variant), ("--ncu", args.ncu),
+                                          ("--kernel-regex", args.kernel_regex), ("--budget", args.budget),
+                                          ("--keep-raw", args.keep_raw)) if value]
+        if given:
+            raise UsageError(f"--rebuild reads what a run kept: give no {', '.join(given)}")
+        if not os.path.isdir(args.rebuild):
+            raise UsageError(f"--rebuild {args.rebuild}: not a directory")
+        try:
+            doc = traffic.rebuild(args.rebuild)
+        except traffic.NcuOutputError as exc:
+            raise UsageError(str(exc)) from None
+        results.write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
+        console.print(traffic_table(doc["traffic"]))
+        return EXIT_OK
+    if args.calls_per_process < 1:
+        raise UsageError(f"--calls-per-process {args.calls_per_process}: at least 1")
+    ops = _ops(args.op)
+    _known(args.variant, ops, lambda op: op.variant_names(), "--variant")
+    _known(args.mode, ops, lambda op: op.modes, "--mode")
+    device = parse_device(args.device)
+    if device.type != "cuda":
+        raise UsageError(f"traffic profiles kernels with Nsight Compute: it needs a CUDA device, and this run is on "
+                         f"{device.type} (--rebuild DIR writes the file from a run's kept ncu output anywhere)")
+    ncu = traffic.find_ncu(args.ncu)
+    if ncu is None:
+        raise UsageError(f"traffic: ncu not found ({args.ncu or os.environ.get('NCU') or 'ncu'}): give --ncu PATH")
+    for op in ops:
+        names = args.variant or [op.ratio_subject]
+        for name in names:
+            if op.knows(name) and (reason := op.variant(name).unavailable_reason(device)):
+                raise UsageError(f"{op.name}: variant {name} cannot run on {device.type}: {reason}")
+        try:
+            op.cases(args.cases)
+        except (KeyError, ValueError) as exc:
+            raise UsageError(f"--cases {args.cases}: {exc.args[0] if exc.args else exc}") from None
+    calls = traffic.plan_calls(ops, args.cases, args.mode, args.variant, args.match, args.calls_per_process)
+    if not calls:
+        raise UsageError("traffic: no selected operator has a case, mode and variant together"
+                         + (f" matching --match {args.match.pattern!r}" if args.match else ""))
+    operators = {}
+    for call in calls:
+        entry = operators.setdefault(call["op"], {"case_set": args.cases, "variants": []})
+        if call["variant"] not in entry["variants"]:
+            entry["variants"].append(call["variant"])
+    if args.match is not None:
+        for entry in operators.values():
+            entry["case_set"] = f"{args.cases} matching {args.match.pattern!r}"
+    plan = traffic.new_plan(calls, args.argv, ncu, args.cases, operators, device, args.seed, args.kernel_regex)
+    raw = args.keep_raw or tempfile.mkdtemp(prefix="attnbench-traffic-")
+    os.makedirs(raw, exist_ok=True)
+    results.write_atomic(os.path.join(raw, "plan.json"), json.dumps(plan, indent=1))
+    parts = len({c["part"] for c in calls})
+    console.print(f"# traffic: {len(calls)} calls of {', '.join(operators)} in {parts} ncu process(es), {ncu}")
+    try:
+        doc = traffic.profile(plan, raw, ncu, args.json, args.budget,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print(f"attnbench: interrupted; the parts that finished are in {args.json}, ncu's files in {raw}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    console.print(traffic_table(doc["traffic"]))
+    measured = sum(1 for r in doc["traffic"] if not r["skipped"])
+    console.print(f"\nsummary: traffic {measured} measured, {len(doc['traffic']) - measured} not; "
+                  f"status {doc['status']}")
+    if doc["status"] == "error" and not args.keep_raw:  # what ncu wrote stays for a look
+        console.print(f"ncu's output and the driver's files are kept in {raw}")
+    elif not args.keep_raw:
+        shutil.rmtree(raw, ignore_errors=True)
+    return EXIT_FAILED if doc["status"] == "error" else EXIT_OK
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit status 2), not the usage block."""
 
@@ -597,10 +697,36 @@ def build_parser():
     tun.add_argument("--device", default="auto", help="auto (default), cuda or cuda:N")
     tun.add_argument("--json", help="write every row here")
     tun.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    tra = sub.add_parser("traffic", help="DRAM bytes read and written per call as Nsight Compute counts them, "
+                                         "beside each operator's analytic minimum (CUDA and ncu)")
+    tra.add_argument("--op", action="append", help="operator (repeatable; default: all)")
+    tra.add_argument("--cases", default="anchor", help="case set (default: anchor)")
+    tra.add_argument("--match", type=label_pattern, metavar="REGEX", help="only the cases whose label matches")
+    tra.add_argument("--mode", action="append", help="mode (repeatable; default: every mode the variant runs)")
+    tra.add_argument("--variant", action="append",
+                     help="variant or forced route (repeatable; default: each operator's subject, triton)")
+    tra.add_argument("--seed", type=seed_type, default=0, help="input seed (default 0)")
+    tra.add_argument("--device", default="auto", help="auto (default), cuda or cuda:N")
+    tra.add_argument("--json", help="write the rows here, rewritten after every part (required)")
+    tra.add_argument("--ncu", help="the ncu executable (default: $NCU, else ncu on PATH)")
+    tra.add_argument("--kernel-regex", metavar="REGEX",
+                     help="profile only the kernels whose function name matches (ncu --kernel-name regex:; "
+                          "default: every kernel the call launches, torch's too)")
+    tra.add_argument("--calls-per-process", type=int, default=32, metavar="N",
+                     help="calls per ncu process (default 32; a case's calls stay in one): a cut run keeps the "
+                          "parts that finished")
+    tra.add_argument("--budget", type=float, metavar="SECONDS",
+                     help="start no part that the slowest so far would take past SECONDS, and stop one there "
+                          "(the file then says 'interrupted')")
+    tra.add_argument("--keep-raw", metavar="DIR",
+                     help="keep ncu's CSV and the driver's files here (default: a temporary folder, removed)")
+    tra.add_argument("--rebuild", metavar="DIR",
+                     help="instead: write --json from a --keep-raw folder (any machine, no GPU)")
     rep = sub.add_parser("report", help="markdown summary (and a plot) of a --json file, complete or partial; "
                                         "--index: results/index.csv; --site: the results pages")
     rep.add_argument("report", nargs="*", help="a JSON file written by check/bench/run --json (several: the parts "
-                                               "of one run, e.g. split with --match, read as one)")
+                                               "of one run, e.g. split with --match, read as one), or by traffic "
+                                               "--json (its table of measured DRAM bytes)")
     rep.add_argument("--index", nargs="?", const="results", metavar="DIR",
                      help="instead: index every result file under DIR (default results/) into DIR/index.csv, one "
                           "row per measurement; files that are not result files are named on stderr")
@@ -620,7 +746,7 @@ def build_parser():
 
 
 SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report, "capabilities": cmd_capabilities,
-                   "tune": cmd_tune}
+                   "tune": cmd_tune, "traffic": cmd_traffic}
 
 
 def main(argv=None):

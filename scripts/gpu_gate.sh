@@ -3,7 +3,8 @@
 # archive (gpu-gate-<stages>.tgz), which scripts/collect_gpu_results.sh files under
 # results/<gpu>/<op>/<run>.* (docs/gpu-gate.md, docs/layout.md).
 #
-#   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv]     (default: all)
+#   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv] [traffic]
+#                                                            (default: all but traffic, which runs when named)
 #
 #   tests         GPU-marked pytest (real sizes vs float64, determinism, boundary witnesses, perf
 #                 gates, pytest-benchmark timings); TESTS= picks files, TESTS_MARK= a marker expression
@@ -18,6 +19,12 @@
 #                 without the host's, for the sizes where eager PyTorch is host-bound)
 #   capabilities  `attnbench capabilities`: the differentiation matrix of every implementation
 #   sanitize      compute-sanitizer memcheck over every operator's Triton kernels on odd shapes
+#   traffic       `attnbench traffic --op OP`: each operator's Triton variant on the anchor cases under
+#                 `ncu --clock-control none`, DRAM bytes read and written per call beside the analytic
+#                 minimum (docs/traffic.md); TRAFFIC_ARGS="--match ^vecsca" is passed on and TAG=vecsca names
+#                 the files <op>-traffic-vecsca-<gpu>.*, filed as results/<gpu>/<op>/traffic-vecsca.*;
+#                 TRAFFIC_BUDGET (default 540) is the seconds since this script started after which no ncu part
+#                 starts, so that a call keeps what finished
 #   asv           an asv run on this commit (ASV_BENCH=regex: those benchmarks only); with
 #                 ASV_REPORTS=DIR it records the numbers of the
 #                 `attnbench run` JSONs in DIR (same commit, same machine) instead of timing again
@@ -151,6 +158,25 @@ PY
   printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-6}" -L 1 bash -c 'sanitize_one "$0" "$1"' \
       | tee -a "$ART/sanitize.log"
   status=$((status | ${PIPESTATUS[1]}))
+fi
+if has traffic; then
+  # One `attnbench traffic` per operator, each given what is left of TRAFFIC_BUDGET (seconds since this script started,
+  # install and calibration included); its parts (one ncu process each) that finish are kept in the JSON, the rest
+  # say "not profiled". ncu's own CSV and the driver's files stay in the archive under traffic-raw/ (not filed):
+  # `attnbench traffic --rebuild DIR --json OUT` rewrites a JSON from them.
+  for op in $ops; do
+    name="$op-traffic${TAG:+-$TAG}"
+    left=$(( ${TRAFFIC_BUDGET:-540} - SECONDS ))
+    if (( left < 60 )); then
+      echo "traffic: $op not started, ${left}s of TRAFFIC_BUDGET left" | tee "$ART/$name-progress.log"
+      status=1
+      continue
+    fi
+    # shellcheck disable=SC2086
+    attnbench traffic --op "$op" ${TRAFFIC_ARGS:-} --budget "$left" --keep-raw "$ART/traffic-raw/$name" \
+        --json "$ART/$name-$machine.json" 2>"$ART/$name-progress.log" | tee "$ART/$name-$machine.txt"
+    status=$((status | $?))
+  done
 fi
 if has asv; then
   git config --global --add safe.directory "$PWD" 2>/dev/null

@@ -430,7 +430,12 @@ def index(root):
         try:
             data = results.load(path)
         except results.BadResultFile as exc:
-            problems.append(f"{rel}: skipped: {str(exc).split(': ', 1)[-1]}")
+            from . import traffic
+
+            if traffic.sniff(path):
+                problems.append(f"{rel}: a traffic file (attnbench traffic): measured DRAM bytes, no timed rows")
+            else:
+                problems.append(f"{rel}: skipped: {str(exc).split(': ', 1)[-1]}")
             continue
         machine = data.get("machine") or {}
         date = str(data.get("date") or "")[:10]
@@ -477,3 +482,125 @@ def write_index(root, out=None):
         writer.writerow([_cell(row[c]) for c in INDEX_COLUMNS])
     results.write_atomic(out or os.path.join(root, "index.csv"), buf.getvalue())
     return rows, problems
+
+
+# ---------------------------------------------------------------- measured traffic (attnbench traffic)
+
+def kernel_names(kernels) -> str:
+    """A call's kernels by name, in launch order, a repeated one counted once with its count; a kernel that is not
+    one of attnbench's Triton kernels (torch's, cuBLAS's) carries "(lib)"."""
+    counts = {}
+    for k in kernels:
+        key = (k["name"], bool(k.get("triton")))
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{name}{'' if triton else ' (lib)'}{f' x{n}' if n > 1 else ''}"
+                     for (name, triton), n in counts.items()) or "-"
+
+
+TRAFFIC_NOTE = (
+    "read and written are DRAM bytes as Nsight Compute counts them (`dram__bytes_read.sum`, "
+    "`dram__bytes_write.sum`), summed over the kernels of one call, each kernel replayed with the caches flushed "
+    "before it and the clocks left alone (`--clock-control none`); minimum is the operator's analytic minimum "
+    "(each input read once, each output written once: `op.bytes`). measured / minimum above 1 is traffic beyond "
+    "the minimum (re-reads that missed L2, scratch, padding, a second pass); below 1, the L2 kept what the minimum "
+    "counts as DRAM traffic (an output still in L2 when its kernel ends may reach DRAM only after the kernel's "
+    "count). "
+    "(lib): a kernel of torch or a library, not one of attnbench's Triton kernels. docs/traffic.md says more.")
+
+
+def traffic_markdown(doc, level: int = 1, kernels: bool = True) -> str:
+    """The traffic document (``attnbench traffic --json``) as markdown: per operator one row per call (its
+    kernels, case, mode, DRAM bytes read and written, the analytic minimum and measured / minimum), then, with
+    ``kernels``, one row per kernel. ``level``: the heading level of its title (2 below a run's summary). A
+    results page can call this with a loaded document (``traffic.load``)."""
+    from .tables import megabytes, traffic_ratio
+
+    machine = doc.get("machine") or {}
+    rows = doc.get("traffic", [])
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    h = "#" * level
+    ncu = doc.get("ncu") or {}
+    lines = [f"{h} Measured DRAM traffic: {', '.join(ops) or 'no operator'} on {machine.get('device_name', '?')}", "",
+             f"torch {machine.get('torch')}, triton {machine.get('triton')}, CUDA {machine.get('cuda')}; "
+             f"ncu {ncu.get('version') or '(version not recorded)'}; autotuning "
+             + {True: "on (the tuned configs, settled before the profiled call)",
+                False: "off (ATTNBENCH_AUTOTUNE=0: the default configs)"}.get(doc.get("autotune"), "unknown") + ".",
+             *_code_lines(doc.get("code"))]
+    status = doc.get("status", "complete")
+    if status != "complete":
+        left = sum(1 for r in rows if r.get("skipped", "").startswith("not profiled"))
+        lines.append(f"**Partial run** (status: {status}): {left} of {len(rows)} calls were not profiled.")
+    several = len({r["variant"] for r in rows}) > 1
+    for op in ops:
+        op_rows = [r for r in rows if r["op"] == op]
+        if len(ops) > 1:
+            lines += ["", f"{h}# {op}"]
+        headers = ["kernels", "case", "mode"] + ["variant"] * several + \
+            ["read MB", "written MB", "measured MB", "minimum MB", "measured / minimum"]
+        lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+        skipped = []
+        for r in op_rows:
+            if r.get("skipped"):
+                skipped.append(r)
+                continue
+            cells = [kernel_names(r.get("kernels") or []), r["case"], r["mode"]] + [r["variant"]] * several + \
+                [megabytes(r["read_bytes"]), megabytes(r["write_bytes"]), megabytes(r["bytes"]),
+                 megabytes(r.get("minimum_bytes")), traffic_ratio(r.get("ratio"))]
+            lines.append("| " + " | ".join(cells) + " |")
+        if skipped:
+            lines += ["", "Not measured:"]
+            lines += [f"- {r['case']} {r['mode']} {r['variant']}: {r['skipped']}" for r in skipped]
+        multi = [r for r in op_rows if not r.get("skipped") and r.get("kernels")]
+        if kernels and multi:
+            lines += ["", f"Per kernel ({op}; ncu us: the kernel's duration under ncu, caches flushed, clocks "
+                          "unlocked; not the bench's timing):", "",
+                      "| case | mode | kernel | grid | block | read MB | written MB | ncu us |",
+                      "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            for r in multi:
+                for k in r["kernels"]:
+                    us = k.get("gpu_time_ns")
+                    shown_us = "-" if us is None else format(us / 1e3, ".1f")
+                    lines.append(f"| {r['case']} | {r['mode']} | {k['name']}{'' if k.get('triton') else ' (lib)'} "
+                                 f"| {k.get('grid', '')} | {k.get('block', '')} | {megabytes(k.get('read_bytes'))} "
+                                 f"| {megabytes(k.get('write_bytes'))} | {shown_us} |")
+    lines += ["", TRAFFIC_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+def plot_traffic(doc, path):
+    """Bars of measured / minimum per case, one panel per mode, a line at 1 (the minimum)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc.get("traffic", []) if r.get("ratio") is not None]
+    if not rows:
+        raise results.BadResultFile("--plot: the traffic file has no measured call against a minimum")
+    several_ops = len({r["op"] for r in rows}) > 1
+    label = (lambda r: f"{r['op']} {r['case']}") if several_ops else (lambda r: r["case"])
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    cases = list(dict.fromkeys(label(r) for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    value = {(label(r), r["mode"], r["variant"]): r["ratio"] for r in rows}
+    many = len(cases) > 8
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, (0.3 if many else 2.0) * len(cases)),
+                                                     (4.5 if many else 3.2) * len(modes)), squeeze=False)
+    width = 0.8 / len(variants)
+    for ax, mode in zip(axes[:, 0], modes):
+        for i, variant in enumerate(variants):
+            ys = [value.get((c, mode, variant), math.nan) for c in cases]
+            ax.bar([x + i * width for x in range(len(cases))], ys, width, label=variant)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(mode)
+        ax.set_ylabel("measured / minimum bytes")
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))], cases, fontsize=6 if many else 8,
+                      rotation=75 if many else 0, ha="right" if many else "center")
+        ax.set_xlim(-0.5, len(cases))
+        ax.grid(axis="y", alpha=0.3)
+    if len(variants) > 1:
+        axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{(doc.get('machine') or {}).get('device_name', '')}: DRAM bytes (ncu) over the analytic minimum")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -188,3 +188,33 @@ def summary_line(checks=None, bench_rows=None, unavailable: int = 0) -> str:
     if unavailable:
         parts.append(f"{unavailable} variant{'s' if unavailable > 1 else ''} unavailable")
     return "summary: " + "; ".join(parts)
+
+
+def megabytes(n) -> str:
+    """Bytes as MB (10^6 bytes), three significant figures or more: the unit of every traffic table."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "-"
+    mb = n / 1e6
+    return f"{mb:,.1f}" if mb >= 10 else f"{mb:.2f}" if mb >= 1 else f"{mb:.3f}"
+
+
+def traffic_ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def traffic_table(rows) -> str:
+    """One row per profiled call of ``attnbench traffic``: its kernel count, the DRAM bytes ncu counted (read,
+    written, both), the operator's minimum and measured / minimum; skipped calls' reasons below."""
+    notes, body = Notes(), []
+    for r in rows:
+        if r.get("skipped"):
+            body.append([r["case"], r["mode"], r["variant"], notes.ref(r["skipped"]), "", "", "", "", ""])
+            continue
+        body.append([r["case"], r["mode"], r["variant"], str(len(r.get("kernels") or [])), megabytes(r["read_bytes"]),
+                     megabytes(r["write_bytes"]), megabytes(r["bytes"]), megabytes(r.get("minimum_bytes")),
+                     traffic_ratio(r.get("ratio"))])
+    headers = ["case", "mode", "variant", "kernels", "read MB", "written MB", "measured MB", "minimum MB", "ratio"]
+    legend = ["measured MB: DRAM bytes read plus written as ncu counts them over the call's kernels (caches flushed "
+              "before each); minimum MB: the operator's analytic minimum (op.bytes); ratio: measured over minimum"]
+    extra = [wrap(line) for line in legend] + notes.lines()
+    return table(headers, body) + "\n\n" + "\n".join(extra)
