@@ -98,7 +98,8 @@ def fa4_forward(case, offset):
     """f(q, k, v) -> (o, lse) through ``flash_attn_func``, differentiable. FA-4 takes [B, N, H, D] tensors
     whose last dim is contiguous: ours are [B, H, N, D], passed as transposed views (no copy) and its
     output returned as one. Its LSE is natural-log [B, H, Nq], ours as it is; rows that see no key
-    (bottom-right, Nq > Nk) get O = 0, LSE = -inf from it, as from the oracle."""
+    (bottom-right, Nq > Nk) get O = 0, LSE = -inf from it, as from the oracle, and its backward's
+    preprocess reads that -inf as 0, so that their P, hence their gradients, are 0 (flash_bwd_preprocess.py)."""
     if reason := fa4_declines(case):
         raise Unsupported(reason)
     from ..external import fa4
