@@ -18,6 +18,7 @@ from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_inputs, table
 from ...bench.registry import Operator, Variant, register
 from ...bench.timing import not_graph_capturable
 from ..peers import probed
+from .. import external
 from . import peers, reference, routes, split
 from ...attention.spec import causal_offset, softmax_scale
 
@@ -379,17 +380,34 @@ class FlashOperator(Operator):
         self.add_variant(Variant(
             "flex", "peer", _probed(lambda case, offset: peers.flex_forward(case, offset, "cuda")), self.modes,
             "torch.compile(flex_attention) with a causal block mask", peers.flex_unavailable))
+        self.add_variant(Variant(
+            "fa4", "peer", _probed(peers.fa4_forward), self.modes,
+            "FlashAttention-4 (flash-attn-4, CuTe DSL), its sm_90 kernels and autograd backward",
+            external.fa4_unavailable))
+        self.add_variant(Variant(
+            "flashinfer", "peer",
+            _probed(peers.flashinfer_decode_forward, on_device=True), ("fwd",),
+            "FlashInfer's paged decode (Nq = 1) or append (Nq <= 64) kernels, a page per sequence",
+            external.flashinfer_unavailable))
 
 
 def _with_case(make_prepare):
     return lambda case, x, mode: make_prepare(case)(case, x, mode)
 
 
-def _probed(make_forward):
-    """An autograd variant whose forward (``make_forward(case, causal offset)``) is tried once first, so
-    unsupported cases say why."""
-    return autograd_variant(probed(lambda case, x: make_forward(case, case.causal_offset),
-                                   lambda forward, x: forward(*_tensors(x)[:3])))
+def _probed(make_forward, on_device=False):
+    """An autograd variant whose forward (``make_forward(case, causal offset)``, with the inputs' device
+    as a third argument when ``on_device``) is tried once first, so unsupported cases say why."""
+    def build(case, x):
+        return make_forward(case, case.causal_offset, *([x["q"].device] if on_device else []))
+
+    return autograd_variant(probed(build,
+                                   lambda forward, x: _output(forward(*_tensors(x)[:3]))))
+
+
+def _output(out):
+    """O of a forward that returns O or (O, LSE)."""
+    return out[0] if isinstance(out, tuple) else out
 
 
 FLASH = register(FlashOperator())

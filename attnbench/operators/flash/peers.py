@@ -76,3 +76,112 @@ def flex_forward(case, offset, device):
         return flex(q, k, v, block_mask=block_mask, scale=case.softmax_scale, enable_gqa=gqa)
 
     return forward
+
+
+# ---- FlashAttention-4 (flash_attn.cute): forward and backward, its own autograd Function
+
+
+def fa4_declines(case):
+    """Why FA-4 does not take a case (None when it does)."""
+    from ..external import fa4_head_dim, half_only
+
+    if reason := half_only(case.dtype, "FlashAttention-4"):
+        return reason
+    if reason := fa4_head_dim(case.head_dim):
+        return reason
+    if case.causal == "top_left" and case.seqlen_q != case.seqlen_k:
+        return "FlashAttention-4's causal mask is bottom-right aligned; top-left differs when Nq != Nk"
+    return None
+
+
+def fa4_forward(case, offset):
+    """f(q, k, v) -> (o, lse) through ``flash_attn_func``, differentiable. FA-4 takes [B, N, H, D] tensors
+    whose last dim is contiguous: ours are [B, H, N, D], passed as transposed views (no copy) and its
+    output returned as one. Its LSE is natural-log [B, H, Nq], ours as it is; rows that see no key
+    (bottom-right, Nq > Nk) get O = 0, LSE = -inf from it, as from the oracle, and its backward's
+    preprocess reads that -inf as 0, so that their P, hence their gradients, are 0 (flash_bwd_preprocess.py)."""
+    if reason := fa4_declines(case):
+        raise Unsupported(reason)
+    from ..external import fa4
+
+    flash_attn_func = fa4()
+    causal = offset is not None  # bottom-right; top-left only where it is the same (Nq == Nk)
+
+    def forward(q, k, v):
+        out, lse = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                   softmax_scale=case.softmax_scale, causal=causal, return_lse=True)
+        return out.transpose(1, 2), lse
+
+    return forward
+
+
+# ---- FlashInfer: the decode kernels an LLM server runs for Nq new tokens per request
+
+FLASHINFER_MAX_NQ = 64  # a decode peer: the rows our split-KV route takes (flash_decode.DECODE_MAX_NQ)
+TENSOR_CORE_GROUP = 4  # GQA groups above this decode on tensor cores (vLLM's rule for FlashInfer's decode)
+
+
+def flashinfer_decode_declines(case):
+    from ..external import flashinfer_head_dim, half_only
+
+    if case.seqlen_q > FLASHINFER_MAX_NQ:
+        return f"the FlashInfer peer is a decode peer: Nq <= {FLASHINFER_MAX_NQ}, not {case.seqlen_q}"
+    if reason := half_only(case.dtype, "FlashInfer"):
+        return reason
+    if reason := flashinfer_head_dim(case.head_dim):
+        return reason
+    if case.causal == "top_left" and case.seqlen_q != case.seqlen_k:
+        return "FlashInfer's causal mask is bottom-right aligned; top-left differs when Nq != Nk"
+    if case.causal is not None and case.seqlen_q > case.seqlen_k:
+        return "rows that see no key (bottom-right causal, Nq > Nk): FlashInfer's causal append needs Nq <= Nk"
+    return None
+
+
+def flashinfer_decode_plan(case, device):
+    """The paged-cache description of our K and V: one page per sequence, [B, Hkv, Nk, D] read in place as
+    FlashInfer's HND pages ([pages, Hkv, page_size, D]) of page_size Nk. -> dict of plan arguments."""
+    batch = case.batch
+    int32 = dict(dtype=torch.int32, device=device)
+    return dict(
+        indptr=torch.arange(batch + 1, **int32),  # request b owns page b
+        indices=torch.arange(batch, **int32),
+        last_page_len=torch.full((batch,), case.seqlen_k, **int32),  # the whole page is valid
+        qo_indptr=torch.arange(batch + 1, **int32) * case.seqlen_q,
+        page_size=case.seqlen_k,
+    )
+
+
+def flashinfer_decode_forward(case, offset, device):
+    """f(q, k, v) -> (o, lse), forward only. Nq = 1: BatchDecodeWithPagedKVCacheWrapper (CUDA cores, tensor
+    cores for GQA groups above 4); Nq > 1: BatchPrefillWithPagedKVCacheWrapper, causal bottom-right when
+    the case is causal (speculative decoding's verify step). Planned once here, as a server plans once per
+    step for all layers; the timed call is run() plus the layout views and the LSE's change of base."""
+    if reason := flashinfer_decode_declines(case):
+        raise Unsupported(reason)
+    from ..external import flashinfer, flashinfer_workspace, lse_from_log2
+
+    fi = flashinfer()
+    device = torch.device(device)
+    plan = flashinfer_decode_plan(case, device)
+    batch, heads_q, heads_kv, seqlen_q = case.batch, case.heads_q, case.heads_kv, case.seqlen_q
+    dtype = case.torch_dtype
+    common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=case.softmax_scale)
+    workspace = flashinfer_workspace(device)
+    if seqlen_q == 1:
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND", use_tensor_cores=heads_q // heads_kv
+                                                        > TENSOR_CORE_GROUP, backend="fa2")
+        wrapper.plan(plan["indptr"], plan["indices"], plan["last_page_len"], heads_q, heads_kv, case.head_dim,
+                     plan["page_size"], **common)
+    else:
+        wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", backend="fa2")
+        wrapper.plan(plan["qo_indptr"], plan["indptr"], plan["indices"], plan["last_page_len"], heads_q,
+                     heads_kv, case.head_dim, plan["page_size"], causal=offset is not None, **common)
+
+    def forward(q, k, v):
+        # q [B, H, Nq, D] -> FlashInfer's token-major [B * Nq, H, D] (a copy unless Nq == 1)
+        q_tokens = q.transpose(1, 2).reshape(batch * seqlen_q, heads_q, case.head_dim)
+        out, lse = wrapper.run(q_tokens, (k, v), return_lse=True)  # k, v: B pages [Hkv, Nk, D]
+        out = out.view(batch, seqlen_q, heads_q, case.head_dim).transpose(1, 2)
+        return out, lse_from_log2(lse).view(batch, seqlen_q, heads_q).transpose(1, 2)
+
+    return forward

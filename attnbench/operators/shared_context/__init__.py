@@ -17,6 +17,7 @@ import torch
 from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_normal, table_sets
 from ...bench.registry import Operator, Variant, register
 from ..peers import probed
+from .. import external
 from . import peers
 from ...shared_context import reference, split
 from ...attention.spec import softmax_scale
@@ -332,6 +333,11 @@ class SharedContextOperator(Operator):
             self.add_variant(Variant(
                 name, "peer", _forward_variant(_probed(functools.partial(peers.split_peer_forward, name))),
                 self.modes, description, peers.lse_unavailable))
+        self.add_variant(Variant(
+            "flashinfer_cascade", "peer", _forward_variant(_probed(peers.flashinfer_cascade_forward)), self.modes,
+            "FlashInfer's cascade attention (MultiLevelCascadeAttentionWrapper's two levels): the context as one "
+            "shared page under all B*Lq rows, a page per sample's buffer, merge_state_in_place",
+            external.flashinfer_unavailable))
 
 
 def _probed(make_forward):

@@ -165,3 +165,98 @@ def split_peer_forward(name, case, x, backend=None):
         return o.reshape(batch, heads_q, seqlen_q, head_dim), lse.reshape(batch, heads_q, seqlen_q)
 
     return forward
+
+
+# ---- FlashInfer: cascade attention, an LLM server's route for a shared prefix and per-request suffixes
+
+
+def flashinfer_cascade_declines(case):
+    from ..external import half_only, padded_head_dim
+
+    if reason := half_only(case.dtype, "FlashInfer"):
+        return reason
+    if padded_head_dim(case.head_dim) is None:
+        return f"FlashInfer's FA2 kernels take head dims up to 256, not {case.head_dim}"
+    if not case.n_ctx:
+        return "no shared context: the cascade has no shared level"
+    if case.causal and case.seqlen_q > 1 and case.n_buf:
+        lens = case.buffer_lengths()
+        shortest = case.n_buf if lens is None else int(lens.min())
+        if shortest < case.seqlen_q:
+            return (f"a buffer of {shortest} entries under {case.seqlen_q} causal queries leaves rows that see no "
+                    "buffer key: FlashInfer's causal append needs kv_len >= qo_len")
+    return None
+
+
+def flashinfer_cascade_levels(case, device):
+    """The two levels' paged-cache descriptions (dicts of plan arguments), FlashInfer's HND pages
+    ([pages, Hkv, page_size, D]) laid over our tensors as they are:
+
+    - shared: k_ctx [Hkv, Nctx, D] is ONE page of page_size Nctx, and all B * Lq query rows are ONE request
+      over it (qo_indptr [0, B * Lq]): the batch folded into the rows, read once (Hydragen's fold);
+    - unique: k_buf [B, Hkv, Nbuf, D] is B pages of page_size Nbuf, sample b's page holding its buf_lens[b]
+      valid entries (last_page_len); a sample with an empty buffer has no page (kv_len 0); its Lq rows
+      are request b (qo_indptr b * Lq), causal bottom-right when the case is: our alignment, the Lq
+      queries being the last Lq valid entries."""
+    int32 = dict(dtype=torch.int32, device=device)
+    batch, seqlen_q = case.batch, case.seqlen_q
+    lens = case.buffer_lengths()
+    lens = torch.full((batch,), case.n_buf, dtype=torch.int32) if lens is None else lens
+    has_page = (lens > 0).to(torch.int32)
+    shared = dict(qo_indptr=torch.tensor([0, batch * seqlen_q], **int32), kv_indptr=torch.tensor([0, 1], **int32),
+                  kv_indices=torch.zeros(1, **int32), last_page_len=torch.tensor([case.n_ctx], **int32),
+                  page_size=case.n_ctx, causal=False)
+    unique = dict(qo_indptr=torch.arange(batch + 1, **int32) * seqlen_q,
+                  kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), has_page.cumsum(0).to(torch.int32)]).to(
+                      device),
+                  kv_indices=torch.nonzero(has_page).flatten().to(**int32), last_page_len=lens.to(**int32),
+                  page_size=case.n_buf, causal=case.causal)
+    return shared, unique
+
+
+def flashinfer_cascade_forward(case, x):
+    """Cascade attention as FlashInfer's MultiLevelCascadeAttentionWrapper runs it, two levels: a
+    BatchPrefillWithPagedKVCacheWrapper per level (shared context, then each sample's buffer), each
+    returning its (O, base-2 LSE), and ``merge_state_in_place`` of the shared state into the unique one.
+    The wrapper's run() returns O alone; its steps are taken here one by one so that the merged LSE comes
+    back too (converted to the natural log). Planned once here, as a server plans once a step for every
+    layer. Head dims FlashInfer lacks (below 256) are zero-padded to the next one it takes: the
+    context and buffers once here (untimed, as the per-batch peers build their cache), q at every call
+    (timed); the scale stays 1/sqrt(D) and the padded output columns, zero, are dropped.
+    -> callable -> (o, lse)."""
+    if reason := flashinfer_cascade_declines(case):
+        raise Unsupported(reason)
+    from ..external import flashinfer, flashinfer_workspace, lse_from_log2, padded_head_dim
+
+    fi = flashinfer()
+    q = x["q"]
+    device = q.device
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    width = padded_head_dim(head_dim)
+
+    def pad(t):
+        return t if width == head_dim else F.pad(t, (0, width - head_dim))
+
+    k_ctx, v_ctx = (pad(t).unsqueeze(0) for t in (x["k_ctx"], x["v_ctx"]))  # [1, Hkv, Nctx, D]: one page
+    k_buf, v_buf = pad(x["k_buf"]), pad(x["v_buf"])  # [B, Hkv, Nbuf, D]: a page per sample
+    workspace = flashinfer_workspace(device)  # shared by the levels, which run one after the other
+    wrappers = []
+    for level in flashinfer_cascade_levels(case, device)[:2 if case.n_buf else 1]:
+        wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", backend="fa2")
+        wrapper.plan(level["qo_indptr"], level["kv_indptr"], level["kv_indices"], level["last_page_len"], heads_q,
+                     case.heads_kv, width, level["page_size"], causal=level["causal"], sm_scale=case.softmax_scale,
+                     q_data_type=q.dtype, kv_data_type=q.dtype)
+        wrappers.append(wrapper)
+
+    def forward():
+        # [B, H, Lq, D] -> token-major [B * Lq, H, D]: a view of the model's [B, Lq, H, D] memory
+        q_tokens = pad(q.transpose(1, 2).reshape(batch * seqlen_q, heads_q, head_dim))
+        o, lse = wrappers[0].run(q_tokens, (k_ctx, v_ctx), return_lse=True)
+        if case.n_buf:
+            o_buf, lse_buf = wrappers[1].run(q_tokens, (k_buf, v_buf), return_lse=True)
+            fi.merge_state_in_place(o_buf, lse_buf, o, lse)  # base 2 on both sides
+            o, lse = o_buf, lse_buf
+        o = o.unflatten(0, (batch, seqlen_q))[..., :head_dim].transpose(1, 2)
+        return o, lse_from_log2(lse).unflatten(0, (batch, seqlen_q)).transpose(1, 2)
+
+    return forward
