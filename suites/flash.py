@@ -10,9 +10,10 @@ from ._anchor import latency_suite, measurement, operator_suites, speedup_suite
 OP = "flash"
 LABELS = ["B4 H16 N4096 D64 bf16", "B4 H16 N4096 D64 causal bf16",
           "B2 H16 N8192 D128 bf16", "B2 H16 N8192 D128 causal bf16"]  # flash's "anchor" set
-VARIANTS = ["reference", "split", "triton", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex"]
+VARIANTS = ["reference", "split", "triton", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex",
+            "fa4", "flashinfer"]
 MODES = ["fwd", "bwd", "fwd_bwd"]
-RATIO_PEERS = ["sdpa_flash", "sdpa_cudnn", "flex"]
+RATIO_PEERS = ["sdpa_flash", "sdpa_cudnn", "flex", "fa4", "flashinfer"]
 
 @measurement(OP)
 def measure_flash():

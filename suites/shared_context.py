@@ -15,9 +15,10 @@ LABELS = ["B1024 H4 Lq2 ctx2048 buf32 D32 bf16", "B256 H4 Lq1 ctx512 buf0 D32 bf
           "B256 H4 Lq2 ctx10000 buf32 D32 bf16", "B256 H32/8 Lq1 ctx4096 buf512 D128 bf16",
           "B512 H32/8 Lq1 ctx8192 buf256 D128 bf16", "B1024 H32/8 Lq1 ctx16384 buf128 D128 bf16"]  # "anchor"
 VARIANTS = ["reference", "split", "triton", "triton_composed", "per_batch_math", "per_batch_flash",
-            "per_batch_cudnn", "expand0_flash", "fold_flash", "fold_cudnn"]
+            "per_batch_cudnn", "expand0_flash", "fold_flash", "fold_cudnn", "flashinfer_cascade"]
 MODES = ["fwd"]
-RATIO_PEERS = ["per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn"]
+RATIO_PEERS = ["per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn",
+               "flashinfer_cascade"]
 
 @measurement(OP)
 def measure_shared_context():

@@ -295,7 +295,7 @@ class FlashOperator(Operator):
     modes = ("fwd", "bwd", "fwd_bwd")
     case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_flash", "reference")
-    ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex")
+    ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex", "fa4", "flashinfer")
 
     def cases(self, set_name):
         return case_set(self.name, CASE_SETS, set_name)

@@ -215,7 +215,8 @@ class SharedContextOperator(Operator):
     gate_baselines = ("per_batch_flash", "split", "expand0_flash", "fold_flash")
     # the side-by-side claim the CLI and `attnbench report` print per case
     ratio_subject = "triton"
-    ratio_peers = ("per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn")
+    ratio_peers = ("per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn",
+                   "flashinfer_cascade")
 
     def cases(self, set_name):
         return case_set(self.name, CASE_SETS, set_name)
