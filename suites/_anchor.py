@@ -89,14 +89,14 @@ def _measure(op_name, case_set, variants, modes):
     import attnbench
 
     try:
-        from attnbench.bench.runner import bench
-    except ImportError:
-        from attnbench.runner import bench
-    try:
+        try:
+            from attnbench.bench.runner import bench
+        except ImportError:
+            from attnbench.runner import bench
         op = attnbench.get(op_name)
         cases = list(op.cases(case_set))
-    except (AttributeError, KeyError, ValueError) as exc:
-        return _Points(why=f"attnbench at this commit has no {op_name} {case_set} set: {exc!r}")
+    except (ImportError, AttributeError, KeyError, ValueError) as exc:
+        return _Points(why=f"attnbench at this commit cannot measure {op_name}'s {case_set} set: {exc!r}")
     device = torch.device("cuda")
     points = _Points(why=f"not among the points {op_name} measured here", op=op_name,
                      variants=[n for n in variants or op.variants if n in op.variants],

@@ -170,6 +170,15 @@ def test_each_skip_says_why(monkeypatch):
     with pytest.raises(NotImplementedError, match="peer-attn"):  # _Speedup.setup reads the peer with get
         _anchor._Speedup().setup(points, "small", "fwd", "peer")
 
+    def unknown(name):  # an operator newer than the installed commit
+        raise KeyError(f"unknown operator {name!r}")
+
+    with monkeypatch.context() as m:
+        m.setattr(attnbench, "get", unknown)
+        with pytest.raises(NotImplementedError, match="attnbench at this commit cannot measure fake's anchor set: "
+                                                      "KeyError"):
+            _anchor._Latency().setup(_anchor._measure("fake", "anchor", None, None), "small", "triton", "fwd")
+
     monkeypatch.setenv("ATTNBENCH_ASV_VARIANTS", "triton")
     monkeypatch.setenv("ATTNBENCH_ASV_CASES", "small")
     points = _anchor._measure("fake", "anchor", None, None)
