@@ -18,7 +18,17 @@ once through attnbench's timing core (CUDA events, L2 flushed, median of many) a
 benchmarks read their number from it. asv treats every number as lower-is-better, so latency is
 the regression signal; TF/s, GB/s, % of roofline and peak GPU memory are tracked for display.
 Without CUDA, or where a variant cannot run a case, setup raises NotImplementedError and asv
-records the benchmark as skipped.
+records the benchmark as skipped; the error's message says why (no CUDA device, the peer's package
+missing, a mode the variant lacks, ...), and ``asv run --show-stderr`` prints it for each skipped point as
+"asv: skipped: NotImplementedError('<why>')" (see ``_Points``). asv keeps no output in its result files,
+so a run's log is where the reasons are read.
+
+The measuring pass runs against whatever attnbench is installed, so the current suites also time older
+commits (scripts/asv_backfill.py, docs/dashboard.md's "History"): where that commit's attnbench lacks an
+operator, a variant, a mode or a case label, the point is skipped, saying so. Three variables narrow a
+pass (each point left out skips, naming the variable): ATTNBENCH_ASV_VARIANTS and ATTNBENCH_ASV_MODES
+(names, space-separated; an operator times those it has) and ATTNBENCH_ASV_CASES (a regular expression
+searched in the case labels).
 """
 import functools
 import math
@@ -38,22 +48,113 @@ def measurement(op_name, case_set="anchor", variants=None, modes=None):
 
             import torch
 
-            if not torch.cuda.is_available():
-                return {}
             reports = os.environ.get("ATTNBENCH_ASV_REPORTS")
             if reports:
                 return from_report(op_name, reports)
-            import attnbench
-            from attnbench.bench.runner import bench
-
-            op = attnbench.get(op_name)
-            rows = bench(op, op.cases(case_set), "cuda", variants=variants, modes=modes, progress=True)
-            return {(r.case, r.variant, r.mode): _entry(r.as_dict()) for r in rows if r.timing}
+            if not torch.cuda.is_available():
+                return _Points(why="no CUDA device here, so nothing was timed")
+            return _measure(op_name, case_set, variants, modes)
 
         measure.timeout = 3000
+        measure.op_name, measure.case_set = op_name, case_set  # what scripts/asv_backfill.py reads
         return measure
 
     return bind
+
+
+def _chosen(names, variable):
+    """``names`` less those the environment variable ``variable`` (names, space-separated) leaves out, and a
+    reason for each left out."""
+    import os
+
+    wanted = os.environ.get(variable)
+    if not wanted:
+        return list(names), {}
+    keep = set(wanted.split())
+    return [n for n in names if n in keep], {n: f"not timed in this run ({variable}={wanted})" for n in names
+                                             if n not in keep}
+
+
+def _measure(op_name, case_set, variants, modes):
+    """One pass of attnbench's timing core over the operator's ``case_set`` on CUDA, as _Points: the numbers
+    of every row timed and the reason of every other point (a variant this GPU or this install cannot run,
+    a mode or case the commit lacks, a row the runner skipped). The operator and its cases are looked up as
+    every commit since the suites began spells them; the runner lived in attnbench/runner.py before the
+    layout moves (3539b9c)."""
+    import os
+    import re
+
+    import torch
+
+    import attnbench
+
+    try:
+        try:
+            from attnbench.bench.runner import bench
+        except ImportError:
+            from attnbench.runner import bench
+        op = attnbench.get(op_name)
+        cases = list(op.cases(case_set))
+    except (ImportError, AttributeError, KeyError, ValueError) as exc:
+        return _Points(why=f"attnbench at this commit cannot measure {op_name}'s {case_set} set: {exc!r}")
+    device = torch.device("cuda")
+    points = _Points(why=f"not among the points {op_name} measured here", op=op_name,
+                     variants=[n for n in variants or op.variants if n in op.variants],
+                     modes=[m for m in modes or op.modes if m in op.modes], cases=[c.label for c in cases])
+    names, points.left_out["variant"] = _chosen(points.variants, "ATTNBENCH_ASV_VARIANTS")
+    unavailable = {n: op.variant(n).unavailable_reason(device) for n in names}
+    points.left_out["variant"].update({n: f"{n} cannot run here: {why}" for n, why in unavailable.items() if why})
+    names = [n for n in names if not unavailable[n]]
+    chosen_modes, points.left_out["mode"] = _chosen(points.modes, "ATTNBENCH_ASV_MODES")
+    pattern = os.environ.get("ATTNBENCH_ASV_CASES")
+    if pattern:
+        points.left_out["case"] = {c.label: f"not timed in this run (ATTNBENCH_ASV_CASES={pattern})" for c in cases
+                                   if not re.search(pattern, c.label)}
+        cases = [c for c in cases if re.search(pattern, c.label)]
+    if names and chosen_modes and cases:
+        for r in bench(op, cases, "cuda", variants=names, modes=chosen_modes, progress=True):
+            if r.timing:
+                points[r.case, r.variant, r.mode] = _entry(r.as_dict())
+            else:
+                points.skipped[r.case, r.variant, r.mode] = f"{r.variant} skipped {r.mode} on {r.case}: {r.skipped}"
+    return points
+
+
+class _Points(dict):
+    """A measuring pass's numbers by (case, variant, mode), and why every other point has none.
+
+    A point without numbers reads as present (``in``) and raises NotImplementedError with its reason when
+    read (``[]``, ``get``): asv takes an error of that type in a benchmark's setup for a skip and prints
+    its message (``--show-stderr``). _Latency.setup and _Speedup.setup thereby raise the reason as written:
+    their source is part of every benchmark's version (the module docstring)."""
+
+    def __init__(self, numbers=(), why="not measured", op=None, variants=None, modes=None, cases=None):
+        super().__init__(numbers)
+        self.why, self.op = why, op
+        self.variants, self.modes, self.cases = variants, modes, cases  # what the commit has; None: not looked up
+        self.left_out = {"variant": {}, "mode": {}, "case": {}}
+        self.skipped = {}
+
+    def reason(self, key):
+        case, variant, mode = key
+        for kind, name, known in (("variant", variant, self.variants), ("mode", mode, self.modes),
+                                  ("case", case, self.cases)):
+            if known is not None and name not in known:
+                return f"{self.op} at this commit has no {kind} {name!r}"
+            if name in self.left_out[kind]:
+                return self.left_out[kind][name]
+        return self.skipped.get(key, self.why)
+
+    def __contains__(self, key):
+        return True
+
+    def __getitem__(self, key):
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        raise NotImplementedError(self.reason(key))
+
+    def get(self, key, default=None):
+        return self[key]
 
 
 def _entry(row):
@@ -69,15 +170,20 @@ def _entry(row):
 def from_report(op_name, directory):
     """The rows of ``attnbench run --json`` files in ``directory`` (the gate's bench stage on this
     commit and machine), so that asv records the very numbers the run printed instead of timing
-    everything a second time. Only complete files of this machine's GPU are used."""
+    everything a second time. Only complete files of this machine's GPU are used (without CUDA: files
+    of this machine's CPU, which is how tests/bench/test_asv_backfill.py feeds asv numbers on a CPU)."""
     import glob
 
     import torch
 
-    from attnbench.bench import results
-    from attnbench.bench.roofline import machine_info
+    try:
+        from attnbench.bench import results
+        from attnbench.bench.roofline import machine_info
+    except ImportError:  # before the layout moves (3539b9c)
+        from attnbench import results
+        from attnbench.roofline import machine_info
 
-    name = machine_info(torch.device("cuda"))["device_name"]
+    name = machine_info(torch.device("cuda" if torch.cuda.is_available() else "cpu"))["device_name"]
     out = {}
     for path in sorted(glob.glob(f"{directory}/{op_name}-*.json")):
         data = results.load(path)
@@ -88,7 +194,7 @@ def from_report(op_name, directory):
                     if r.get("timing") and r["timing"].get("method") == "cuda-events" and r["op"] == op_name})
     if not out:
         raise RuntimeError(f"ATTNBENCH_ASV_REPORTS={directory}: no complete {op_name} run of a {name} there")
-    return out
+    return _Points(out, why=f"no row of it in the {op_name} runs of a {name} in {directory} (ATTNBENCH_ASV_REPORTS)")
 
 
 class _Latency:

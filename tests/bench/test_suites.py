@@ -80,15 +80,141 @@ def test_suite_classes_carry_the_names_asv_reports():
 
 @pytest.mark.interpreter  # the CPU gate: no CUDA there
 @pytest.mark.parametrize("suite", SHARED, ids=lambda s: s.__name__)
-def test_measurement_is_empty_without_cuda_so_asv_skips(suite):
+def test_measurement_is_empty_without_cuda_so_asv_skips_saying_why(suite):
     public = [v for k, v in vars(suite).items() if isinstance(v, type) and not k.startswith("_")]
     anchor = next(c for c in public if hasattr(c, "track_latency_ms"))
-    assert anchor.setup_cache() == {}
-    with pytest.raises(NotImplementedError):
-        anchor().setup({}, suite.LABELS[0], suite.VARIANTS[0], suite.MODES[0])
+    results = anchor.setup_cache()
+    assert results == {}
+    with pytest.raises(NotImplementedError, match="no CUDA device here"):
+        anchor().setup(results, suite.LABELS[0], suite.VARIANTS[0], suite.MODES[0])
     speedup = next(c for c in public if hasattr(c, "track_speedup"))
-    with pytest.raises(NotImplementedError):
-        speedup().setup({}, suite.LABELS[0], suite.MODES[0], suite.RATIO_PEERS[0])
+    with pytest.raises(NotImplementedError, match="no CUDA device here"):
+        speedup().setup(results, suite.LABELS[0], suite.MODES[0], suite.RATIO_PEERS[0])
+    with pytest.raises(NotImplementedError):  # a plain dict (an older cache) still skips
+        anchor().setup({}, suite.LABELS[0], suite.VARIANTS[0], suite.MODES[0])
+
+
+class _FakeVariant:
+    def __init__(self, missing=None):
+        self.missing = missing
+
+    def unavailable_reason(self, device):
+        return self.missing
+
+
+class _FakeOp:
+    """An operator as the measuring pass looks it up (attnbench.get): two cases, a peer whose package is missing,
+    one mode of two."""
+    name = "fake"
+    modes = ["fwd"]
+
+    def __init__(self):
+        self.variants = {"triton": _FakeVariant(), "peer": _FakeVariant("package peer-attn is not installed"),
+                         "split": _FakeVariant()}
+
+    def cases(self, set_name):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(label="small"), SimpleNamespace(label="large")]
+
+    def variant(self, name):
+        return self.variants[name]
+
+
+def test_each_skip_says_why(monkeypatch):
+    """On a GPU the pass's _Points name the reason of each point without numbers: a peer that cannot run here, a mode
+    or variant the installed attnbench lacks (an older commit), a point the run left out or the runner skipped; the
+    suites' setup raises it for asv (a skip it prints with --show-stderr). The pass itself is not in any benchmark's
+    version (asv hashes the suite's stub, setup and the track_ method)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import attnbench
+    import attnbench.bench.runner
+    from suites import _anchor
+
+    calls = []
+
+    def fake_bench(op, cases, device, variants=None, modes=None, progress=True):
+        calls.append(([c.label for c in cases], variants, modes))
+        rows = []
+        for case in cases:
+            for name in variants:
+                timed = not (case.label == "large" and name == "split")
+                row = {"timing": {"median_ms": 2.0, "iqr_ms": 0.1}, "tflops": 1.0, "gbps": 2.0, "roofline_pct": 3.0,
+                       "peak_mem_bytes": 2**20, "eager": {"median_ms": 2.5}}
+                rows.append(SimpleNamespace(case=case.label, variant=name, mode="fwd", timing=timed or None,
+                                            skipped="" if timed else "out of memory", as_dict=lambda row=row: row))
+        return rows
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attnbench, "get", lambda name: _FakeOp())
+    monkeypatch.setattr(attnbench.bench.runner, "bench", fake_bench)
+    monkeypatch.setenv("ATTNBENCH_ASV_CASES", "^small$|^large$")
+    points = _anchor._measure("fake", "anchor", None, ["fwd", "bwd"])
+    assert calls == [(["small", "large"], ["triton", "split"], ["fwd"])]
+    assert points["small", "triton", "fwd"]["latency_ms"] == 2.0 and points["small", "triton", "fwd"]["eager_ms"] == 2.5
+    assert ("huge", "triton", "fwd") in points  # every point reads as present; reading it raises its reason
+
+    def why(key):
+        with pytest.raises(NotImplementedError) as info:
+            points[key]
+        return str(info.value)
+
+    assert why(("small", "peer", "fwd")) == "peer cannot run here: package peer-attn is not installed"
+    assert why(("small", "flex", "fwd")) == "fake at this commit has no variant 'flex'"
+    assert why(("huge", "triton", "fwd")) == "fake at this commit has no case 'huge'"
+    assert why(("large", "split", "fwd")) == "split skipped fwd on large: out of memory"
+    assert why(("small", "triton", "bwd")) == "fake at this commit has no mode 'bwd'"
+    with pytest.raises(NotImplementedError, match="peer-attn"):  # _Speedup.setup reads the peer with get
+        _anchor._Speedup().setup(points, "small", "fwd", "peer")
+
+    def unknown(name):  # an operator newer than the installed commit
+        raise KeyError(f"unknown operator {name!r}")
+
+    with monkeypatch.context() as m:
+        m.setattr(attnbench, "get", unknown)
+        with pytest.raises(NotImplementedError, match="attnbench at this commit cannot measure fake's anchor set: "
+                                                      "KeyError"):
+            _anchor._Latency().setup(_anchor._measure("fake", "anchor", None, None), "small", "triton", "fwd")
+
+    monkeypatch.setenv("ATTNBENCH_ASV_VARIANTS", "triton")
+    monkeypatch.setenv("ATTNBENCH_ASV_CASES", "small")
+    points = _anchor._measure("fake", "anchor", None, None)
+    assert calls[-1] == (["small"], ["triton"], ["fwd"])
+    with pytest.raises(NotImplementedError, match=r"not timed in this run \(ATTNBENCH_ASV_VARIANTS=triton\)"):
+        _anchor._Latency().setup(points, "small", "split", "fwd")
+    with pytest.raises(NotImplementedError, match=r"not timed in this run \(ATTNBENCH_ASV_CASES=small\)"):
+        _anchor._Latency().setup(points, "large", "triton", "fwd")
+
+
+def test_the_measuring_pass_is_in_no_benchmarks_version():
+    """asv's version of a benchmark hashes the source of its method, its setup and its setup_cache (which
+    functools.wraps points at the suite's stub): the measuring pass and _Points may change without dropping the
+    recorded results from the dashboard; setup and the track_ methods may not."""
+    base = pytest.importorskip("asv_runner.benchmarks._base")
+    from suites import flash
+
+    cls = flash.FlashAnchor
+    code = base.get_source_code([cls.track_latency_ms, cls.setup, cls.setup_cache])
+    assert "def measure_flash" in code and "def setup" in code
+    assert "bench(" not in code and "_Points" not in code and "ATTNBENCH_ASV" not in code
+
+
+def test_the_points_survive_asvs_pickle():
+    """asv pickles a setup_cache's value and reads it in each benchmark's process."""
+    import pickle
+
+    from suites._anchor import _Points
+
+    points = _Points({("c", "triton", "fwd"): {"latency_ms": 1.0}}, why="elsewhere", op="op", variants=["triton"],
+                     modes=["fwd"], cases=["c"])
+    points.left_out["variant"]["split"] = "left out"
+    again = pickle.loads(pickle.dumps(points))
+    assert again == points and again["c", "triton", "fwd"] == {"latency_ms": 1.0}
+    assert again.reason(("c", "peer", "fwd")) == "op at this commit has no variant 'peer'"
+    assert again.reason(("c", "triton", "bwd")) == "op at this commit has no mode 'bwd'"
 
 
 def test_asv_reads_run_reports_split_in_parts_and_only_their_cuda_event_rows(tmp_path, monkeypatch):
