@@ -47,6 +47,7 @@ CUEQUIVARIANCE=(
   cuequivariance-ops-torch-cu13==0.13.0
   cuequivariance-ops-cu13==0.13.0
   platformdirs==4.14.8             # needed by cuequivariance-ops-cu13, not on the machine
+  opt-einsum-fx==0.1.4             # cuequivariance_torch's naive method optimizes its einsums with it (else a warning a call)
 )
 # Requirements left out on purpose (the adapters' routes do not import them):
 #   flashinfer-cubin (458 MB of ahead-of-time cubins for trtllm-gen/XQA kernels; PyPI has 0.6.13 only, not 0.7.2),
