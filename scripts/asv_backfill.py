@@ -93,13 +93,19 @@ def discover(suites_dir):
     from asv_runner._aux import update_sys_path
     from asv_runner.discovery import disc_benchmarks
 
+    # asv_runner puts an importer of the suites first in sys.meta_path: it goes again once the suites are read,
+    # so that discovering them leaves the calling process's imports as they were
+    meta_path = list(sys.meta_path)
     update_sys_path(str(suites_dir))
     parts = collections.defaultdict(dict)
-    for bench in disc_benchmarks(str(suites_dir)):
-        module, cls = bench.name.split(".")[:2]
-        stub = getattr(getattr(sys.modules[f"{suites_dir.name}.{module}"], cls), "setup_cache", None)
-        if stub is not None and hasattr(stub, "op_name"):
-            parts[stub.__name__.removeprefix("measure_")][bench.name] = bench.version
+    try:
+        for bench in disc_benchmarks(str(suites_dir)):
+            module, cls = bench.name.split(".")[:2]
+            stub = getattr(getattr(sys.modules[f"{suites_dir.name}.{module}"], cls), "setup_cache", None)
+            if stub is not None and hasattr(stub, "op_name"):
+                parts[stub.__name__.removeprefix("measure_")][bench.name] = bench.version
+    finally:
+        sys.meta_path[:] = meta_path
     return dict(parts)
 
 

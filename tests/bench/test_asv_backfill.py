@@ -4,6 +4,7 @@ and recorded by asv with the current suites, the numbers coming from a made-up `
 (ATTNBENCH_ASV_REPORTS) since nothing can be timed here. The history comes from a git bundle as on the GPU machine,
 the results go to a temporary folder, and the scratch environment sees this environment's packages but not its
 attnbench."""
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -21,8 +22,13 @@ MACHINE = "backfill-test"
 POINTS = {("B1024 H4 Lq2 ctx2048 buf32 D32 bf16", "triton"): 0.5, ("B256 H4 Lq1 ctx512 buf0 D32 bf16", "split"): 1.5}
 LATENCY = "shared_context.SharedContextAnchor.track_latency_ms"
 
-for needed in ("asv", "asv_runner", "pip", "setuptools"):
-    if importlib.util.find_spec(needed) is None:
+# Asked through package metadata, not importlib.util.find_spec: find_spec("pip") runs setuptools' distutils shim's
+# pip hook, which turns the shim off for the whole process, and torch.compile's C++ build (import setuptools) then
+# failed in every later test of the same pytest worker.
+for needed in ("asv", "asv-runner", "pip", "setuptools"):
+    try:
+        importlib.metadata.distribution(needed)
+    except importlib.metadata.PackageNotFoundError:
         pytestmark = pytest.mark.skip(reason=f"no {needed} in this environment")
 
 
