@@ -32,7 +32,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from . import decisions, floors, report, results
+from . import decisions, floors, report, results, traffic
 
 MARKER = "<!-- written by `attnbench report --site`: regenerate it, do not edit -->"
 # datasheet peaks (bf16 dense tensor-core TF/s, HBM GB/s) of the GPUs results/ holds, for a GPU with no measured
@@ -102,6 +102,7 @@ class Site:
     runs: list = field(default_factory=list)
     verdicts: list = field(default_factory=list)  # (rel, data) of decisions files
     capabilities: list = field(default_factory=list)  # (rel, data) of capability matrices
+    traffic: list = field(default_factory=list)  # (rel, doc) of `attnbench traffic --json` files
     skipped: list = field(default_factory=list)  # (rel, why) of JSON files that are neither
 
     def gpus(self):
@@ -141,6 +142,11 @@ def load(root) -> Site:
                     site.verdicts.append((rel, other))
                 elif isinstance(other, dict) and {"cells", "columns", "shapes"} <= set(other):
                     site.capabilities.append((rel, other))
+                elif traffic.is_traffic(other):
+                    try:
+                        site.traffic.append((rel, traffic.load(path)))
+                    except results.BadResultFile as bad:
+                        site.skipped.append((rel, str(bad).split(": ", 1)[-1]))
                 else:
                     site.skipped.append((rel, str(exc).split(": ", 1)[-1]))
                 continue
@@ -668,6 +674,12 @@ def op_page(site, out, op, written):
                              if os.path.exists(md) else "")
                           + f", on {(data.get('device') or {}).get('device_name', '?')}: the worst verdict of each "
                           "cell over the shapes.", "", *capability_table(data), ""]
+        for rel, doc in site.traffic:
+            if rel.split(os.sep)[0] == gpu and any(r["op"] == op for r in doc.get("traffic", [])):
+                mine = {**doc, "traffic": [r for r in doc["traffic"] if r["op"] == op]}
+                lines += [report.traffic_markdown(mine, level=3, kernels=False).rstrip("\n"), "",
+                          f"From {_link(out, os.path.join(site.root, rel))} (per kernel: `attnbench report "
+                          f"{rel.replace(os.sep, '/')}`).", ""]
         lines += ["### Runs", "", "| run | case set | status | date | commit | timed rows |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for run in reversed(runs):

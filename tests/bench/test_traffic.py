@@ -374,3 +374,22 @@ def test_ctrl_c_keeps_the_parts_that_finished(tmp_path, monkeypatch, flash):
     doc = traffic.load(str(out))
     assert doc["status"] == "interrupted"
     assert [r["skipped"] for r in doc["traffic"]] == ["", "not profiled: the run stopped before its part"]
+
+
+def test_the_results_pages_show_a_traffic_file_on_its_operators_page(tmp_path, flash):
+    """A traffic file under results/<gpu>/<op>/ is read by `report --site` as what it is (not skipped as a bad result
+    file), and its calls appear on the operator's page beside the runs of that GPU."""
+    from attnbench.bench import site
+
+    folder = tmp_path / "results" / "nvidia-h100" / "flash"
+    folder.mkdir(parents=True)
+    assert main(["traffic", "--rebuild", str(_raw(tmp_path, flash)), "--json", str(folder / "traffic.json")]) == 0
+    (folder / "anchor.json").write_text(json.dumps({"machine": {"device_name": "NVIDIA H100 80GB HBM3"}, "bench": [
+        {"op": "flash", "case": CASE, "mode": "fwd", "variant": "triton", "timing": {"median_ms": 0.5}}]}))
+    out = tmp_path / "pages"
+    site.write(str(tmp_path / "results"), str(out))
+    page = (out / "flash.md").read_text()
+    assert "### Measured DRAM traffic: flash on NVIDIA H100 80GB HBM3" in page
+    assert f"| flash_fwd_kernel | {CASE} | fwd | 101.7 | 33.8 | 135.5 | 135.3 | 1.00x |" in page
+    loaded = site.load(str(tmp_path / "results"))
+    assert [rel for rel, _ in loaded.traffic] == ["nvidia-h100/flash/traffic.json"] and not loaded.skipped
