@@ -9,9 +9,10 @@ HAS_CUDA = torch.cuda.is_available()
 ROOT = Path(__file__).resolve().parents[1]  # the repository (or the unpacked sdist)
 
 
-def load_script(name):
-    """scripts/<name>.py as a module: the scripts are no package."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+def load_script(path):
+    """A script of the repository (``path`` from its root, e.g. "scripts/asv_backfill.py") as a module: the scripts
+    are no package."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -56,6 +56,16 @@ def _release(device):
         torch.cuda.empty_cache()
 
 
+# torch's OutOfMemoryError, and the AcceleratorError cudaMalloc raises when torch's caching allocator is off (as under
+# compute-sanitizer): either ends a case or a row as "out of memory", and the run goes on
+OUT_OF_MEMORY = (torch.OutOfMemoryError, torch.AcceleratorError)
+
+
+def _raise_unless_out_of_memory(error):
+    if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error):
+        raise error
+
+
 def _case_inputs(op, case, device, seed, oracles):
     """(x, oracles(x), "") for a case, or where memory ran out: (None, None, "inputs") or (x, None, "oracle"). The
     case's rows are then kept (skipped, or timed unverified) and the run goes on."""
@@ -64,11 +74,8 @@ def _case_inputs(op, case, device, seed, oracles):
         x = op.make_inputs(case, device, seed)
         stage = "oracle"
         return x, oracles(x), ""
-    except torch.OutOfMemoryError:
-        pass
-    except torch.AcceleratorError as error:  # without torch's caching allocator (under memcheck) cudaMalloc's own error
-        if "out of memory" not in str(error):
-            raise
+    except OUT_OF_MEMORY as error:
+        _raise_unless_out_of_memory(error)
     _release(device)  # outside the except: its traceback holds the failed call's tensors until the block ends
     return x, None, stage
 
@@ -120,7 +127,8 @@ def check(op, cases, device, variants=None, modes=None, seed=0, progress=True, o
                         result = verify.CheckResult(op.name, name, case.label, mode, skipped=_no_mode(name, mode))
                     else:
                         result = verify.check_variant(op, name, case, mode, x, oracle, lowp)
-                except torch.OutOfMemoryError:
+                except OUT_OF_MEMORY as error:
+                    _raise_unless_out_of_memory(error)
                     result = verify.CheckResult(op.name, name, case.label, mode, skipped="out of memory")
                 results.append(result)
                 if on_result is not None:
@@ -260,7 +268,8 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                     _set_floor(row, op, case, mode, rates)
                 except Unsupported as exc:
                     row.skipped = str(exc)
-                except torch.OutOfMemoryError:
+                except OUT_OF_MEMORY as error:
+                    _raise_unless_out_of_memory(error)
                     row.skipped = "out of memory"
                 fn = None
                 _release(device)

@@ -412,22 +412,28 @@ def plot_speedups(series, subject, baseline, title, path):
 def floor_shares(lines):
     """[(label, % of the attainable floor, binding resource)] of the headline's subject rows on GPU time: the floor
     from the row (runs since the floors became columns) or computed from its run's recorded rates
-    (``floors.from_report``, as ``report --floors`` does); rows whose run records no rates are left out."""
-    out = []
-    for line in lines:
-        row = line.ours
-        if row["timing"].get("method") not in floors.GPU_CLOCKS:
+    (``floors.from_report``, as ``report --floors`` does, once per run); rows whose run records no rates are left
+    out."""
+    gpu = [line for line in lines if line.ours["timing"].get("method") in floors.GPU_CLOCKS]
+    older = {}  # id(run) -> (run, its rows without a floor)
+    for line in gpu:
+        if line.ours.get("floor_pct") is None:
+            older.setdefault(id(line.run), (line.run, []))[1].append(line.ours)
+    computed = {}  # (id(run), case, mode) -> Floor
+    for key, (run, rows) in older.items():
+        try:
+            placed, _ = floors.from_report({**run.data, "bench": rows}, floors.rates_of(run.data))
+        except (ValueError, NotImplementedError):
             continue
-        pct, binding = row.get("floor_pct"), row.get("floor_binding")
+        computed.update({(key, f.case, f.mode): f for f in placed})
+    out = []
+    for line in gpu:
+        pct, binding = line.ours.get("floor_pct"), line.ours.get("floor_binding")
         if pct is None:
-            try:
-                rates = floors.rates_of(line.run.data)
-                placed, _ = floors.from_report({**line.run.data, "bench": [row]}, rates)
-            except (ValueError, NotImplementedError):
+            f = computed.get((id(line.run), line.case, line.mode))
+            if f is None or f.of_floor_pct is None:
                 continue
-            if not placed or placed[0].of_floor_pct is None:
-                continue
-            pct, binding = placed[0].of_floor_pct, placed[0].binding
+            pct, binding = f.of_floor_pct, f.binding
         out.append((f"{line.case} · {line.mode}", pct, binding))
     return out
 

@@ -46,6 +46,13 @@ def half_only(dtype, library):
     return None
 
 
+def bottom_right_only(case, library):
+    """Both libraries align a causal mask bottom-right: a top-left mask is the same only where Nq == Nk."""
+    if case.causal == "top_left" and case.seqlen_q != case.seqlen_k:
+        return f"{library}'s causal mask is bottom-right aligned; top-left differs when Nq != Nk"
+    return None
+
+
 # ---- FlashInfer
 
 FLASHINFER_HEAD_DIMS = (64, 128, 256)

@@ -5,7 +5,6 @@ and recorded by asv with the current suites, the numbers coming from a made-up `
 the results go to a temporary folder, and the scratch environment sees this environment's packages but not its
 attnbench."""
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -15,6 +14,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "asv_backfill.py"
@@ -34,10 +35,7 @@ for needed in ("asv", "asv-runner", "pip", "setuptools"):
 
 @pytest.fixture(scope="module")
 def backfill():
-    spec = importlib.util.spec_from_file_location("asv_backfill", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/asv_backfill.py")
 
 
 def git(*args, cwd=ROOT):

@@ -2,11 +2,12 @@
 pinned local copies whose hash becomes integrity=, a file that differs from its pin stops the copy, and the
 check names every reference to another host or to a missing file. tests/bench/test_dashboard_browser.py
 publishes the real dashboard and opens it."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "dashboard" / "offline.py"
@@ -16,10 +17,7 @@ pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="no dashboard/ in t
 
 @pytest.fixture(scope="module")
 def offline():
-    spec = importlib.util.spec_from_file_location("dashboard_offline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dashboard/offline.py")
 
 
 CDN = "https://cdn.example.org/lib@1.0/lib.min.js"

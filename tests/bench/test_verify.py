@@ -417,3 +417,23 @@ def test_worst_row_bar_follows_the_eager_reference_row_by_row():
     check = judge("hq", out.bfloat16(), oracle, worse.bfloat16())
     assert check.passed, check
     assert not judge("hq", out.bfloat16(), oracle, None).passed
+
+
+def test_an_allocation_error_without_the_caching_allocator_counts_as_out_of_memory():
+    """Under compute-sanitizer the gate turns torch's caching allocator off, and cudaMalloc's failure arrives as an
+    AcceleratorError, not an OutOfMemoryError: the case is skipped as out of memory all the same; any other
+    AcceleratorError still stops the run."""
+    from types import SimpleNamespace
+
+    from attnbench.bench import runner
+
+    def op_raising(error):
+        def make_inputs(case, device, seed):
+            raise error
+        return SimpleNamespace(make_inputs=make_inputs)
+
+    oom = op_raising(torch.AcceleratorError("CUDA error: out of memory"))
+    assert runner._case_inputs(oom, None, "cpu", 0, lambda x: x) == (None, None, "inputs")
+    other = op_raising(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(torch.AcceleratorError, match="illegal memory access"):
+        runner._case_inputs(other, None, "cpu", 0, lambda x: x)

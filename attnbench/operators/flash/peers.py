@@ -83,14 +83,14 @@ def flex_forward(case, offset, device):
 
 def fa4_declines(case):
     """Why FA-4 does not take a case (None when it does)."""
-    from ..external import fa4_head_dim, half_only
+    from ..external import bottom_right_only, fa4_head_dim, half_only
 
     if reason := half_only(case.dtype, "FlashAttention-4"):
         return reason
     if reason := fa4_head_dim(case.head_dim):
         return reason
-    if case.causal == "top_left" and case.seqlen_q != case.seqlen_k:
-        return "FlashAttention-4's causal mask is bottom-right aligned; top-left differs when Nq != Nk"
+    if reason := bottom_right_only(case, "FlashAttention-4"):
+        return reason
     return None
 
 
@@ -122,7 +122,7 @@ TENSOR_CORE_GROUP = 4  # GQA groups above this decode on tensor cores (vLLM's ru
 
 
 def flashinfer_decode_declines(case):
-    from ..external import flashinfer_head_dim, half_only
+    from ..external import bottom_right_only, flashinfer_head_dim, half_only
 
     if case.seqlen_q > FLASHINFER_MAX_NQ:
         return f"the FlashInfer peer is a decode peer: Nq <= {FLASHINFER_MAX_NQ}, not {case.seqlen_q}"
@@ -130,8 +130,8 @@ def flashinfer_decode_declines(case):
         return reason
     if reason := flashinfer_head_dim(case.head_dim):
         return reason
-    if case.causal == "top_left" and case.seqlen_q != case.seqlen_k:
-        return "FlashInfer's causal mask is bottom-right aligned; top-left differs when Nq != Nk"
+    if reason := bottom_right_only(case, "FlashInfer"):
+        return reason
     if case.causal is not None and case.seqlen_q > case.seqlen_k:
         return "rows that see no key (bottom-right causal, Nq > Nk): FlashInfer's causal append needs Nq <= Nk"
     return None
