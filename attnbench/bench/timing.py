@@ -106,6 +106,13 @@ def cuda_synchronized_clock() -> float:
     return time.perf_counter()
 
 
+# One graph replay holds this many milliseconds of back-to-back calls (do_bench_cudagraph times 10 replays, a
+# sync between them). Longer replays of a power-hungry kernel hold the card at its power limit, and the SM clock
+# falls: so the replay would time a throttled clock that the events samples (a flush and a sleep before every
+# call) never see, and the two clocks would disagree for that reason alone (docs/measurements/gate.md).
+GRAPH_REPLAY_MS = 10
+
+
 def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_graph: bool = False,
             cpu_reps: int = CPU_MIN_SAMPLES, cpu_budget_s: float = CPU_BUDGET_S,
             cpu_max_samples: int = CPU_MAX_SAMPLES) -> Timing:
@@ -123,7 +130,7 @@ def measure(fn, device, *, warmup_ms: float = 25, rep_ms: float = 100, cuda_grap
 
         if cuda_graph:
             try:
-                samples = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
+                samples = triton.testing.do_bench_cudagraph(fn, rep=min(rep_ms, GRAPH_REPLAY_MS), return_mode="all")
             except RuntimeError as exc:  # a capture PyTorch refuses is a property of the route: report it
                 from .registry import Unsupported
 
