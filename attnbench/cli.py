@@ -27,6 +27,7 @@ from .bench.roofline import ceilings, machine_info
 from .bench.runner import bench, check, detach
 from .bench.tables import bench_table, check_table, ratio_lines, summary_line, traffic_table, unavailable_lines, wrap
 from .bench.verify import BOUNDS
+from .kernels.tuning import autotune_enabled
 
 # Default case set per command, as (on CPU, on CUDA). ``run`` checks and times the same cases.
 DEFAULT_SETS = {"check": ("tiny", "gpu"), "bench": ("tiny", "anchor"), "run": ("tiny", "anchor")}
@@ -225,7 +226,8 @@ class Session:
         self.console = Console(sys.stderr if args.json == "-" else sys.stdout)
         info = machine_info(self.device)
         self.file = results.ResultFile(args.json, {
-            "command": command, "argv": args.argv, "machine": info, "code": code_version(), "ceilings": None})
+            "command": command, "argv": args.argv, "machine": info, "code": code_version(),
+            "settings": {"autotune": autotune_enabled()}, "ceilings": None})
         self.checks, self.rows, self.failures = [], [], 0
         self.interrupt_seen = False
 

@@ -9,7 +9,8 @@ leaves the previous version in place. The document, rather than JSON Lines, keep
 milliseconds per row, small beside the time a row takes to measure.
 
     {"format": 1, "status": "running" | "complete" | "interrupted" | "error", "date": "2026-11-27T10:00:00+00:00",
-     "command": "bench", "argv": [...], "machine": {...}, "code": {...}, "ceilings": {...} | null,
+     "command": "bench", "argv": [...], "machine": {...}, "code": {...}, "settings": {"autotune": true},
+     "ceilings": {...} | null,
      "operators": {"flash": {"ratio_subject": "triton", "ratio_peers": [...], "unavailable": {...}}},
      "checks": [...], "bench": [...]}
 

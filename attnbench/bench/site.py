@@ -90,10 +90,17 @@ class Run:
     def complete(self):
         return self.data.get("status", "complete") == "complete"
 
+    @property
+    def tuned(self):
+        """Launch configs autotuned, as users run them (ATTNBENCH_AUTOTUNE=0 fixes the default configs: a study's
+        setting, not a headline's). Files from before the field was recorded ran autotuned."""
+        return (self.data.get("settings") or {}).get("autotune", True) is not False
+
     def rank(self, op):
-        """Sort key for ``op``'s headline, the run to show last: CUDA events after graph replays, a complete run
-        after a partial one (cut short, its last case may lack peers), then the newest."""
-        return (not self.graphs(op), self.complete, *self.when)
+        """Sort key for ``op``'s headline, the run to show last: an autotuned run after one with fixed configs,
+        CUDA events after graph replays, a complete run after a partial one (cut short, its last case may lack
+        peers), then the newest."""
+        return (self.tuned, not self.graphs(op), self.complete, *self.when)
 
 
 @dataclass
@@ -690,7 +697,8 @@ def op_page(site, out, op, written):
                   "| --- | --- | --- | --- | --- | --- |"]
         for run in reversed(runs):
             lines.append(f"| {_link(out, run.path, run.rel.replace(os.sep, '/'))} | "
-                         f"{_cell(run.case_set(op) or '-')} | {run.data.get('status', 'complete')} | "
+                         f"{_cell(run.case_set(op) or '-')}{'' if run.tuned else ' (fixed configs)'} | "
+                         f"{run.data.get('status', 'complete')} | "
                          f"{run.date[:10] or '-'} | "
                          f"{report._short_commit(run.data.get('code')) or '-'} | {len(run.timed(op))} |")
         lines.append("")

@@ -162,6 +162,21 @@ def test_a_complete_run_outranks_a_newer_partial_one(tmp_path):
     assert "anchor-cut" in runs["B1 H2 N1024 D64 bf16"] and runs["B1 H2 N1024 D64 bf16"].endswith("(interrupted)")
 
 
+def test_an_autotuned_run_outranks_a_newer_one_with_fixed_configs(tmp_path):
+    """A run with ATTNBENCH_AUTOTUNE=0 (settings.autotune false: a study's default configs) is not the
+    headline where an autotuned run has the case, however new; the runs table marks it."""
+    root, out = tmp_path / "results", tmp_path / "site"
+    _gpu_tree(root)
+    fixed = _doc([_row(CASE_B, "triton", 5.0), _row(CASE_B, "sdpa_flash", 1.5)], date="2026-11-28T10:00:00+00:00")
+    fixed["settings"] = {"autotune": False}
+    _write(root / "nvidia-h100" / "flash" / "moves-fixed.json", fixed)
+    site.write(str(root), str(out))
+    section = _section((out / "flash.md").read_text(), "## nvidia-h100")
+    _, rows = _table(section, "| case | mode | triton ms")
+    assert "moves-fixed" not in {r[-1] for r in rows if r[0] == CASE_B}
+    assert "(fixed configs)" in next(line for line in section.splitlines() if "moves-fixed.json" in line)
+
+
 def test_capability_matrix_lands_on_its_operators_page(tmp_path):
     """jvp_attention's page exists once it has a timed run, and shows the committed matrix's worst verdicts."""
     root, out = tmp_path / "results", tmp_path / "site"
