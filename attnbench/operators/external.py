@@ -53,6 +53,13 @@ def bottom_right_only(case, library):
     return None
 
 
+def attention_peer_declines(case, library, head_dim_rule):
+    """Why an external attention library does not take a flash case (None when it does): a 16-bit dtype, the
+    head dims ``head_dim_rule`` allows (a reason or None), and a causal mask that its bottom-right one matches."""
+    return (half_only(case.dtype, library) or head_dim_rule(case.head_dim)
+            or bottom_right_only(case, library))
+
+
 # ---- FlashInfer
 
 FLASHINFER_HEAD_DIMS = (64, 128, 256)

@@ -83,15 +83,9 @@ def flex_forward(case, offset, device):
 
 def fa4_declines(case):
     """Why FA-4 does not take a case (None when it does)."""
-    from ..external import bottom_right_only, fa4_head_dim, half_only
+    from ..external import attention_peer_declines, fa4_head_dim
 
-    if reason := half_only(case.dtype, "FlashAttention-4"):
-        return reason
-    if reason := fa4_head_dim(case.head_dim):
-        return reason
-    if reason := bottom_right_only(case, "FlashAttention-4"):
-        return reason
-    return None
+    return attention_peer_declines(case, "FlashAttention-4", fa4_head_dim)
 
 
 def fa4_forward(case, offset):
@@ -122,15 +116,11 @@ TENSOR_CORE_GROUP = 4  # GQA groups above this decode on tensor cores (vLLM's ru
 
 
 def flashinfer_decode_declines(case):
-    from ..external import bottom_right_only, flashinfer_head_dim, half_only
+    from ..external import attention_peer_declines, flashinfer_head_dim
 
     if case.seqlen_q > FLASHINFER_MAX_NQ:
         return f"the FlashInfer peer is a decode peer: Nq <= {FLASHINFER_MAX_NQ}, not {case.seqlen_q}"
-    if reason := half_only(case.dtype, "FlashInfer"):
-        return reason
-    if reason := flashinfer_head_dim(case.head_dim):
-        return reason
-    if reason := bottom_right_only(case, "FlashInfer"):
+    if reason := attention_peer_declines(case, "FlashInfer", flashinfer_head_dim):
         return reason
     if case.causal is not None and case.seqlen_q > case.seqlen_k:
         return "rows that see no key (bottom-right causal, Nq > Nk): FlashInfer's causal append needs Nq <= Nk"
