@@ -119,16 +119,11 @@ GPU_SHAPES = [
 # TabPFN joint sampling (H4 D32; Lq 2 = the previous sample's completed entry + the new query,
 # which both see the whole buffer; Lq 1 with no buffer = batched point prediction) and LLM
 # shared-prefix decoding (H32/8 D128 Lq1).
-ANCHOR_SHAPES = [
-    (1024, 4, 4, 2, 2048, 32, 32, False, "full"),  # the measured case in the issue
-    (256, 4, 4, 1, 512, 0, 32, False, "full"),
-    (4096, 4, 4, 1, 10000, 0, 32, False, "full"),
-    (4096, 4, 4, 2, 512, 32, 32, False, "full"),
-    (256, 4, 4, 2, 10000, 32, 32, False, "full"),
-    (256, 32, 8, 1, 4096, 512, 128, False, "full"),
-    (512, 32, 8, 1, 8192, 256, 128, False, "full"),
-    (1024, 32, 8, 1, 16384, 128, 128, False, "full"),
-]
+TABPFN_ANCHORS = [(1024, 2, 2048, 32),  # (B, Lq, ctx, buf); the first is the measured case in the issue
+                  (256, 1, 512, 0), (4096, 1, 10000, 0), (4096, 2, 512, 32), (256, 2, 10000, 32)]
+LLM_ANCHORS = [(256, 4096, 512), (512, 8192, 256), (1024, 16384, 128)]  # (B, ctx, buf)
+ANCHOR_SHAPES = ([(b, 4, 4, lq, ctx, buf, 32, False, "full") for b, lq, ctx, buf in TABPFN_ANCHORS]
+                 + [(b, 32, 8, 1, ctx, buf, 128, False, "full") for b, ctx, buf in LLM_ANCHORS])
 
 
 def _sweep():
