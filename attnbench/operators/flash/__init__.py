@@ -91,14 +91,18 @@ TINY_SHAPES = [
     (1, 2, 2, 1, 70, 64, None),
     (1, 1, 1, 19, 19, 32, "top_left"),
 ]
-# Real sizes for the GPU gate (same coverage at scale, plus D = 256).
-GPU_SHAPES = [
+# Real sizes for the GPU gate, the same coverage at scale: these four for flash and jvp_attention alike (GQA and
+# MQA, both causal alignments, Nq != Nk, head dims 24 to 128 off powers of two) ...
+ATTENTION_GPU_SHAPES = [
     (2, 8, 8, 1024, 1024, 64, None),
     (2, 8, 2, 1000, 777, 128, "bottom_right"),
-    (1, 8, 8, 2048, 2048, 80, "top_left"),
     (1, 4, 4, 513, 1031, 96, "top_left"),
-    (2, 4, 4, 256, 384, 256, "bottom_right"),
     (1, 4, 1, 1537, 1537, 24, "top_left"),
+]
+# ... and flash's own: a long D 80 case, D = 256, decode, the split-KV route and two column blocks.
+GPU_SHAPES = ATTENTION_GPU_SHAPES + [
+    (1, 8, 8, 2048, 2048, 80, "top_left"),
+    (2, 4, 4, 256, 384, 256, "bottom_right"),
     (3, 8, 8, 1, 1024, 128, None),
     # the split-KV route (Nq <= 64): GQA groups packed into a tile, row tiles, D up to 256
     (4, 32, 8, 1, 4099, 128, None),

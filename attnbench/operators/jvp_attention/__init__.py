@@ -25,7 +25,7 @@ import torch
 
 from ...bench.cases import case_set, seeded_inputs, table_sets
 from ...bench.registry import Operator, Unsupported, Variant, register
-from ..flash import HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
+from ..flash import ATTENTION_GPU_SHAPES, HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
 from . import peers, reference, routes, split
 
@@ -40,14 +40,8 @@ TINY_SHAPES = [
     (1, 4, 2, 21, 12, 16, "bottom_right"),  # Nq > Nk: the first 9 rows see no key
     (1, 2, 1, 9, 33, 32, "bottom_right"),
 ]
-# Real sizes for the GPU gate: the same coverage at scale, D 80/96/128, plus a long D 64 case.
-GPU_SHAPES = [
-    (2, 8, 8, 1024, 1024, 64, None),
-    (2, 8, 2, 1000, 777, 128, "bottom_right"),
-    (1, 8, 8, 1536, 1536, 80, "top_left"),
-    (1, 4, 4, 513, 1031, 96, "top_left"),
-    (1, 4, 1, 1537, 1537, 24, "top_left"),
-]
+# Real sizes for the GPU gate: flash's shared coverage at scale, and a long D 80 case.
+GPU_SHAPES = ATTENTION_GPU_SHAPES + [(1, 8, 8, 1536, 1536, 80, "top_left")]
 # Issue 6's performance targets: fwd+JVP at the first three, both HVP routes at the last.
 ANCHOR_SHAPES = [
     (4, 16, 16, 2048, 2048, 64, None),
