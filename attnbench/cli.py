@@ -227,7 +227,7 @@ class Session:
         info = machine_info(self.device)
         self.file = results.ResultFile(args.json, {
             "command": command, "argv": args.argv, "machine": info, "code": code_version(),
-            "settings": {"autotune": autotune_enabled()}, "ceilings": None})
+            "autotune": autotune_enabled(), "ceilings": None})
         self.checks, self.rows, self.failures = [], [], 0
         self.interrupt_seen = False
 

@@ -9,7 +9,7 @@ leaves the previous version in place. The document, rather than JSON Lines, keep
 milliseconds per row, small beside the time a row takes to measure.
 
     {"format": 1, "status": "running" | "complete" | "interrupted" | "error", "date": "2026-11-27T10:00:00+00:00",
-     "command": "bench", "argv": [...], "machine": {...}, "code": {...}, "settings": {"autotune": true},
+     "command": "bench", "argv": [...], "machine": {...}, "code": {...}, "autotune": true,
      "ceilings": {...} | null,
      "operators": {"flash": {"ratio_subject": "triton", "ratio_peers": [...], "unavailable": {...}}},
      "checks": [...], "bench": [...]}
@@ -210,6 +210,8 @@ def merge(parts: list, paths: list) -> dict:
     codes = [d.get("code") for d in parts]
     if any(c != codes[0] for c in codes):
         doc["code"] = {"parts": [dict(c or {}, file=p) for c, p in zip(codes, paths)]}
+    if any(d.get("autotune") is False for d in parts):  # a part at fixed launch configs makes the run a study's
+        doc["autotune"] = False
     statuses = [d.get("status", "complete") for d in parts]
     doc["status"] = "complete" if all(s == "complete" for s in statuses) else next(
         s for s in statuses if s != "complete")

@@ -94,7 +94,7 @@ class Run:
     def tuned(self):
         """Launch configs autotuned, as users run them (ATTNBENCH_AUTOTUNE=0 fixes the default configs: a study's
         setting, not a headline's). Files from before the field was recorded ran autotuned."""
-        return (self.data.get("settings") or {}).get("autotune", True) is not False
+        return self.data.get("autotune") is not False
 
     def rank(self, op):
         """Sort key for ``op``'s headline, the run to show last: an autotuned run after one with fixed configs,

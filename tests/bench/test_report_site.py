@@ -163,12 +163,12 @@ def test_a_complete_run_outranks_a_newer_partial_one(tmp_path):
 
 
 def test_an_autotuned_run_outranks_a_newer_one_with_fixed_configs(tmp_path):
-    """A run with ATTNBENCH_AUTOTUNE=0 (settings.autotune false: a study's default configs) is not the
+    """A run with ATTNBENCH_AUTOTUNE=0 ("autotune": false, a study's default configs) is not the
     headline where an autotuned run has the case, however new; the runs table marks it."""
     root, out = tmp_path / "results", tmp_path / "site"
     _gpu_tree(root)
     fixed = _doc([_row(CASE_B, "triton", 5.0), _row(CASE_B, "sdpa_flash", 1.5)], date="2026-11-28T10:00:00+00:00")
-    fixed["settings"] = {"autotune": False}
+    fixed["autotune"] = False
     _write(root / "nvidia-h100" / "flash" / "moves-fixed.json", fixed)
     site.write(str(root), str(out))
     section = _section((out / "flash.md").read_text(), "## nvidia-h100")

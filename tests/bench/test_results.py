@@ -108,3 +108,14 @@ def test_partial_and_old_files_load(tmp_path):
     assert results.load(str(path))["status"] == "interrupted"
     path.write_text(json.dumps({"bench": [GOOD_ROW]}))  # written before the status field: complete
     assert results.load(str(path))["bench"] == [GOOD_ROW]
+
+
+def test_a_run_with_one_part_at_fixed_configs_merges_as_fixed():
+    """Parts of one run where one ran with ATTNBENCH_AUTOTUNE=0: the merged run is not an autotuned one (the
+    results pages would otherwise rank it as a headline)."""
+    def part(case, autotune):
+        return {"format": 1, "status": "complete", "machine": {"device_name": "GPU"}, "autotune": autotune,
+                "bench": [{"op": "flash", "case": case, "mode": "fwd", "variant": "triton"}]}
+
+    assert results.merge([part("a", True), part("b", True)], ["1", "2"])["autotune"] is True
+    assert results.merge([part("a", True), part("b", False)], ["1", "2"])["autotune"] is False
