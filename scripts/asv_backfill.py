@@ -495,10 +495,7 @@ def main(argv=None):
             if finished:
                 drop_worktree(repo, tree)
     finally:
-        if installed_other:
-            install(args.python, ROOT)
-            log(f"installed {ROOT} again")
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+        restore(args, repo, installed_other)
     left_commits = [sha[:8] for sha, what in outcome.items() if what in ("left", "partly")]
     log(f"left: {' '.join(left_commits)} (run the same command again)" if left_commits else "nothing left")
     stuck = [sha[:8] for sha, what in outcome.items() if what == "stopped"]
@@ -507,14 +504,23 @@ def main(argv=None):
     return status
 
 
+def restore(args, repo, installed_other):
+    """This tree installed again where another commit's install was tried (one that failed may have replaced it
+    before failing), and the worktrees pruned."""
+    if installed_other:
+        install(args.python, ROOT)
+        log(f"installed {ROOT} again")
+    subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+
+
 def probe_all(args, repo, shas, parts):
     installed_other = False
     try:
         for sha in shas:
             tree = worktree(repo, args.work, sha)
+            installed_other = True
             try:
                 install(args.python, tree)
-                installed_other = True
                 found = probe(args, args.python, tree, parts)
             except (subprocess.CalledProcessError, RuntimeError) as exc:
                 found = {p: f"does not install: {getattr(exc, 'stderr', None) or exc}".strip()[:200] for p in parts}
@@ -523,9 +529,7 @@ def probe_all(args, repo, shas, parts):
                 print(f"    {part}: {found.get(part, '?')}")
             drop_worktree(repo, tree)
     finally:
-        if installed_other:
-            install(args.python, ROOT)
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+        restore(args, repo, installed_other)
     return 0
 
 

@@ -61,8 +61,14 @@ def _release(device):
 OUT_OF_MEMORY = (torch.OutOfMemoryError, torch.AcceleratorError)
 
 
+def is_out_of_memory(error) -> bool:
+    """torch's OutOfMemoryError, or an AcceleratorError that says it is one (other accelerator errors are not)."""
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, torch.AcceleratorError)
+                                                         and "out of memory" in str(error))
+
+
 def _raise_unless_out_of_memory(error):
-    if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error):
+    if not is_out_of_memory(error):
         raise error
 
 

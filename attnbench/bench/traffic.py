@@ -572,6 +572,7 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
 
     from ..kernels.tuning import autotune_enabled
     from .registry import Unsupported, get
+    from .runner import Progress, _case_inputs, is_out_of_memory
     from .roofline import machine_info
 
     device = torch.device(plan.get("device", "cuda"))
@@ -586,8 +587,8 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
         torch.cuda.synchronize(device)
     calls = [c for c in plan["calls"] if c["part"] == part]
     case_maps, current, inputs = {}, None, None
-    begin = time.perf_counter()
-    for n, call in enumerate(calls, 1):
+    bar = Progress(len(calls))
+    for call in calls:
         op = get(call["op"])
         if op.name not in case_maps:
             case_maps[op.name] = {c.label: c for c in op.cases(plan["case_set"])}
@@ -598,10 +599,7 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
             if cuda:
                 torch.cuda.empty_cache()
             current = (op.name, case.label)
-            try:
-                inputs = op.make_inputs(case, device, plan.get("seed", 0))
-            except torch.OutOfMemoryError:
-                inputs = None
+            inputs, _, _ = _case_inputs(op, case, device, plan.get("seed", 0), lambda x: None)  # None: out of memory
         try:
             if inputs is None:
                 raise Unsupported("inputs out of memory")
@@ -630,17 +628,14 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
             entry["status"] = "profiled"
         except Unsupported as exc:
             entry["reason"] = str(exc)
-        except torch.OutOfMemoryError:
-            entry["reason"] = "out of memory"
         except Exception as exc:  # a failing call is reported and the part goes on (the check pass judges kernels)
             first = (str(exc).strip().splitlines() or [""])[0][:200]
-            entry["reason"] = f"error: {type(exc).__name__}: {first}"
+            entry["reason"] = "out of memory" if is_out_of_memory(exc) else f"error: {type(exc).__name__}: {first}"
         fn = None
         manifest["calls"].append(entry)
         results.write_atomic(manifest_path, json.dumps(manifest, indent=1))
         shown = entry["status"] if not entry["reason"] else f"skipped: {entry['reason']}"
-        print(f"[{n}/{len(calls)}] {time.perf_counter() - begin:7.1f}s  traffic {call['op']} {call['variant']} "
-              f"{call['mode']} {call['case']}  {shown}", file=sys.stderr, flush=True)
+        bar.step(f"traffic {call['op']} {call['variant']} {call['mode']} {call['case']}  {shown}")
     return manifest
 
 
