@@ -88,7 +88,7 @@ download() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
     "${FLASHINFER[@]}" "${FA4[@]}" "${CUEQUIVARIANCE[@]}"
-  check_requirements "$wheels"
+  check_requirements "$wheels" || { echo "peer_wheels: carry them, or name them in MACHINE or SKIPPED" >&2; return 1; }
   py - "$dir" "$((part_mib * 1048576))" <<'PY'
 import hashlib, os, sys
 dir_, part = sys.argv[1], int(sys.argv[2])
@@ -166,6 +166,7 @@ missing = {n: by for n, by in needs.items() if n not in dists and n not in {norm
 for n, by in sorted(missing.items()):
     print(f"peer_wheels: {n} (required by {', '.join(sorted(by))}) is neither carried, on the machine, nor "
           "skipped on purpose", file=sys.stderr)
+sys.exit(1 if missing else 0)
 PY
 }
 
