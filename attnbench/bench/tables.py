@@ -98,9 +98,8 @@ def bench_table(rows, bound_of) -> str:
             err, over = err + " !", True
         cells = [r.case, r.mode, r.variant, t.method, _fmt(t.median_ms, ".3f"), iqr, str(t.samples)]
         if gpu:
-            floor_pct = getattr(r, "floor_pct", None)  # rows read back from older files lack the floor
             cells += [_fmt(r.tflops, ".1f"), _fmt(r.gbps, ".0f"), _fmt(r.roofline_pct, ".0f"),
-                      "-" if floor_pct is None else f"{floor_pct:.0f} {r.floor_binding}"]
+                      "-" if r.floor_pct is None else f"{r.floor_pct:.0f} {r.floor_binding}"]
         if show_vs:
             cells.append("-" if r.speedup is None else f"{r.speedup:.2f}x")
         if eager:

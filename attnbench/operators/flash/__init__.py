@@ -273,8 +273,7 @@ def autograd_variant(make_forward):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
         def run_forward():
-            out = forward(*leaves)
-            return out[0] if isinstance(out, tuple) else out
+            return forward_output(forward(*leaves))
 
         if mode == "bwd":
             o = run_forward()
@@ -406,10 +405,10 @@ def _probed(make_forward, on_device=False):
         return make_forward(case, case.causal_offset, *([x["q"].device] if on_device else []))
 
     return autograd_variant(probed(build,
-                                   lambda forward, x: _output(forward(*_tensors(x)[:3]))))
+                                   lambda forward, x: forward_output(forward(*_tensors(x)[:3]))))
 
 
-def _output(out):
+def forward_output(out):
     """O of a forward that returns O or (O, LSE)."""
     return out[0] if isinstance(out, tuple) else out
 

@@ -20,6 +20,9 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.func as tf
 
+from ..flash import forward_output
+
+
 class DroppedDerivative(RuntimeError):
     """An implementation returned no derivative at all (a None tangent) without raising."""
 
@@ -34,11 +37,6 @@ OUTPUTS = {
 MODES = tuple(OUTPUTS)
 
 
-def _output(out):
-    """f may return o or (o, lse)."""
-    return out[0] if isinstance(out, tuple) else out
-
-
 def fwd_jvp(f, x):
     primal, tangent = tf.jvp(f, (x["q"], x["k"], x["v"]), (x["tq"], x["tk"], x["tv"]))
     if isinstance(primal, tuple):
@@ -50,7 +48,7 @@ def hvp_fwd_rev(f, x):
     leaves = [x[n].detach().requires_grad_() for n in ("q", "k", "v")]
     with torch.enable_grad(), fwAD.dual_level():
         duals = [fwAD.make_dual(a, x[t]) for a, t in zip(leaves, ("tq", "tk", "tv"))]
-        grads = torch.autograd.grad(_output(f(*duals)), leaves, x["do"], create_graph=True)
+        grads = torch.autograd.grad(forward_output(f(*duals)), leaves, x["do"], create_graph=True)
         hvp = [fwAD.unpack_dual(g).tangent for g in grads]
     if any(t is None for t in hvp):
         raise DroppedDerivative("the gradient came back without a tangent: forward mode was dropped without an error")
@@ -60,14 +58,14 @@ def hvp_fwd_rev(f, x):
 def hvp_rev_rev(f, x):
     leaves = [x[n].detach().requires_grad_() for n in ("q", "k", "v")]
     with torch.enable_grad():
-        grads = torch.autograd.grad(_output(f(*leaves)), leaves, x["do"], create_graph=True)
+        grads = torch.autograd.grad(forward_output(f(*leaves)), leaves, x["do"], create_graph=True)
         hvp = torch.autograd.grad(grads, leaves, (x["tq"], x["tk"], x["tv"]))
     return dict(zip(OUTPUTS["hvp_rev_rev"], hvp))
 
 
 def vjp_of_jvp(f, x):
     def tangent_out(q, k, v, tq, tk, tv):
-        return _output(tf.jvp(f, (q, k, v), (tq, tk, tv))[1])
+        return forward_output(tf.jvp(f, (q, k, v), (tq, tk, tv))[1])
 
     _, pullback = tf.vjp(tangent_out, *(x[n] for n in ("q", "k", "v", "tq", "tk", "tv")))
     return dict(zip(OUTPUTS["vjp_of_jvp"], pullback(x["do"])))
@@ -75,7 +73,7 @@ def vjp_of_jvp(f, x):
 
 def hvp_func(f, x):
     def loss(q, k, v):
-        return (_output(f(q, k, v)) * x["do"]).sum()
+        return (forward_output(f(q, k, v)) * x["do"]).sum()
 
     primals, tangents = tuple(x[n] for n in ("q", "k", "v")), tuple(x[n] for n in ("tq", "tk", "tv"))
     _, hvp = tf.jvp(tf.grad(loss, argnums=(0, 1, 2)), primals, tangents)
