@@ -26,6 +26,13 @@ class Unsupported(Exception):
     """A variant cannot run this case or on this device; the reason is reported, never hidden."""
 
 
+def first_line(message, limit=None) -> str:
+    """The first line of an error's or a warning's message, stripped ("" for an empty one), at most ``limit`` long:
+    a library's refusal, shown as a reason."""
+    lines = str(message).strip().splitlines()
+    return (lines[0].strip() if lines else "")[:limit]
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str

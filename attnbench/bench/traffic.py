@@ -571,7 +571,7 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
     import torch
 
     from ..kernels.tuning import autotune_enabled
-    from .registry import Unsupported, get
+    from .registry import Unsupported, first_line, get
     from .runner import Progress, _case_inputs, is_out_of_memory
     from .roofline import machine_info
 
@@ -629,8 +629,8 @@ def drive(plan: dict, part: int, manifest_path: str, warmups: int = 2) -> dict:
         except Unsupported as exc:
             entry["reason"] = str(exc)
         except Exception as exc:  # a failing call is reported and the part goes on (the check pass judges kernels)
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            entry["reason"] = "out of memory" if is_out_of_memory(exc) else f"error: {type(exc).__name__}: {first}"
+            entry["reason"] = ("out of memory" if is_out_of_memory(exc)
+                               else f"error: {type(exc).__name__}: {first_line(exc, 200)}")
         fn = None
         manifest["calls"].append(entry)
         results.write_atomic(manifest_path, json.dumps(manifest, indent=1))

@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from ..bench.registry import Unsupported
+from ..bench.registry import Unsupported, first_line
 
 try:
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -34,8 +34,8 @@ def probe(run):
             with torch.no_grad():
                 out = run()
         except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
-            reasons = "; ".join(str(w.message).splitlines()[0] for w in caught)
-            raise Unsupported(f"{str(exc).splitlines()[0]}{' (' + reasons + ')' if reasons else ''}") from None
+            reasons = "; ".join(first_line(w.message) for w in caught)
+            raise Unsupported(f"{first_line(exc)}{' (' + reasons + ')' if reasons else ''}") from None
     if torch.isnan(out).any():
         raise Unsupported("returns NaN on this case")
 
@@ -49,7 +49,7 @@ def probed(build, output):
         try:
             forward = build(case, x)
         except (RuntimeError, ValueError, NotImplementedError) as exc:
-            raise Unsupported(str(exc).splitlines()[0]) from None
+            raise Unsupported(first_line(exc)) from None
         probe(lambda: output(forward, x))
         return forward
 

@@ -73,3 +73,13 @@ def test_variant_bad_kind_raises():
 def test_variant_default_is_available_everywhere():
     v = Variant("x", "peer", _noop_prepare, ("fwd",))
     assert v.unavailable_reason(torch.device("cpu")) is None
+
+
+def test_a_refusal_shows_the_first_line_of_its_message_even_an_empty_one():
+    """Peers turn a library's error into a reason with first_line; an error without a message (str(exc) == "")
+    made the inline ``str(exc).splitlines()[0]`` raise IndexError instead of reporting the refusal."""
+    from attnbench.bench.registry import first_line
+
+    assert first_line(RuntimeError("\n  head dim 72 unsupported \nsee docs")) == "head dim 72 unsupported"
+    assert first_line(RuntimeError()) == ""
+    assert first_line("x" * 300, 200) == "x" * 200

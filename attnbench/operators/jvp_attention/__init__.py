@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import torch
 
 from ...bench.cases import case_set, seeded_inputs, table_sets
-from ...bench.registry import Operator, Unsupported, Variant, register
+from ...bench.registry import Operator, Unsupported, Variant, first_line, register
 from ..flash import ATTENTION_GPU_SHAPES, HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
 from . import peers, reference, routes, split
@@ -105,13 +105,13 @@ def route_variant(make_forward, check_first=False):
         try:
             f = make_forward(case)
         except (RuntimeError, ValueError, NotImplementedError, ImportError) as exc:
-            raise Unsupported(str(exc).splitlines()[0]) from None
+            raise Unsupported(first_line(exc)) from None
         run = functools.partial(routes.run, mode, f, x)
         if check_first:
             try:
                 out = run()
             except Exception as exc:  # noqa: BLE001 - a peer's failure is a result, with its reason
-                raise Unsupported(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}") from None
+                raise Unsupported(f"{type(exc).__name__}: {first_line(exc, 200)}") from None
             if any(torch.isnan(t).any() for t in out.values()):
                 raise Unsupported("returns NaN on this case")
         return run

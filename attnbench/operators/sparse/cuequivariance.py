@@ -49,7 +49,7 @@ import warnings
 
 import torch
 
-from ...bench.registry import Unsupported
+from ...bench.registry import Unsupported, first_line
 from ...sparse.functional import CHANNEL_RANKS
 
 # (x, y, z) channel modes per op after the CG modes i, j, k; "+ijk": the path coefficient is a [2l1+1, 2l2+1, 2l3+1]
@@ -113,16 +113,11 @@ def _module(op, l_max, channels, method, dtype, device):
             module = cuet.SegmentedPolynomial(polynomial(op, l_max, channels), method=method,
                                               math_dtype=_math_dtype(dtype))
         except (AssertionError, RuntimeError, ValueError, NotImplementedError, ImportError) as exc:
-            raise Unsupported(f"cuequivariance {method}: {type(exc).__name__}: {_first_line(exc)}") from None
+            raise Unsupported(f"cuequivariance {method}: {type(exc).__name__}: {first_line(exc, 200)}") from None
     if module.method != method:
-        said = "; ".join(_first_line(w.message) for w in caught) or "no reason given"
+        said = "; ".join(first_line(w.message, 200) for w in caught) or "no reason given"
         raise Unsupported(f"cuequivariance: method {method} fell back to {module.method} ({said})")
     return module.to(device)
-
-
-def _first_line(exc):
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else ""
 
 
 def _forward(case, module):
@@ -154,7 +149,7 @@ def prepare(case, inputs, mode):
     for method in methods:
         try:
             module = _module(case.op, case.l_max, case.channels, method, case.torch_dtype, device)
-            fn = sparse.evaluate(case, inputs, _forward(case, module), mode)
+            fn = sparse._autograd_prepare(case, inputs, mode, _forward(case, module))
             fn()  # probe: a method can build and still refuse a dtype or a shape when called (fn runs again)
         except Unsupported as exc:
             declined.append(str(exc))
@@ -162,10 +157,8 @@ def prepare(case, inputs, mode):
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, ValueError, NotImplementedError, AssertionError, TypeError) as exc:
-            declined.append(f"cuequivariance {method}: {type(exc).__name__}: {_first_line(exc)}")
+            declined.append(f"cuequivariance {method}: {type(exc).__name__}: {first_line(exc, 200)}")
             continue
-        fn.graph_capturable = mode == "fwd"  # autograd's backward cannot be captured
-        fn.method = method
         return fn
     raise Unsupported("; ".join(declined))
 

@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from ...bench.registry import Unsupported
+from ...bench.registry import Unsupported, first_line
 
 
 def _module():
@@ -44,7 +44,7 @@ def torch_csr_prepare(case, inputs, mode):
             probe = sparse.evaluate(case, inputs, forward, mode)
             probe()
     except (RuntimeError, NotImplementedError) as exc:
-        raise Unsupported(f"torch_csr: {str(exc).splitlines()[0]}") from None
+        raise Unsupported(f"torch_csr: {first_line(exc)}") from None
     fn = sparse.evaluate(case, inputs, forward, mode)
     fn.graph_capturable = mode == "fwd"
     return fn
@@ -122,7 +122,7 @@ def e3nn_prepare(case, inputs, mode):
     try:
         tp, out_signs = _e3nn_tensor_product(case.l_max, case.channels, inputs["x"].device, case.torch_dtype)
     except Exception as exc:  # noqa: BLE001  any failure to build is a reason to report, not a crash
-        raise Unsupported(f"e3nn: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise Unsupported(f"e3nn: {type(exc).__name__}: {first_line(exc)}") from None
     l_max, channels = case.l_max, case.channels
     # the inputs in e3nn's layout, as an e3nn model would hold them (converted here, untimed); the output is
     # converted back to [N, (L+1)^2, C] inside the timed call so that it can be checked
