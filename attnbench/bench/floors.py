@@ -33,7 +33,7 @@ at the H100's datasheet rates); the speed bars (over the best baseline) are ``at
 and ``attnbench.bench.decisions``.
 """
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from .roofline import MAX_SM_CLOCK_GHZ, exp_floor_s
 
@@ -74,11 +74,13 @@ def parse_overrides(text: str) -> dict:
 
 
 def rates_of(report: dict, overrides: str = "") -> Rates:
-    """The rates a run measured (its ceilings and the GPU's multiprocessors), with ``overrides`` applied."""
+    """The rates a run measured (its ceilings and the GPU's multiprocessors), with ``overrides`` applied. A run
+    timed by CUDA-graph replays alone counts no launch floor (it is measured with CUDA events), unless given."""
     ceilings, machine = report.get("ceilings") or {}, report.get("machine") or {}
+    clocks = {(r.get("timing") or {}).get("method") for r in report.get("bench", []) if r.get("timing")}
     values = {"copy_gbps": ceilings.get("copy_gbps"), "matmul_tflops": ceilings.get("matmul_tflops"),
               "multiprocessors": machine.get("multiprocessors"),
-              "launch_floor_us": ceilings.get("launch_floor_us") or 0.0}
+              "launch_floor_us": 0.0 if clocks == {"cuda-graph"} else ceilings.get("launch_floor_us") or 0.0}
     values.update(parse_overrides(overrides))
     missing = [k for k in ("copy_gbps", "matmul_tflops", "multiprocessors") if not values.get(k)]
     if missing:
@@ -217,13 +219,9 @@ def markdown(rows, rates: Rates, title="Floors", unknown=()) -> str:
 
 
 def report_section(report: dict, overrides: str = "") -> str:
-    """What ``attnbench report --floors`` appends: the run's floors at its measured rates (``overrides`` applied).
-    A run timed by CUDA-graph replays alone does not count the launch floor (measured with CUDA events), unless
-    it is given."""
+    """What ``attnbench report --floors`` appends: the run's floors at its measured rates (``overrides`` applied;
+    ``rates_of``)."""
     rates = rates_of(report, overrides)
-    clocks = {(r.get("timing") or {}).get("method") for r in report.get("bench", []) if r.get("timing")}
-    if clocks == {"cuda-graph"} and "launch_floor_us" not in parse_overrides(overrides):
-        rates = replace(rates, launch_floor_us=0.0)
     rows, unknown = from_report(report, rates)
     if not rows:
         raise ValueError("the run has no timed rows of a known operator")

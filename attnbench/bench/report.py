@@ -99,13 +99,13 @@ def _floor_cell(row):
 
 def _subject_table(by_key, subject, candidates, machine):
     """(lines of the table, the peers with a GPU-time column, those with an eager one, the candidates left without
-    a column). A column is there only when some row has its
+    a column, whether the subject's eager latency has one). A column is there only when some row has its
     value: TF/s on GPU time, a peer's ratio where the peer ran on the subject's clock, eager latency where it was
     measured, % roofline where the run had ceilings; so a CPU run shows what a CPU measures, and a peer that never
     ran (or ran only on another clock) gets no column of n/a."""
     ours_rows = {key: v[subject] for key, v in by_key.items() if subject in v}
     if not ours_rows:
-        return [], [], [], list(candidates)
+        return [], [], [], list(candidates), False
     ours = list(ours_rows.values())
     show_tflops = any(_gpu_time(r, machine) and _measured(r.get("tflops")) for r in ours)
     vs = [p for p in candidates if any(_ratio(by_key[k].get(p), r, "timing") for k, r in ours_rows.items())]
@@ -138,7 +138,7 @@ def _subject_table(by_key, subject, candidates, machine):
         if show_err:
             cells.append("unverified" if r.get("unverified") else _num(r.get("max_error"), ".1e"))
         lines.append("| " + " | ".join(cells) + " |")
-    return lines, vs, vs_eager, [p for p in candidates if p not in vs and p not in vs_eager]
+    return lines, vs, vs_eager, [p for p in candidates if p not in vs and p not in vs_eager], show_eager
 
 
 def markdown(report, subject=None, peers=None) -> str:
@@ -181,11 +181,11 @@ def markdown(report, subject=None, peers=None) -> str:
                       if p != op_subject]
         if len(ops) > 1:
             lines += ["", f"## {op}"]
-        table, vs, vs_eager, left_out = _subject_table(by_key, op_subject, candidates, machine)
+        table, vs, vs_eager, left_out, eager = _subject_table(by_key, op_subject, candidates, machine)
         if not table:
             lines.append(f"\n(no timed {op_subject} row for {op})")
             continue
-        any_vs, any_eager = any_vs or bool(vs or vs_eager), any_eager or " eager ms |" in table[0]
+        any_vs, any_eager = any_vs or bool(vs or vs_eager), any_eager or eager
         subject_clocks |= {clock(r, machine) for r in op_rows if r["variant"] == op_subject}
         lines += ["", *table]
         if left_out:
@@ -409,6 +409,15 @@ def _gpu_folder(rel, machine):
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "unknown"
 
 
+# A bench row's clocks beside its ``timing``, each indexed as a measurement of its own where the row was timed on it.
+OTHER_CLOCKS = ("eager", "host")
+
+
+def measurements(row) -> int:
+    """How many rows of results/index.csv a timed bench row makes: its timing and each of its other clocks."""
+    return 1 + sum(1 for name in OTHER_CLOCKS if row.get(name))
+
+
 def index(root):
     """Every timed row of every attnbench result file under ``root`` (results/), one tidy row per measurement,
     and the files that were not read, each with a one-line reason. asv's own folders are not walked.
@@ -453,7 +462,7 @@ def index(root):
             rows.append({**common, "clock": clock(r, machine), "method": t.get("method") or "",
                          "median_ms": t["median_ms"], "iqr_ms": t.get("iqr_ms"), "tflops": r.get("tflops"),
                          "gbps": r.get("gbps"), "roofline_pct": r.get("roofline_pct")})
-            for name in ("eager", "host"):  # the other clocks of a row, where it was timed on them
+            for name in OTHER_CLOCKS:  # the other clocks of a row, where it was timed on them
                 if r.get(name):
                     rows.append({**common, "clock": name, "method": r[name].get("method") or "",
                                  "median_ms": r[name]["median_ms"], "iqr_ms": r[name].get("iqr_ms"),
@@ -513,7 +522,7 @@ def traffic_markdown(doc, level: int = 1, kernels: bool = True) -> str:
     kernels, case, mode, DRAM bytes read and written, the analytic minimum and measured / minimum), then, with
     ``kernels``, one row per kernel. ``level``: the heading level of its title (2 below a run's summary). A
     results page can call this with a loaded document (``traffic.load``)."""
-    from .tables import megabytes, traffic_ratio
+    from .tables import megabytes, ratio_cell
 
     machine = doc.get("machine") or {}
     rows = doc.get("traffic", [])
@@ -545,7 +554,7 @@ def traffic_markdown(doc, level: int = 1, kernels: bool = True) -> str:
                 continue
             cells = [kernel_names(r.get("kernels") or []), r["case"], r["mode"]] + [r["variant"]] * several + \
                 [megabytes(r["read_bytes"]), megabytes(r["write_bytes"]), megabytes(r["bytes"]),
-                 megabytes(r.get("minimum_bytes")), traffic_ratio(r.get("ratio"))]
+                 megabytes(r.get("minimum_bytes")), ratio_cell(r.get("ratio"))]
             lines.append("| " + " | ".join(cells) + " |")
         if skipped:
             lines += ["", "Not measured:"]

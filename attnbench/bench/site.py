@@ -32,7 +32,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from . import decisions, floors, report, results, traffic
+from . import decisions, floors, report, results, tables, traffic
 
 MARKER = "<!-- written by `attnbench report --site`: regenerate it, do not edit -->"
 # datasheet peaks (bf16 dense tensor-core TF/s, HBM GB/s) of the GPUs results/ holds, for a GPU with no measured
@@ -164,17 +164,6 @@ def load(root) -> Site:
 
 # ---------------------------------------------------------------- what a page shows
 
-def _ms(row, clock):
-    t = row.get("timing") if clock == "gpu_time" else row.get("eager")
-    return (t or {}).get("median_ms")
-
-
-def _same_clock(a, b, clock):
-    if clock == "eager":
-        return bool(a.get("eager") and b.get("eager"))
-    return report._comparable(a, b)
-
-
 @dataclass
 class Line:
     """One case and mode of the headline: the subject's row and the rows timed beside it in the same run."""
@@ -193,11 +182,9 @@ class Line:
 
     def versus(self, name, clock):
         """Its time over the subject's on ``clock``, where both ran on it comparably; else None."""
-        other = self.variants.get(name)
-        if not other or name == self.subject or not _same_clock(other, self.ours, clock):
+        if name == self.subject:
             return None
-        a, b = _ms(other, clock), _ms(self.ours, clock)
-        return a / b if a and b else None
+        return report._ratio(self.variants.get(name), self.ours, "timing" if clock == "gpu_time" else clock)
 
     def best_peer(self, clock):
         """(name, ratio) of the fastest peer timed beside the subject on ``clock``, or (None, None)."""
@@ -475,10 +462,6 @@ def _cell(text):
     return str(text).replace("|", "\\|")
 
 
-def _x(value):
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def _link(out, path, text=None):
     target = os.path.relpath(os.path.abspath(path), os.path.abspath(out)).replace(os.sep, "/")
     return f"[{text or os.path.basename(path)}]({target})"
@@ -521,10 +504,10 @@ def headline_table(out, lines):
                 cells.append(report._num((r.get("eager") or {}).get("median_ms"), ".3f"))
             if show[keys[0]]:
                 x = line.versus(line.baseline, clock) if line.baseline else None
-                cells.append(_x(x) + ("" if base_name or x is None else f" {line.baseline}"))
+                cells.append(tables.ratio_cell(x) + ("" if base_name or x is None else f" {line.baseline}"))
             if show[keys[1]]:
                 name, x = line.best_peer(clock)
-                cells.append(f"{_x(x)} {name}" if name else "-")
+                cells.append(f"{tables.ratio_cell(x)} {name}" if name else "-")
         if show["err"]:
             cells.append("unverified" if r.get("unverified") else report._num(r.get("max_error"), ".1e"))
         cells.append(_link(out, line.run.path, os.path.splitext(os.path.basename(line.run.rel))[0])
@@ -579,8 +562,7 @@ def _index_counts(site):
             reader = csv.DictReader(f)
             listed = list(reader)
         documented = tuple(reader.fieldnames or ()) == report.INDEX_COLUMNS
-    now = sum(1 + sum(1 for c in ("eager", "host") if row.get(c)) for r in site.runs for op in r.ops()
-              for row in r.timed(op))
+    now = sum(report.measurements(row) for r in site.runs for op in r.ops() for row in r.timed(op))
     return listed, documented, now
 
 

@@ -197,7 +197,8 @@ def megabytes(n) -> str:
     return f"{mb:,.1f}" if mb >= 10 else f"{mb:.2f}" if mb >= 1 else f"{mb:.3f}"
 
 
-def traffic_ratio(value) -> str:
+def ratio_cell(value) -> str:
+    """A ratio as "1.23x", or "-" where there is none."""
     return "-" if value is None else f"{value:.2f}x"
 
 
@@ -211,7 +212,7 @@ def traffic_table(rows) -> str:
             continue
         body.append([r["case"], r["mode"], r["variant"], str(len(r.get("kernels") or [])), megabytes(r["read_bytes"]),
                      megabytes(r["write_bytes"]), megabytes(r["bytes"]), megabytes(r.get("minimum_bytes")),
-                     traffic_ratio(r.get("ratio"))])
+                     ratio_cell(r.get("ratio"))])
     headers = ["case", "mode", "variant", "kernels", "read MB", "written MB", "measured MB", "minimum MB", "ratio"]
     legend = ["measured MB: DRAM bytes read plus written as ncu counts them over the call's kernels (caches flushed "
               "before each); minimum MB: the operator's analytic minimum (op.bytes); ratio: measured over minimum"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.bench import site
+from attnbench.bench import report, site
 from attnbench.cli import main
 
 pytest.importorskip("matplotlib")
@@ -141,6 +141,7 @@ def test_gpu_site_has_rooflines_speedups_headline_verdicts_and_capabilities(tmp_
     assert "study" not in h100
     index = (out / "README.md").read_text()
     assert "[flash](flash.md)" in index and "It lists 1 measurements where the result files now hold 17" in index
+    assert len(report.index(str(root))[0]) == 17  # the page counts as the index does
     assert "Its columns are not the documented ones" in index
     assert "1 capability matrix read" in index
     _links_resolve(out)
