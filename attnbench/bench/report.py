@@ -418,6 +418,16 @@ def measurements(row) -> int:
     return 1 + sum(1 for name in OTHER_CLOCKS if row.get(name))
 
 
+def json_files(root):
+    """Every .json under ``root`` in a stable order (folders and files sorted), asv's folders at the top
+    (``INDEX_SKIP_DIRS``) left out: what the index and the results pages read."""
+    for folder, dirs, files in os.walk(root):
+        if os.path.samefile(folder, root):
+            dirs[:] = [d for d in dirs if d not in INDEX_SKIP_DIRS]
+        dirs.sort()
+        yield from (os.path.join(folder, f) for f in sorted(files) if f.endswith(".json"))
+
+
 def index(root):
     """Every timed row of every attnbench result file under ``root`` (results/), one tidy row per measurement,
     and the files that were not read, each with a one-line reason. asv's own folders are not walked.
@@ -426,25 +436,20 @@ def index(root):
     results/<gpu>/ folder, ``commit`` the code's commit as the run recorded it (``+dirty``: the checkout had
     changes; the GPU machine's copy of the tree may record a stale one), ``date`` the run's date where the
     file records one, else the date of the last commit that wrote the file's content (empty outside a git checkout)."""
+    from . import traffic
+
     dates, top = _git_dates(root)
     rows, problems = [], []
-    paths = []
-    for folder, dirs, files in os.walk(root):
-        if folder == str(root):
-            dirs[:] = [d for d in dirs if d not in INDEX_SKIP_DIRS]
-        dirs.sort()
-        paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".json")]
-    for path in paths:
+    for path in json_files(root):
         rel = os.path.relpath(path, root)
         try:
-            data = results.load(path)
-        except results.BadResultFile as exc:
-            from . import traffic
-
-            if traffic.sniff(path):
+            data = results.read_json(path)
+            if traffic.is_traffic(data):
                 problems.append(f"{rel}: a traffic file (attnbench traffic): measured DRAM bytes, no timed rows")
-            else:
-                problems.append(f"{rel}: skipped: {str(exc).split(': ', 1)[-1]}")
+                continue
+            results.validate(data, path)
+        except results.BadResultFile as exc:
+            problems.append(f"{rel}: skipped: {str(exc).split(': ', 1)[-1]}")
             continue
         machine = data.get("machine") or {}
         date = str(data.get("date") or "")[:10]

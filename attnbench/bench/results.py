@@ -157,6 +157,14 @@ def _number(value) -> bool:
 def load(path: str) -> dict:
     """Read and validate a result file written by ``bench``/``check``/``run --json``, complete or
     partial (an interrupted run). Raises ``BadResultFile`` with one line saying what is wrong."""
+    data = read_json(path)
+    validate(data, path)
+    return data
+
+
+def read_json(path: str):
+    """A file's JSON, not yet validated (result files and traffic files alike); ``BadResultFile`` with one line
+    saying why it cannot be read."""
     try:
         with open(path) as f:
             text = f.read()
@@ -170,13 +178,13 @@ def load(path: str) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadResultFile(f"{path}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    validate(data, path)
     return data
 
 
-def merge(parts: list, paths: list) -> dict:
-    """One document of a run split over several files (e.g. with ``--match``): rows concatenated in
-    order, operators' claims combined; the status is "complete" only if every part is. Parts must
+def merge(parts: list, paths: list, kinds=("checks", "bench")) -> dict:
+    """One document of a run split over several files (e.g. with ``--match``): the rows of each list in ``kinds``
+    concatenated in order (a traffic file's: ``("traffic",)``), operators' claims combined; the status is
+    "complete" only if every part is. Parts must
     come from one machine and software stack, and no row may appear in two parts: a table whose
     ratios divide one part's numbers by another's would read as one run's."""
     if len(parts) == 1:
@@ -187,7 +195,7 @@ def merge(parts: list, paths: list) -> dict:
         raise BadResultFile(f"{', '.join(paths)}: parts from different devices or versions "
                             f"({'; '.join(' '.join(map(str, s)) for s in sorted(stacks, key=str))})")
     doc = dict(parts[0])
-    for kind in ("checks", "bench"):
+    for kind in kinds:
         if any(kind in d for d in parts):
             rows = [row for d in parts for row in d.get(kind, [])]
             seen = set()

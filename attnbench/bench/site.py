@@ -124,41 +124,24 @@ class Site:
 
 def load(root) -> Site:
     """Every JSON under ``root`` except asv's folders: result files, verdict files, capability matrices."""
-    import json
-
     history, top = report.git_history(root)
     site = Site(str(root))
-    for folder, dirs, files in os.walk(root):
-        if os.path.samefile(folder, root):
-            dirs[:] = [d for d in dirs if d not in report.INDEX_SKIP_DIRS]
-        dirs.sort()
-        for name in sorted(files):
-            if not name.endswith(".json"):
-                continue
-            path = os.path.join(folder, name)
-            rel = os.path.relpath(path, root)
-            try:
-                data = results.load(path)
-            except results.BadResultFile as exc:
-                try:
-                    with open(path) as f:
-                        other = json.load(f)
-                except (OSError, ValueError):
-                    other = None
-                if isinstance(other, dict) and "verdicts" in other and "rule" in other:
-                    site.verdicts.append((rel, other))
-                elif isinstance(other, dict) and {"cells", "columns", "shapes"} <= set(other):
-                    site.capabilities.append((rel, other))
-                elif traffic.is_traffic(other):
-                    try:
-                        site.traffic.append((rel, traffic.load(path)))
-                    except results.BadResultFile as bad:
-                        site.skipped.append((rel, str(bad).split(": ", 1)[-1]))
-                else:
-                    site.skipped.append((rel, str(exc).split(": ", 1)[-1]))
-                continue
-            date, order = history.get(os.path.relpath(os.path.realpath(path), top), ("", -1)) if top else ("", -1)
-            site.runs.append(Run(path, rel, data, str(data.get("date") or date), order))
+    for path in report.json_files(root):
+        rel = os.path.relpath(path, root)
+        try:  # each file read once, then taken for what it is
+            data = results.read_json(path)
+            if isinstance(data, dict) and "verdicts" in data and "rule" in data:
+                site.verdicts.append((rel, data))
+            elif isinstance(data, dict) and {"cells", "columns", "shapes"} <= set(data):
+                site.capabilities.append((rel, data))
+            elif traffic.is_traffic(data):
+                site.traffic.append((rel, traffic.validate(data, path)))
+            else:
+                results.validate(data, path)
+                date, order = history.get(os.path.relpath(os.path.realpath(path), top), ("", -1)) if top else ("", -1)
+                site.runs.append(Run(path, rel, data, str(data.get("date") or date), order))
+        except results.BadResultFile as exc:
+            site.skipped.append((rel, str(exc).split(": ", 1)[-1]))
     return site
 
 

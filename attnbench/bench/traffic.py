@@ -360,15 +360,11 @@ def sniff(path: str) -> bool:
 
 def load(path: str) -> dict:
     """A validated traffic document; ``results.BadResultFile`` says in one line what is wrong."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise results.BadResultFile(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise results.BadResultFile(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise results.BadResultFile(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    return validate(results.read_json(path), path)
+
+
+def validate(data, path: str = "traffic file") -> dict:
+    """``data`` itself where it is a well-formed traffic document; else ``results.BadResultFile``, one line."""
     if not is_traffic(data):
         raise results.BadResultFile(f"{path}: not a traffic file (attnbench traffic --json writes them)")
     for i, row in enumerate(data["traffic"]):
@@ -380,7 +376,7 @@ def load(path: str) -> dict:
                 raise results.BadResultFile(f"{where}: '{key}' is missing or not a string")
         for key in ("minimum_bytes", "read_bytes", "write_bytes", "bytes", "ratio", "triton_bytes", "gpu_time_ms"):
             value = row.get(key)
-            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            if value is not None and not results._number(value):
                 raise results.BadResultFile(f"{where}: '{key}' must be a number or null, got {value!r}")
         if not isinstance(row.get("kernels", []), list):
             raise results.BadResultFile(f"{where}: 'kernels' must be a list")
@@ -388,31 +384,8 @@ def load(path: str) -> dict:
 
 
 def merge(docs: list, paths: list) -> dict:
-    """One document of a run filed in parts (``--match`` splits): rows in order; one machine and stack, and no
-    (op, case, mode, variant) twice. The status is "complete" only if every part's is."""
-    if len(docs) == 1:
-        return docs[0]
-    stack = ("device_name", "torch", "triton", "cuda")
-    stacks = {tuple((d.get("machine") or {}).get(k) for k in stack) for d in docs}
-    if len(stacks) > 1:
-        raise results.BadResultFile(f"{', '.join(paths)}: parts from different devices or versions")
-    merged, seen = dict(docs[0]), set()
-    merged["traffic"], merged["operators"] = [], {}
-    for d in docs:
-        for row in d["traffic"]:
-            key = (row["op"], row["case"], row["mode"], row["variant"])
-            if key in seen:
-                raise results.BadResultFile(f"{', '.join(paths)}: the traffic row {' / '.join(key)} is in two parts")
-            seen.add(key)
-            merged["traffic"].append(row)
-        merged["operators"].update(d.get("operators") or {})
-    statuses = [d.get("status", "complete") for d in docs]
-    merged["status"] = "complete" if all(s == "complete" for s in statuses) else \
-        next(s for s in statuses if s != "complete")
-    codes = [d.get("code") for d in docs]
-    if any(c != codes[0] for c in codes):
-        merged["code"] = {"parts": [dict(c or {}, file=p) for c, p in zip(codes, paths)]}
-    return merged
+    """One document of a run filed in parts (``--match`` splits): ``results.merge``'s rules on the traffic rows."""
+    return results.merge(docs, paths, kinds=("traffic",))
 
 
 # ---------------------------------------------------------------- running ncu (the GPU machine)
