@@ -527,6 +527,7 @@ def traffic_markdown(doc, level: int = 1, kernels: bool = True) -> str:
     kernels, case, mode, DRAM bytes read and written, the analytic minimum and measured / minimum), then, with
     ``kernels``, one row per kernel. ``level``: the heading level of its title (2 below a run's summary). A
     results page can call this with a loaded document (``traffic.load``)."""
+    from . import traffic
     from .tables import megabytes, ratio_cell
 
     machine = doc.get("machine") or {}
@@ -542,7 +543,7 @@ def traffic_markdown(doc, level: int = 1, kernels: bool = True) -> str:
              *_code_lines(doc.get("code"))]
     status = doc.get("status", "complete")
     if status != "complete":
-        left = sum(1 for r in rows if r.get("skipped", "").startswith("not profiled"))
+        left = sum(1 for r in rows if traffic.was_not_profiled(r))
         lines.append(f"**Partial run** (status: {status}): {left} of {len(rows)} calls were not profiled.")
     several = len({r["variant"] for r in rows}) > 1
     for op in ops:

@@ -286,6 +286,27 @@ def part_paths(raw: str, part: int) -> tuple:
     return os.path.join(raw, f"part-{part:03d}.csv"), os.path.join(raw, f"part-{part:03d}.json")
 
 
+# A call no ncu part reached (cut, stopped, or its output unreadable): its row's "skipped" starts so, which makes the
+# run partial (report.traffic_markdown counts them too).
+NOT_PROFILED = "not profiled"
+
+
+def not_profiled(why: str) -> str:
+    return f"{NOT_PROFILED}: {why}" if why else NOT_PROFILED
+
+
+def was_not_profiled(row) -> bool:
+    return (row.get("skipped") or "").startswith(NOT_PROFILED)
+
+
+def _fill_header(header, machine, autotune):
+    """The run's machine and autotuning, from the first part whose driver recorded them."""
+    if machine and not header.get("machine"):
+        header["machine"] = machine
+    if autotune is not None and header.get("autotune") is None:
+        header["autotune"] = autotune
+
+
 def part_rows(plan: dict, part: int, raw: str, triton_names=frozenset()) -> tuple:
     """(rows, machine info or None, autotune flag or None) of one part from its files in ``raw``: a call the
     driver skipped keeps its reason, one it never reached (the part was cut) says so."""
@@ -295,7 +316,7 @@ def part_rows(plan: dict, part: int, raw: str, triton_names=frozenset()) -> tupl
         with open(manifest_path) as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        return [call_row(c, [], skipped="not profiled: the part's driver never started") for c in calls], None, None
+        return [call_row(c, [], skipped=not_profiled("the part's driver never started")) for c in calls], None, None
     except (OSError, ValueError) as exc:
         raise NcuOutputError(f"{manifest_path}: cannot read the driver's manifest: {exc}") from None
     done = {e["index"]: e for e in manifest.get("calls", [])}
@@ -314,7 +335,7 @@ def part_rows(plan: dict, part: int, raw: str, triton_names=frozenset()) -> tupl
     for call in calls:
         entry = done.get(call["index"])
         if entry is None:
-            rows.append(call_row(call, [], skipped="not profiled: the part stopped before this call"))
+            rows.append(call_row(call, [], skipped=not_profiled("the part stopped before this call")))
         elif entry.get("status") != "profiled":
             rows.append(call_row(call, [], skipped=entry.get("reason") or "skipped"))
         else:
@@ -335,11 +356,8 @@ def rebuild(raw: str, triton_names=None) -> dict:
     for part in sorted({c["part"] for c in plan["calls"]}):
         part_rows_, machine, autotune = part_rows(plan, part, raw, names)
         rows += part_rows_
-        complete = complete and not any(r["skipped"].startswith("not profiled:") for r in part_rows_)
-        if machine and not header.get("machine"):
-            header["machine"] = machine
-        if autotune is not None and header.get("autotune") is None:
-            header["autotune"] = autotune
+        complete = complete and not any(map(was_not_profiled, part_rows_))
+        _fill_header(header, machine, autotune)
     return document(header, rows, "complete" if complete else "interrupted")
 
 
@@ -448,7 +466,7 @@ def profile(plan: dict, raw: str, ncu: str, out_path: str, budget_s: float | Non
     def write(state):
         rows = [r for p in parts for r in rows_of.get(p, [])]
         done = {(r["op"], r["case"], r["mode"], r["variant"]) for r in rows}
-        rows += [call_row(c, [], skipped="not profiled: the run stopped before its part")
+        rows += [call_row(c, [], skipped=not_profiled("the run stopped before its part"))
                  for c in plan["calls"] if (c["op"], c["case"], c["mode"], c["variant"]) not in done] \
             if state != "running" else []
         results.write_atomic(out_path, json.dumps(document(header, rows, state), indent=1) + "\n")
@@ -478,19 +496,16 @@ def profile(plan: dict, raw: str, ncu: str, out_path: str, budget_s: float | Non
         except NcuOutputError as exc:
             # a killed or failed part may leave no CSV, or one that does not read: its calls say so, the other
             # parts are kept (the raw folder holds what ncu wrote)
-            rows = [call_row(c, [], skipped="not profiled") for c in plan["calls"] if c["part"] == part]
+            rows = [call_row(c, [], skipped=not_profiled("")) for c in plan["calls"] if c["part"] == part]
             machine, autotune, problem = None, None, f" ({exc})"
         if rc != 0 or problem:
             what = "was stopped at the budget" if rc is None else f"exited {rc}" if rc else "output does not read"
             for row in rows:
-                if row["skipped"].startswith("not profiled"):
-                    row["skipped"] = f"not profiled: ncu {what}{problem}"
+                if was_not_profiled(row):
+                    row["skipped"] = not_profiled(f"ncu {what}{problem}")
             say(f"traffic: part {part + 1}: ncu {what}{problem}")
             status = "interrupted" if rc is None else "error"
-        if machine and not header.get("machine"):
-            header["machine"] = machine
-        if autotune is not None and header.get("autotune") is None:
-            header["autotune"] = autotune
+        _fill_header(header, machine, autotune)
         rows_of[part] = rows
         write("running")
         if rc is None:
