@@ -110,6 +110,32 @@ def flashinfer_workspace(device):
     return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
+def page_per_sequence(lens, seqlen_q, page_size, device):
+    """The plan arguments of a paged cache that is one page per sequence, laid over a [B, Hkv, page_size, D]
+    tensor as it is (FlashInfer's HND pages): sequence b's page holds lens[b] valid entries, a sequence with none
+    has no page (kv_len 0), and its seqlen_q query rows are request b (qo_indptr b * seqlen_q)."""
+    int32 = dict(dtype=torch.int32, device=device)
+    has_page = (lens > 0).to(torch.int32)
+    return dict(qo_indptr=torch.arange(len(lens) + 1, **int32) * seqlen_q,
+                kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), has_page.cumsum(0).to(torch.int32)]).to(
+                    device),
+                kv_indices=torch.nonzero(has_page).flatten().to(**int32), last_page_len=lens.to(**int32),
+                page_size=page_size)
+
+
+def token_major(q):
+    """[B, H, Nq, D] as FlashInfer's query layout, [B * Nq, H, D] (a copy unless Nq == 1)."""
+    batch, heads, seqlen_q, head_dim = q.shape
+    return q.transpose(1, 2).reshape(batch * seqlen_q, heads, head_dim)
+
+
+def from_token_major(o, lse, batch, seqlen_q):
+    """FlashInfer's [B * Nq, H, D] output and base-2 [B * Nq, H] LSE as ours: [B, H, Nq, D] and natural-log
+    [B, H, Nq]."""
+    return (o.unflatten(0, (batch, seqlen_q)).transpose(1, 2),
+            lse_from_log2(lse).unflatten(0, (batch, seqlen_q)).transpose(1, 2))
+
+
 # ---- FlashAttention-4
 
 FA4_ALIGNMENT = 8  # 16 bytes of fp16/bf16: FA-4 asserts head_dim % (16 // itemsize) == 0

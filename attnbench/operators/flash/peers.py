@@ -127,20 +127,6 @@ def flashinfer_decode_declines(case):
     return None
 
 
-def flashinfer_decode_plan(case, device):
-    """The paged-cache description of our K and V: one page per sequence, [B, Hkv, Nk, D] read in place as
-    FlashInfer's HND pages ([pages, Hkv, page_size, D]) of page_size Nk. -> dict of plan arguments."""
-    batch = case.batch
-    int32 = dict(dtype=torch.int32, device=device)
-    return dict(
-        indptr=torch.arange(batch + 1, **int32),  # request b owns page b
-        indices=torch.arange(batch, **int32),
-        last_page_len=torch.full((batch,), case.seqlen_k, **int32),  # the whole page is valid
-        qo_indptr=torch.arange(batch + 1, **int32) * case.seqlen_q,
-        page_size=case.seqlen_k,
-    )
-
-
 def flashinfer_decode_forward(case, offset, device):
     """f(q, k, v) -> (o, lse), forward only. Nq = 1: BatchDecodeWithPagedKVCacheWrapper (CUDA cores, tensor
     cores for GQA groups above 4); Nq > 1: BatchPrefillWithPagedKVCacheWrapper, causal bottom-right when
@@ -148,11 +134,12 @@ def flashinfer_decode_forward(case, offset, device):
     step for all layers; the timed call is run() plus the layout views and the LSE's change of base."""
     if reason := flashinfer_decode_declines(case):
         raise Unsupported(reason)
-    from ..external import flashinfer, flashinfer_workspace, lse_from_log2
+    from ..external import flashinfer, flashinfer_workspace, from_token_major, page_per_sequence, token_major
 
     fi = flashinfer()
     device = torch.device(device)
-    plan = flashinfer_decode_plan(case, device)
+    # one page per sequence: [B, Hkv, Nk, D] read in place as B pages of page_size Nk, each page full
+    plan = page_per_sequence(torch.full((case.batch,), case.seqlen_k), case.seqlen_q, case.seqlen_k, device)
     batch, heads_q, heads_kv, seqlen_q = case.batch, case.heads_q, case.heads_kv, case.seqlen_q
     dtype = case.torch_dtype
     common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=case.softmax_scale)
@@ -160,18 +147,15 @@ def flashinfer_decode_forward(case, offset, device):
     if seqlen_q == 1:
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND", use_tensor_cores=heads_q // heads_kv
                                                         > TENSOR_CORE_GROUP, backend="fa2")
-        wrapper.plan(plan["indptr"], plan["indices"], plan["last_page_len"], heads_q, heads_kv, case.head_dim,
+        wrapper.plan(plan["kv_indptr"], plan["kv_indices"], plan["last_page_len"], heads_q, heads_kv, case.head_dim,
                      plan["page_size"], **common)
     else:
         wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", backend="fa2")
-        wrapper.plan(plan["qo_indptr"], plan["indptr"], plan["indices"], plan["last_page_len"], heads_q,
+        wrapper.plan(plan["qo_indptr"], plan["kv_indptr"], plan["kv_indices"], plan["last_page_len"], heads_q,
                      heads_kv, case.head_dim, plan["page_size"], causal=offset is not None, **common)
 
     def forward(q, k, v):
-        # q [B, H, Nq, D] -> FlashInfer's token-major [B * Nq, H, D] (a copy unless Nq == 1)
-        q_tokens = q.transpose(1, 2).reshape(batch * seqlen_q, heads_q, case.head_dim)
-        out, lse = wrapper.run(q_tokens, (k, v), return_lse=True)  # k, v: B pages [Hkv, Nk, D]
-        out = out.view(batch, seqlen_q, heads_q, case.head_dim).transpose(1, 2)
-        return out, lse_from_log2(lse).view(batch, seqlen_q, heads_q).transpose(1, 2)
+        out, lse = wrapper.run(token_major(q), (k, v), return_lse=True)  # k, v: B pages [Hkv, Nk, D]
+        return from_token_major(out, lse, batch, seqlen_q)
 
     return forward

@@ -198,19 +198,14 @@ def flashinfer_cascade_levels(case, device):
       valid entries (last_page_len); a sample with an empty buffer has no page (kv_len 0); its Lq rows
       are request b (qo_indptr b * Lq), causal bottom-right when the case is: our alignment, the Lq
       queries being the last Lq valid entries."""
-    int32 = dict(dtype=torch.int32, device=device)
+    from ..external import page_per_sequence
+
     batch, seqlen_q = case.batch, case.seqlen_q
     lens = case.buffer_lengths()
     lens = torch.full((batch,), case.n_buf, dtype=torch.int32) if lens is None else lens
-    has_page = (lens > 0).to(torch.int32)
-    shared = dict(qo_indptr=torch.tensor([0, batch * seqlen_q], **int32), kv_indptr=torch.tensor([0, 1], **int32),
-                  kv_indices=torch.zeros(1, **int32), last_page_len=torch.tensor([case.n_ctx], **int32),
-                  page_size=case.n_ctx, causal=False)
-    unique = dict(qo_indptr=torch.arange(batch + 1, **int32) * seqlen_q,
-                  kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), has_page.cumsum(0).to(torch.int32)]).to(
-                      device),
-                  kv_indices=torch.nonzero(has_page).flatten().to(**int32), last_page_len=lens.to(**int32),
-                  page_size=case.n_buf, causal=case.causal)
+    # the shared level: one sequence of n_ctx entries whose query rows are all B * Lq rows
+    shared = dict(page_per_sequence(torch.tensor([case.n_ctx]), batch * seqlen_q, case.n_ctx, device), causal=False)
+    unique = dict(page_per_sequence(lens, seqlen_q, case.n_buf, device), causal=case.causal)
     return shared, unique
 
 
@@ -226,7 +221,7 @@ def flashinfer_cascade_forward(case, x):
     -> callable -> (o, lse)."""
     if reason := flashinfer_cascade_declines(case):
         raise Unsupported(reason)
-    from ..external import flashinfer, flashinfer_workspace, lse_from_log2, padded_head_dim
+    from ..external import flashinfer, flashinfer_workspace, from_token_major, padded_head_dim, token_major
 
     fi = flashinfer()
     q = x["q"]
@@ -249,14 +244,12 @@ def flashinfer_cascade_forward(case, x):
         wrappers.append(wrapper)
 
     def forward():
-        # [B, H, Lq, D] -> token-major [B * Lq, H, D]: a view of the model's [B, Lq, H, D] memory
-        q_tokens = pad(q.transpose(1, 2).reshape(batch * seqlen_q, heads_q, head_dim))
+        q_tokens = pad(token_major(q))  # a view of the model's [B, Lq, H, D] memory
         o, lse = wrappers[0].run(q_tokens, (k_ctx, v_ctx), return_lse=True)
         if case.n_buf:
             o_buf, lse_buf = wrappers[1].run(q_tokens, (k_buf, v_buf), return_lse=True)
             fi.merge_state_in_place(o_buf, lse_buf, o, lse)  # base 2 on both sides
             o, lse = o_buf, lse_buf
-        o = o.unflatten(0, (batch, seqlen_q))[..., :head_dim].transpose(1, 2)
-        return o, lse_from_log2(lse).unflatten(0, (batch, seqlen_q)).transpose(1, 2)
+        return from_token_major(o[..., :head_dim], lse, batch, seqlen_q)
 
     return forward
