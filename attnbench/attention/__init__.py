@@ -14,13 +14,14 @@ an error: torch 2.13.)
 """
 import torch
 import torch.autograd.forward_ad as fwAD
-from torch._C._functorch import TransformType
-from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+from torch._C import _functorch
+from torch._C._functorch import TransformType, get_interpreter_stack
 
 from ..kernels import interpreting
 from ..kernels.precision import lse_dtype
 from .autograd import Attention, AttentionBackward, AttentionBackwardJvp, AttentionWithTangent, matched
-from .ops import _check_device, attention_fwd, attention_fwd_jvp, unavailable_reason, unsupported_on_cuda
+from .ops import (_attention_fwd_jvp, _check_device, attention_fwd, attention_fwd_jvp, unavailable_reason,
+                  unsupported_on_cuda)
 from .spec import check_like, check_qkv
 
 __all__ = ["attention_bwd_jvp", "attention_jvp", "flash_attention", "flash_bwd", "flash_fwd", "unavailable_reason",
@@ -37,25 +38,26 @@ def _attention_with_tangent(q, k, v, tq, tk, tv, scale, offset):
     return AttentionWithTangent.apply(q, k, v, tq, tk, tv, scale, offset)
 
 
-def _forward_mode_only_tangents(q, k, v):
-    """The forward-AD tangents of q, k, v when forward mode is all that is asked of this call
-    (plain dual tensors, or torch.func.jvp / jacfwd as the innermost transform, nothing requiring
-    grad), else None. Then one fused kernel gives O and its tangent, instead of autograd running
-    the forward and then the Function's jvp (two kernels, 7 matmul units instead of 6, and a
-    second trip through functorch). Anything else (reverse mode in play, a grad transform inside)
-    takes the general wiring, which handles every composition."""
+def _forward_mode_only(q, k, v):
+    """(primals, tangents) of q, k, v when forward mode is all that is asked of this call (plain
+    dual tensors, or torch.func.jvp / jacfwd as the innermost transform, nothing requiring grad),
+    else None. Then one fused kernel gives O and its tangent, instead of autograd running the
+    forward and then the Function's jvp (two kernels, 7 matmul units instead of 6, and a second
+    trip through functorch). Anything else (reverse mode in play, a grad transform inside) takes
+    the general wiring, which handles every composition."""
     if fwAD._current_level < 0 or any(t.requires_grad for t in (q, k, v)):
         return None
     interpreter = torch._C._functorch.peek_interpreter_stack()
-    if interpreter is not None and interpreter.key() != torch._C._functorch.TransformType.Jvp:
+    if interpreter is not None and interpreter.key() != TransformType.Jvp:
         return None
-    tangents = list(matched(*(fwAD.unpack_dual(t).tangent for t in (q, k, v)), like=(q, k, v)))
+    primals, tangents = zip(*(fwAD.unpack_dual(t) for t in (q, k, v)))
+    tangents = matched(*tangents, like=(q, k, v))
     # gradcheck's batched forward-grad test maps tangents with the legacy vmap, which cannot
     # unpack a dual tensor (no batching rule for aten::alias): the general wiring handles it
     legacy = torch._C._functorch.is_legacy_batchedtensor
     if any(t is not None and legacy(t) for t in (q, k, v, *tangents)):
         return None
-    return None if all(t is None for t in tangents) else tangents
+    return None if all(t is None for t in tangents) else (primals, tangents)
 
 
 def _base(t):
@@ -64,26 +66,45 @@ def _base(t):
     return t
 
 
-def _only_forward_transforms(*tensors):
+def _transforms():
+    """The functorch transforms on the stack, outermost first (the C stack's keys: the Python
+    interpreter objects cost host time on every call)."""
+    stack = get_interpreter_stack()
+    return [] if stack is None else [i.key() for i in stack]
+
+
+def _only_forward_transforms(transforms, *tensors):
     """Nothing can ask for a gradient of this call, nor for a second tangent: the functorch
-    transforms on the stack are vmaps and at most one jvp, and none of ``tensors`` (the primals
-    and their tangents: the gradient of a tangent output reaches the tangents) requires grad
-    from core autograd underneath."""
-    keys = [i.key() for i in retrieve_all_functorch_interpreters()]
+    ``transforms`` on the stack are vmaps and at most one jvp, and none of ``tensors`` (the
+    primals and their tangents: the gradient of a tangent output reaches the tangents) requires
+    grad from core autograd underneath."""
     # two jvp levels: the unpacked primals still carry the outer tangent, which the op alone would
     # drop; the Function raises for forward-over-forward instead
-    if any(k not in (TransformType.Jvp, TransformType.Vmap) for k in keys) or keys.count(TransformType.Jvp) > 1:
+    if any(k not in (TransformType.Jvp, TransformType.Vmap) for k in transforms) \
+            or transforms.count(TransformType.Jvp) > 1:
         return False
     return not (torch.is_grad_enabled() and any(t is not None and _base(t).requires_grad for t in tensors))
 
 
-def _attention_dual(q, k, v, tangents, scale, offset):
-    q, k, v = (fwAD.unpack_dual(t).primal for t in (q, k, v))
-    if _only_forward_transforms(q, k, v, *tangents):
+def _attention_dual(primals, tangents, scale, offset):
+    q, k, v = primals
+    transforms = _transforms()
+    if _only_forward_transforms(transforms, q, k, v, *tangents):
         # no reverse mode can reach this call: the kernel alone, without the Function around it, whose
         # trip through functorch (custom_function_call) costs host time on every call
-        # (docs/measurements/jvp_attention.md)
-        o, lse, o_t, lse_t = attention_fwd_jvp(q, k, v, *tangents, scale, offset)
+        if transforms == [TransformType.Jvp]:
+            # torch.func.jvp alone: its wrappers hold plain tensors, which the kernel takes as they are,
+            # with the transform's layer off the stack (else it would wrap the outputs the launch
+            # allocates); the custom op's trip through functorch is host time too. make_dual below
+            # lifts the results into the transform
+            layer = _functorch.pop_dynamic_layer_stack()
+            try:
+                o, lse, o_t, lse_t = _attention_fwd_jvp(*(None if t is None else _base(t) for t in (*primals, *tangents)),
+                                                        scale, offset)
+            finally:
+                _functorch.push_dynamic_layer_stack(layer)
+        else:
+            o, lse, o_t, lse_t = attention_fwd_jvp(q, k, v, *tangents, scale, offset)
     else:
         o, lse, o_t, lse_t = _attention_with_tangent(q, k, v, *tangents, scale, offset)
     return fwAD.make_dual(o, o_t), fwAD.make_dual(lse, lse_t)
@@ -92,8 +113,8 @@ def _attention_dual(q, k, v, tangents, scale, offset):
 def _forward(q, k, v, scale, offset):
     if not torch.compiler.is_compiling():
         if fwAD._current_level >= 0:
-            if (tangents := _forward_mode_only_tangents(q, k, v)) is not None:
-                return _attention_dual(q, k, v, tangents, scale, offset)
+            if (dual := _forward_mode_only(q, k, v)) is not None:
+                return _attention_dual(*dual, scale, offset)
         elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) \
                 and not torch._C._are_functorch_transforms_active():
             # no derivative can be asked of this call (no grad, no tangent, no transform): the

@@ -14,6 +14,7 @@ part (shape, strides, dtype, device, 16-byte alignment of its pointer); the laun
 scalars.
 """
 import contextlib
+from typing import NamedTuple
 
 import torch
 import triton
@@ -45,24 +46,150 @@ def tensor_signature(t):
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
 
 
+class Tiles(NamedTuple):
+    """A host tensor descriptor (TMA) made at launch: ``tensor`` read or written in ``block`` boxes
+    with the shared-memory ``layout`` (which must follow from the box and the dtype: plans key a
+    Tiles by the tensor's signature and the box). A repeated launch fills the copy engine's
+    descriptor straight from the tensor's pointer, without the descriptor object and its checks."""
+    tensor: torch.Tensor
+    block: tuple
+    layout: object
+
+    def descriptor(self):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        t = self.tensor
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), list(self.block), self.layout)
+
+
+def _described(args):
+    return [a.descriptor() if type(a) is Tiles else a for a in args]
+
+
+class _Descriptor(NamedTuple):
+    """How the launcher expands one host descriptor: the copy engine's encoding of everything but the
+    pointer, and the extents and strides the kernel receives beside it."""
+    encoding: tuple  # swizzle, element bytes, host dtype code, box
+    shape: list
+    strides: list
+
+    def expand(self, tensor, fill):
+        return (fill(tensor.data_ptr(), *self.encoding, self.shape, self.strides, 0), *self.shape, *self.strides)
+
+
+def _c_launcher(compiled, n_args):
+    """Triton 3.6's CUDA launcher of ``compiled`` taken apart: (the C launch function, its fixed arguments
+    before the kernel's, {argument position: _Descriptor-to-be (its metadata)}), or None wherever it is not
+    that launcher (another Triton or backend, scratch memory, descriptor kinds it does not handle):
+    then plans call the compiled kernel's runner. The runner's own per-launch work (the device and stream
+    queries, launch metadata for hooks, scratch allocation, the descriptors' Python expansion) is what
+    a launch of a few microseconds of GPU time pays for."""
+    try:
+        run = compiled.run
+        c_launch, descriptors = run.launch, {}
+        if run.global_scratch_size or run.profile_scratch_size or run.num_ctas != 1:
+            return None
+        if getattr(c_launch, "__name__", None) == "inner":  # wrap_handle_tensordesc's closure: host descriptors
+            cells = dict(zip(c_launch.__code__.co_freevars, (c.cell_contents for c in c_launch.__closure__)))
+            metadata = list(cells["tensordesc_meta"])
+            positions = sorted(cells["tensordesc_indices"])
+            if any(m is None or m["fp4_padded"] for m in metadata) or any(i >= n_args for i in positions):
+                return None
+            descriptors = dict(zip(positions, metadata))
+            c_launch = cells["launcher"]
+        if getattr(c_launch, "__name__", None) != "launch":
+            return None
+        head = (compiled.function, bool(run.launch_cooperative_grid), bool(run.launch_pdl), None, None,
+                compiled.packed_metadata, None, None, None)
+        return c_launch, head, descriptors
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _no_launch_hooks() -> bool:
+    """No launch hook is registered (a profiler's, e.g. proton): then a plan may launch without them."""
+    runtime = triton.knobs.runtime
+    return all(h is None or not getattr(h, "calls", True) for h in (runtime.launch_enter_hook,
+                                                                     runtime.launch_exit_hook))
+
+
 class LaunchPlan:
     """One kernel's launch with everything but its tensor arguments fixed: ``plan(tensors)``
     launches ``fn`` on ``grid`` with ``(*tensors, *scalars)`` and the keyword arguments ``kwargs``
-    (constexprs and the launch config) of the launch that made the plan."""
+    (constexprs and the launch config) of the launch that made the plan. ``tensors`` may hold
+    Tiles, which then must have the signatures of the launch that made the plan."""
 
     def __init__(self, fn, compiled, grid, n_tensors, scalars, kwargs):
         self.fn, self.grid, self.scalars, self.kwargs = fn, tuple(grid), tuple(scalars), dict(kwargs)
-        self.run = None
+        self.run = self.c_launch = None
         names = fn.arg_names[n_tensors + len(self.scalars):]
         if DIRECT_LAUNCH and compiled is not None and not interpreting() and all(n in kwargs for n in names):
             self.tail = self.scalars + tuple(kwargs[n] for n in names)
             self.run = compiled[self.grid]
+            parts = _c_launcher(compiled, n_tensors)
+            if parts is not None:
+                self.c_launch, self.head, self.descriptors = parts
+                # launches run on the tensors' GPU (on_device), which the plan's key fixes: this one
+                self.device = _current_device()
+                self._encodings = {}
 
     def __call__(self, tensors):
-        if self.run is not None:
-            self.run(*tensors, *self.tail)
+        if self.c_launch is not None and _no_launch_hooks():
+            self._launch_c(tensors)
+        elif self.run is not None:
+            self.run(*_described(tensors), *self.tail)
         else:
-            self.fn[self.grid](*tensors, *self.scalars, **self.kwargs)
+            self.fn[self.grid](*_described(tensors), *self.scalars, **self.kwargs)
+
+    def _launch_c(self, tensors):
+        """The C launch itself, with the arguments Triton's runner would give it."""
+        args = tensors
+        if self.descriptors:
+            args, last = [], 0
+            for i, meta in self.descriptors.items():
+                args.extend(tensors[last:i])
+                args.extend(self._descriptor(i, meta, tensors[i]).expand(_base_of(tensors[i]), _fill_tma()))
+                last = i + 1
+            args.extend(tensors[last:])
+        function, cooperative, pdl, *rest = self.head
+        self.c_launch(*self.grid, _current_stream(self.device), function, cooperative, pdl, *rest, *args, *self.tail)
+
+    def _descriptor(self, i, meta, arg):
+        known = self._encodings.get(i)
+        if known is None:
+            t = _base_of(arg)
+            encoding = (meta["swizzle"], meta["elem_size"], _tma_host_dtype(meta["elem_type"]), meta["block_size"])
+            known = self._encodings[i] = _Descriptor(encoding, list(t.shape), list(t.stride()))
+        return known
+
+
+# Triton's CUDA driver pieces the C launch path uses (functions: tests stand in for them off a GPU)
+def _current_device():
+    return torch.cuda.current_device()
+
+
+def _current_stream(device):
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+_FILL_TMA = []
+
+
+def _fill_tma():
+    if not _FILL_TMA:  # the driver's lazy proxy costs a lookup per attribute
+        _FILL_TMA.append(triton.runtime.driver.active.utils.fill_tma_descriptor)
+    return _FILL_TMA[0]
+
+
+def _tma_host_dtype(device_code):
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST  # the host enum differs from the device's
+
+    return TMA_DTYPE_DEVICE_TO_HOST[device_code]
+
+
+def _base_of(arg):
+    """The tensor a descriptor argument reads (a Tiles' or a TensorDescriptor's)."""
+    return arg.tensor if type(arg) is Tiles else arg.base
 
 
 def plan(key):
@@ -83,10 +210,12 @@ def forget_plans():
 
 
 def _argument_key(a):
-    """What a launch specializes on of one argument: a tensor's signature; a host tensor descriptor's
-    tensor, extents, strides, box and layout; any other value itself."""
+    """What a launch specializes on of one argument: a tensor's signature; a Tiles' tensor signature
+    and box; a host tensor descriptor's tensor, extents, strides, box and layout; any other value itself."""
     if isinstance(a, torch.Tensor):
         return tensor_signature(a)
+    if type(a) is Tiles:
+        return Tiles, tensor_signature(a.tensor), a.block
     if isinstance(getattr(a, "base", None), torch.Tensor) and hasattr(a, "block_shape"):
         return (type(a), tensor_signature(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape), a.layout,
                 getattr(a, "padding", None))
@@ -115,13 +244,13 @@ class _Planned:
 
     def _launch(self, grid, args, kwargs):
         if not DIRECT_LAUNCH or interpreting():
-            return self.kernel[grid](*args, **kwargs)
+            return self.kernel[grid](*_described(args), **kwargs)
         key = (id(self.kernel), autotune_enabled(), tuple(map(_argument_key, args)), tuple(kwargs.items()))
         known = _PLANS.get(key)
         if known is not None:
             known(args)
             return None
-        compiled = self.kernel[grid](*args, **kwargs)
+        compiled = self.kernel[grid](*_described(args), **kwargs)
         made = self._plan(grid, args, kwargs, compiled)
         if made is not None:
             remember(key, made)

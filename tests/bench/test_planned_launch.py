@@ -89,3 +89,115 @@ def test_a_launch_missing_a_trailing_argument_is_not_planned():
     launch.planned(kernel)[(1,)](torch.zeros(4), 8, BLOCK=4)  # ACC left to its default: nothing to replay with
     launch.planned(kernel)[(1,)](torch.zeros(4), 8, BLOCK=4)
     assert len(kernel.launches) == 2 and kernel.runs == []
+
+
+# Triton 3.6's CUDA launch path, as stand-ins: the compiled kernel's runner calls its CudaLauncher, whose
+# ``launch`` is the C function or, for kernels taking host tensor descriptors, a closure expanding each
+# descriptor into the copy engine's encoding, its extents and its strides. A plan calls the C function
+# itself; what reaches it must be what Triton's runner gives it.
+BASE_ARGS = 13  # grid (3), stream, function, cooperative, pdl, two scratch buffers, metadata, launch metadata, hooks
+
+
+def fill_tma(ptr, swizzle, elem_size, host_dtype, block, shape, strides, padding):
+    return ("tensor map", ptr, swizzle, elem_size, host_dtype, tuple(block), tuple(shape), tuple(strides), padding)
+
+
+class Descriptor:  # the fields of Triton's host TensorDescriptor the launcher reads
+    def __init__(self, base, block):
+        self.base, self.shape, self.strides, self.padding = base, list(base.shape), list(base.stride()), "zero"
+        self.block_shape = list(block)
+
+
+def expanding(launcher, tensordesc_indices, tensordesc_meta):
+    def inner(*args):  # as triton.backends.nvidia.driver.wrap_handle_tensordesc's
+        final_args, j = list(args[:BASE_ARGS]), 0
+        for i, arg in enumerate(args[BASE_ARGS:]):
+            if i in tensordesc_indices:
+                m = tensordesc_meta[j]
+                j += 1
+                host = {8: 10, 9: 8, 10: 9}.get(m["elem_type"], m["elem_type"])
+                final_args.extend([fill_tma(arg.base.data_ptr(), m["swizzle"], m["elem_size"], host, m["block_size"],
+                                            arg.shape, arg.strides, 0), *arg.shape, *arg.strides])
+            else:
+                final_args.append(arg)
+        return launcher(*final_args)
+    return inner
+
+
+class CudaLauncher:
+    def __init__(self, c_calls, descriptor_meta=None):
+        def launch(*args):
+            c_calls.append(args)
+        self.launch = launch if descriptor_meta is None else expanding(launch, set(descriptor_meta), list(
+            descriptor_meta.values()))
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.num_ctas, self.launch_cooperative_grid, self.launch_pdl = 1, False, True
+
+    def __call__(self, gx, gy, gz, stream, function, *args):
+        self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None, *args)
+
+
+class CompiledKernel:
+    def __init__(self, c_calls, descriptor_meta=None):
+        self.run, self.function, self.packed_metadata = CudaLauncher(c_calls, descriptor_meta), 1234, ("meta",)
+
+    def __getitem__(self, grid):
+        def runner(*args):
+            self.run(*grid, 7, self.function, self.packed_metadata, {"launch": "metadata"}, "enter", "exit", *args)
+        return runner
+
+
+class GluonKernel:
+    arg_names = ["q_desc", "o_desc", "LSE", "n", "CAUSAL", "STAGES"]
+
+
+def _c_path(monkeypatch, hooks):
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(launch, "_fill_tma", lambda: fill_tma)
+    monkeypatch.setattr(launch, "_tma_host_dtype", lambda code: {8: 10, 9: 8, 10: 9}.get(code, code))
+    monkeypatch.setattr(launch, "_no_launch_hooks", lambda: not hooks)
+
+
+@pytest.mark.parametrize("descriptors", [False, True])
+def test_a_plan_calls_the_c_launcher_with_what_tritons_runner_gives_it(monkeypatch, descriptors):
+    meta = {0: dict(swizzle=128, elem_size=2, elem_type=9, block_size=[1, 1, 64, 64], fp4_padded=False),
+            1: dict(swizzle=64, elem_size=2, elem_type=9, block_size=[1, 1, 64, 32], fp4_padded=False)}
+    calls = []
+    compiled = CompiledKernel(calls, meta if descriptors else None)
+    q, o, lse = torch.randn(2, 3, 70, 64), torch.randn(2, 3, 70, 32), torch.randn(2, 3, 70)
+
+    def arguments(q, o, lse):
+        if not descriptors:
+            return [q, o, lse, 70]
+        return [launch.Tiles(q, (1, 1, 64, 64), "layout"), launch.Tiles(o, (1, 1, 64, 32), "layout"), lse, 70]
+
+    for hooks in (True, False):  # Triton's runner (a launch hook registered), then the C function
+        _c_path(monkeypatch, hooks)
+        monkeypatch.setattr(launch.Tiles, "descriptor", lambda self: Descriptor(self.tensor, self.block))
+        plan = launch.LaunchPlan(GluonKernel, compiled, (2, 3, 4), 4, (), {"CAUSAL": True, "STAGES": 2})
+        assert plan.c_launch is not None
+        plan(arguments(q, o, lse))
+    through_runner, direct = calls
+    assert direct[:BASE_ARGS - 4] == through_runner[:BASE_ARGS - 4]  # grid, stream, function, flags, scratch
+    assert direct[BASE_ARGS - 4] == through_runner[BASE_ARGS - 4] == ("meta",)
+    assert direct[BASE_ARGS - 3:BASE_ARGS] == (None, None, None)  # no launch metadata, no hooks
+    assert len(direct) == len(through_runner)
+    for a, b in zip(direct[BASE_ARGS:], through_runner[BASE_ARGS:]):
+        assert a is b if isinstance(a, torch.Tensor) else a == b
+    if descriptors:  # the tensor maps carry the new pointers: another launch of the plan on other tensors
+        q2 = torch.randn_like(q)
+        plan(arguments(q2, o, lse))
+        assert calls[-1][BASE_ARGS][1] == q2.data_ptr() and calls[-1][BASE_ARGS] != direct[BASE_ARGS]
+
+
+def test_launchers_the_plan_cannot_take_apart_go_through_the_runner(monkeypatch):
+    _c_path(monkeypatch, hooks=False)
+    calls = []
+    compiled = CompiledKernel(calls)
+    compiled.run.global_scratch_size = 256  # scratch memory the runner allocates per launch
+    plan = launch.LaunchPlan(GluonKernel, compiled, (1, 1, 1), 4, (), {"CAUSAL": True, "STAGES": 2})
+    assert plan.c_launch is None and plan.run is not None
+    fp4 = CompiledKernel(calls, {0: dict(swizzle=128, elem_size=1, elem_type=0, block_size=[64], fp4_padded=True)})
+    assert launch.LaunchPlan(GluonKernel, fp4, (1, 1, 1), 4, (), {"CAUSAL": True, "STAGES": 2}).c_launch is None
+    assert launch.LaunchPlan(GluonKernel, Compiled([]), (1,), 4, (), {"CAUSAL": True, "STAGES": 2}).c_launch is None

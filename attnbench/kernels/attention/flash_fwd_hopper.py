@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from ..launch import planned
+from ..launch import Tiles, planned
 from ..precision import LN2
 from ..tuning import gpu_property
 
@@ -68,7 +68,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 (launch.Tiles makes them)
     GLUON = triton.__version__.startswith(GLUON_TRITON)
 except Exception:  # ImportError, or a Gluon without these names
     GLUON = False
@@ -452,9 +452,10 @@ def head_block(head_dim: int) -> int:
 
 def tile_descriptor(t, block_rows):
     """A host TMA descriptor of a [B, H, N, D] tensor read or written in tiles of ``block_rows`` rows
-    of one (batch, head), head_block(D) columns wide."""
-    block = [1, 1, block_rows, head_block(t.shape[-1])]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _tile_layout(block_rows, block[3], t.dtype))
+    of one (batch, head), head_block(D) columns wide; made at launch (launch.Tiles), so that a
+    planned launch fills it from the pointer alone."""
+    columns = head_block(t.shape[-1])
+    return Tiles(t, (1, 1, block_rows, columns), _tile_layout(block_rows, columns, t.dtype))
 
 
 @functools.lru_cache(maxsize=None)
