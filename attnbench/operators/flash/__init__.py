@@ -338,20 +338,19 @@ class FlashOperator(Operator):
         return reference.evaluate(q, k, v, do, case.softmax_scale, case.causal_offset, dtype)
 
     def tunables(self):
-        from ...bench.tune import Tunable
-        from ...kernels.attention import flash_bwd, flash_decode, flash_fwd
+        from ...bench.tune import tunable_table
 
-        return {t.name: t for t in (
-            Tunable("fwd", "the forward's query tiles through pointers (flash_fwd_kernel)",
-                    lambda: [flash_fwd.flash_fwd_kernel], "fwd", "triton@tiles"),
-            Tunable("fwd_tma", "the forward's query tiles through tensor descriptors (flash_fwd_tma_kernel)",
-                    lambda: [flash_fwd.flash_fwd_tma_kernel], "fwd", "triton@tma"),
-            Tunable("decode", "the split-KV forward (flash_decode_kernel)",
-                    lambda: [flash_decode.flash_decode_kernel], "fwd", "triton@decode"),
-            Tunable("dkdv", "the backward's dK/dV pass, or both passes of the split route (flash_bwd_dkdv_kernel)",
-                    lambda: [flash_bwd.flash_bwd_dkdv_kernel], "bwd"),
-            Tunable("dq", "the backward's dQ pass (flash_bwd_dq_kernel)", lambda: [flash_bwd.flash_bwd_dq_kernel], "bwd"),
-        )}
+        return tunable_table("attnbench.kernels.attention", [
+            ("fwd", "the forward's query tiles through pointers (flash_fwd_kernel)", "flash_fwd.flash_fwd_kernel", "fwd",
+             "triton@tiles"),
+            ("fwd_tma", "the forward's query tiles through tensor descriptors (flash_fwd_tma_kernel)",
+             "flash_fwd.flash_fwd_tma_kernel", "fwd", "triton@tma"),
+            ("decode", "the split-KV forward (flash_decode_kernel)", "flash_decode.flash_decode_kernel", "fwd",
+             "triton@decode"),
+            ("dkdv", "the backward's dK/dV pass, or both passes of the split route (flash_bwd_dkdv_kernel)",
+             "flash_bwd.flash_bwd_dkdv_kernel", "bwd"),
+            ("dq", "the backward's dQ pass (flash_bwd_dq_kernel)", "flash_bwd.flash_bwd_dq_kernel", "bwd"),
+        ])
 
     def register_variants(self):
         from ...attention import flash_bwd as triton_bwd, flash_fwd as triton_fwd, unavailable_reason

@@ -211,17 +211,16 @@ class JvpAttentionOperator(Operator):
         return LazyOracle(case, inputs, dtype)
 
     def tunables(self):
-        from ...bench.tune import Tunable
-        from ...kernels.attention import attention_bwd_jvp, attention_jvp
+        from ...bench.tune import tunable_table
 
-        return {t.name: t for t in (
-            Tunable("jvp", "the fused forward + JVP (attention_jvp_kernel)", lambda: [attention_jvp.attention_jvp_kernel],
-                    "fwd_jvp", "triton_fused"),
-            Tunable("bwd_jvp_dkdv", "kernel 3's dK_t/dV_t pass (bwd_jvp_dkdv_kernel)",
-                    lambda: [attention_bwd_jvp.bwd_jvp_dkdv_kernel], "hvp_rev_rev", "triton_fused"),
-            Tunable("bwd_jvp_dq", "kernel 3's dQ_t pass (bwd_jvp_dq_kernel)", lambda: [attention_bwd_jvp.bwd_jvp_dq_kernel],
-                    "hvp_rev_rev", "triton_fused"),
-        )}
+        return tunable_table("attnbench.kernels.attention", [
+            ("jvp", "the fused forward + JVP (attention_jvp_kernel)", "attention_jvp.attention_jvp_kernel", "fwd_jvp",
+             "triton_fused"),
+            ("bwd_jvp_dkdv", "kernel 3's dK_t/dV_t pass (bwd_jvp_dkdv_kernel)", "attention_bwd_jvp.bwd_jvp_dkdv_kernel",
+             "hvp_rev_rev", "triton_fused"),
+            ("bwd_jvp_dq", "kernel 3's dQ_t pass (bwd_jvp_dq_kernel)", "attention_bwd_jvp.bwd_jvp_dq_kernel",
+             "hvp_rev_rev", "triton_fused"),
+        ])
 
     def extra_checks(self, device, seed=0):
         """Second-order consistency (seed 003): forward-over-reverse vs reverse-over-reverse vs

@@ -256,20 +256,15 @@ class SharedContextOperator(Operator):
         return reference.evaluate(*_tensors(inputs), case.causal, case.softmax_scale, dtype)
 
     def tunables(self):
-        from ...bench.tune import Tunable
-        from ...kernels import shared_context as launchers
-        from ...kernels.shared_context import kernels
+        from ...bench.tune import tunable_table
 
-        # a head-dim class each (one compiled kernel underneath); the split picks and launch plans are forgotten
-        # between configs, so each config gets its own split count
-        return {t.name: t for t in (
-            Tunable("fused", "the one-launch kernel (context, buffer and merge)", lambda: list(kernels.FUSED.values()),
-                    "fwd", "triton", launchers.clear_split_picks),
-            Tunable("context", "the composed path's context kernel", lambda: list(kernels.CONTEXT.values()), "fwd",
-                    "triton_composed", launchers.clear_split_picks),
-            Tunable("buffer", "the composed path's buffer kernel", lambda: list(kernels.BUFFER.values()), "fwd",
-                    "triton_composed", launchers.clear_split_picks),
-        )}
+        # kernels.FUSED, CONTEXT, BUFFER: an autotuner per head-dim class (one compiled kernel underneath); the split
+        # picks and launch plans are forgotten between configs, so each config gets its own split count
+        return tunable_table("attnbench.kernels.shared_context", [
+            ("fused", "the one-launch kernel (context, buffer and merge)", "kernels.FUSED", "fwd", "triton"),
+            ("context", "the composed path's context kernel", "kernels.CONTEXT", "fwd", "triton_composed"),
+            ("buffer", "the composed path's buffer kernel", "kernels.BUFFER", "fwd", "triton_composed"),
+        ], forget="clear_split_picks")
 
     def register_variants(self):
         from ...shared_context import shared_context_attention, shared_context_attention_composed, unavailable_reason
