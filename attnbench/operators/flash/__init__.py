@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_inputs, table_sets
+from ...bench.cases import DtypeNamed, case_rows, seeded_inputs, table_sets
 from ...bench.registry import Operator, Variant, register
 from ...bench.timing import not_graph_capturable
 from ..peers import probed
@@ -292,16 +292,12 @@ def autograd_variant(make_forward):
     return prepare
 
 
-class FlashOperator(Operator):
+class FlashOperator(Operator, cases=CASE_SETS):
     name = "flash"
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
     modes = ("fwd", "bwd", "fwd_bwd")
-    case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_flash", "reference")
     ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex", "fa4", "flashinfer")
-
-    def cases(self, set_name):
-        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
         q_shape = (case.batch, case.heads_q, case.seqlen_q, case.head_dim)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...bench.cases import case_set, seeded_inputs, table_sets
+from ...bench.cases import seeded_inputs, table_sets
 from ...bench.registry import Operator, Unsupported, Variant, first_line, register
 from ..flash import ATTENTION_GPU_SHAPES, HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
@@ -168,17 +168,13 @@ def triton_fused_prepare(case, x, mode):
     return vjp_of_jvp
 
 
-class JvpAttentionOperator(Operator):
+class JvpAttentionOperator(Operator, cases=CASE_SETS):
     name = "jvp_attention"
     description = "attention differentiated every way: fwd+JVP, both Hessian-vector routes, grad of a tangent"
     modes = routes.MODES
-    case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_math", "reference")
     ratio_subject = "triton"
     ratio_peers = ("sdpa_math", "jvp_flash")
-
-    def cases(self, set_name):
-        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
         """q, k, v, the output cotangent do, and a tangent (tq, tk, tv), seeded (bench.cases.seeded_inputs)."""

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_set, seeded_inputs
+from ...bench.cases import DtypeNamed, seeded_inputs
 from ...bench.registry import Operator, Variant, register
 from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
@@ -358,11 +358,10 @@ def _functions_variant(name, implementation, kind=None, description="", unavaila
     return Variant(name, kind or name, prepare, SparseOperator.modes, description, **extra)
 
 
-class SparseOperator(Operator):
+class SparseOperator(Operator, cases=CASE_SETS):
     name = "sparse"
     description = "SparseScale and the seven sparse tensor products (CG structures), fwd, bwd and double backward"
     modes = ("fwd", "bwd", "double_bwd")
-    case_sets = tuple(CASE_SETS)
     baselines = ("split", "reference")
     gate_baselines = ("split",)
     ratio_subject = "triton"
@@ -417,9 +416,6 @@ class SparseOperator(Operator):
             ("scaled_rows", "the fused dense route of vecsca and scavec", "fused_dense.scaled_rows_kernel", "fwd"),
             ("gram_rows", "the fused dense route of inner", "fused_dense.gram_rows_kernel", "fwd"),
         ])
-
-    def cases(self, set_name):
-        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
         shapes = {"x": case.shape("x"), **({} if case.is_scale else {"y": case.shape("y")}), **_cotangent_shapes(case)}
