@@ -10,7 +10,7 @@ first:
 1. a git worktree of it under --work, installed editable into this environment
    (pip install --no-deps --no-build-isolation -e), checked: `import attnbench` must load the worktree's;
 2. per part, one `asv run -E existing:PYTHON --set-commit-hash SHA --machine MACHINE --show-stderr --bench ...` over
-   the current tree's suites/. A part is one measuring pass (a suite's @measurement stub: flash, flash_sweep,
+   the current tree's suites/. A part is one measuring pass (a suite's measure_<part> stub: flash, flash_sweep,
    jvp_attention, shared_context, sparse) with the benchmarks built on it; it runs in a process tree of its own and
    is stopped at --part-timeout, or where the --budget runs out;
 3. at the end, or on SIGTERM/SIGINT, the current tree is installed again.

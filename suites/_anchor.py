@@ -1,20 +1,21 @@
 """What every operator's asv suite shares: one measuring pass and the benchmark bodies.
 
-asv runs every parameter combination in a process of its own (forked from a server that imported the
-suites, with ``--launch-method forkserver``; a fresh interpreter each with ``spawn``), so suite modules
-never import torch at module level (the server must not hold CUDA, and a combination must not pay
-torch's import): each spells out its operator's case labels, variants and modes
-(tests/bench/test_suites.py fails if they drift from the operator's own) and builds its benchmark
-classes with ``operator_suites``, ``latency_suite`` and ``speedup_suite`` (bottom of this module):
-subclasses of the classes below, assigned to module-level names of the suite, since asv collects
-classes from a module's namespace and names a benchmark by its class's ``__name__``. The bases' names
-start with "_", so asv does not collect them here, only through the suites' subclasses (it finds
-inherited methods). asv's version of a benchmark hashes the source of its methods and of its stub, and
-results of another version drop out of the dashboard: the bodies below stay as written, so that the
+asv runs every parameter combination in a process of its own (forked from a server that imported the suites,
+with ``--launch-method forkserver``; a fresh interpreter each with ``spawn``), so suite modules never import
+torch at module level (the server must not hold CUDA, and a combination must not pay torch's import): each
+spells out its operator's case labels, variants and modes (tests/bench/test_suites.py fails if they drift from
+the operator's own) and builds its measuring passes (``measurement``) and benchmark classes with
+``operator_suites``, ``latency_suite`` and ``speedup_suite`` (bottom of this module): subclasses of the
+classes below, assigned to module-level names of the suite, since asv collects classes from a module's
+namespace and names a benchmark by its class's ``__name__``. The bases' names start with "_", so asv does not
+collect them here, only through the suites' subclasses (it finds inherited methods). asv's version of a
+benchmark hashes the source of its methods and of its stub, and results of another version drop out of the
+dashboard: the bodies below stay as written, and the track_ methods and stubs made by ``_track`` and
+``measurement`` give asv the source they had when each was written out (``pretty_source``), so that the
 recorded results (results/asv) keep their versions.
 
-``@measurement(op)`` makes a suite's stub asv's ``setup_cache``: it verifies and times every (case, variant, mode)
-once through attnbench's timing core (CUDA events, L2 flushed, median of many) and the ``track_``
+``measurement(stub, op)`` makes a suite's stub asv's ``setup_cache``: it verifies and times every (case, variant,
+mode) once through attnbench's timing core (CUDA events, L2 flushed, median of many) and the ``track_``
 benchmarks read their number from it. asv treats every number as lower-is-better, so latency is
 the regression signal; TF/s, GB/s, % of roofline and peak GPU memory are tracked for display.
 Without CUDA, or where a variant cannot run a case, setup raises NotImplementedError and asv
@@ -34,32 +35,46 @@ import functools
 import math
 
 
-def measurement(op_name, case_set="anchor", variants=None, modes=None):
-    """Decorator: the stub it is put on becomes asv's setup_cache for ``op_name`` on ``case_set``
-    (``variants`` and ``modes``: those only; default all). Each suite module writes its own stub
-    because asv keys a cache by the module and first line of its function: closures made here all
-    had the key ``_anchor:<line>``, so one asv run over several suites measured the first and
-    handed its results to every other (measured on the H200: all but one suite skipped)."""
+# Each stub's source when the suite modules wrote it as a decorated def, {name: (the decorator's arguments, what it
+# is the cache of)}: asv hashes a stub's source into the version of every benchmark on it, so ``measurement`` gives
+# asv this text (pretty_source) and the recorded results keep their versions
+_STUB_SOURCES = {
+    "measure_flash": ("OP", "flash anchor suites"),
+    "measure_flash_sweep": ('OP, "sweep", SWEEP_VARIANTS, SWEEP_MODES', "flash sweep suites: a cache of its own"),
+    "measure_jvp_attention": ("OP", "jvp_attention suites"),
+    "measure_shared_context": ("OP", "shared_context suites"),
+    "measure_sparse": ("OP", "sparse suites"),
+}
 
-    def bind(stub):
-        @functools.wraps(stub)  # __wrapped__: inspect.getsourcelines, and so asv's key, see the stub
-        def measure(*_bound_instance):
-            import os
 
-            import torch
+def measurement(stub, op_name, case_set="anchor", variants=None, modes=None):
+    """asv's setup_cache for ``op_name`` on ``case_set`` (``variants`` and ``modes``: those only; default all),
+    named measure_<op>[_<set>] (scripts/asv_backfill.py names a measuring pass by it). ``stub`` is a lambda the
+    suite module writes in the call, because asv keys a cache by the module and first line of its function:
+    closures made here all had the key ``_anchor:<line>``, so one asv run over several suites measured the first
+    and handed its results to every other (measured on the H200: all but one suite skipped)."""
 
-            reports = os.environ.get("ATTNBENCH_ASV_REPORTS")
-            if reports:
-                return from_report(op_name, reports)
-            if not torch.cuda.is_available():
-                return _Points(why="no CUDA device here, so nothing was timed")
-            return _measure(op_name, case_set, variants, modes)
+    @functools.wraps(stub)  # __wrapped__: inspect.getsourcelines, and so asv's key, see the stub
+    def measure(*_bound_instance):
+        import os
 
-        measure.timeout = 3000
-        measure.op_name, measure.case_set = op_name, case_set  # what scripts/asv_backfill.py reads
-        return measure
+        import torch
 
-    return bind
+        reports = os.environ.get("ATTNBENCH_ASV_REPORTS")
+        if reports:
+            return from_report(op_name, reports)
+        if not torch.cuda.is_available():
+            return _Points(why="no CUDA device here, so nothing was timed")
+        return _measure(op_name, case_set, variants, modes)
+
+    measure.__name__ = measure.__qualname__ = f"measure_{op_name}" + ("" if case_set == "anchor" else f"_{case_set}")
+    if measure.__name__ in _STUB_SOURCES:
+        args, what = _STUB_SOURCES[measure.__name__]
+        measure.pretty_source = (f"@measurement({args})\ndef {measure.__name__}():\n"
+                                 f'    """asv\'s setup_cache of the {what} (see suites/_anchor.measurement)."""')
+    measure.timeout = 3000
+    measure.op_name, measure.case_set = op_name, case_set  # what scripts/asv_backfill.py reads
+    return measure
 
 
 def _chosen(names, variable):
@@ -197,6 +212,21 @@ def from_report(op_name, directory):
     return _Points(out, why=f"no row of it in the {op_name} runs of a {name} in {directory} (ATTNBENCH_ASV_REPORTS)")
 
 
+def _track(qualname, key, unit, nan_if_missing=False):
+    """The track_ method ``qualname`` ("<class>.track_<metric>"): the point's number ``key`` (NaN where the row
+    lacks it, with ``nan_if_missing``) in ``unit``. Its ``pretty_source``, which asv hashes into the benchmark's
+    version, is the method as it was written out, so that the recorded results keep their versions."""
+    name = qualname.rpartition(".")[2]
+
+    def track(self, results, case, variant, mode):
+        return self.result.get(key, math.nan) if nan_if_missing else self.result[key]
+
+    track.__name__, track.__qualname__, track.unit = name, qualname, unit
+    read = f'.get("{key}", math.nan)' if nan_if_missing else f'["{key}"]'
+    track.pretty_source = f"def {name}(self, results, case, variant, mode):\n    return self.result{read}"
+    return track
+
+
 class _Latency:
     """Latency of (case, variant, mode) points: subclasses set ``params`` and ``setup_cache``. For
     large grids (a sweep): asv spent ~0.5 s a point and metric on the H200 machine, so the flash
@@ -210,39 +240,17 @@ class _Latency:
             raise NotImplementedError(f"{variant} did not run {mode} on {case} here (no CUDA, or unsupported)")
         self.result = results[case, variant, mode]
 
-    def track_latency_ms(self, results, case, variant, mode):
-        return self.result["latency_ms"]
-
-    track_latency_ms.unit = "ms"
-
-    def track_eager_ms(self, results, case, variant, mode):
-        return self.result.get("eager_ms", math.nan)
-
-    track_eager_ms.unit = "ms"
+    track_latency_ms = _track("_Latency.track_latency_ms", "latency_ms", "ms")
+    track_eager_ms = _track("_Latency.track_eager_ms", "eager_ms", "ms", nan_if_missing=True)
 
 
 class _Anchor(_Latency):
     """Every variant, mode and anchor case, with throughput, roofline and memory beside latency."""
 
-    def track_tflops(self, results, case, variant, mode):
-        return self.result["tflops"]
-
-    track_tflops.unit = "TF/s"
-
-    def track_gbps(self, results, case, variant, mode):
-        return self.result["gbps"]
-
-    track_gbps.unit = "GB/s"
-
-    def track_roofline_pct(self, results, case, variant, mode):
-        return self.result["roofline_pct"]
-
-    track_roofline_pct.unit = "%"
-
-    def track_peak_gpu_memory_mb(self, results, case, variant, mode):
-        return self.result["peak_mem_mb"]
-
-    track_peak_gpu_memory_mb.unit = "MiB"
+    track_tflops = _track("_Anchor.track_tflops", "tflops", "TF/s")
+    track_gbps = _track("_Anchor.track_gbps", "gbps", "GB/s")
+    track_roofline_pct = _track("_Anchor.track_roofline_pct", "roofline_pct", "%")
+    track_peak_gpu_memory_mb = _track("_Anchor.track_peak_gpu_memory_mb", "peak_mem_mb", "MiB")
 
 
 class _Speedup:
@@ -272,8 +280,8 @@ class _Speedup:
 
 
 def _suite(name, base, measure, params, doc=None, **attrs):
-    """The class ``name`` on ``base`` for the suite module of ``measure`` (its ``@measurement`` stub, the
-    setup_cache of the class), with asv's ``params``."""
+    """The class ``name`` on ``base`` for the suite module of ``measure`` (its ``measurement``, the setup_cache of
+    the class), with asv's ``params``."""
     namespace = {"__module__": measure.__module__, "__qualname__": name, "__doc__": doc, "params": params,
                  "setup_cache": measure, **attrs}
     return type(name, (base,), namespace)
@@ -294,8 +302,10 @@ def speedup_suite(name, measure, labels, modes, peers, doc=None, subject=_Speedu
     return _suite(name, _Speedup, measure, (labels, modes, peers), doc, subject=subject)
 
 
-def operator_suites(measure, labels, variants, modes, ratio_peers, anchor, speedup, speedup_doc=None):
-    """An operator's two suites on one measuring pass: ``anchor`` (anchor_suite) over (labels, variants, modes),
-    ``speedup`` (speedup_suite, Triton's) over (labels, modes, ratio_peers)."""
-    return (anchor_suite(anchor, measure, labels, variants, modes),
+def operator_suites(stub, op_name, labels, variants, modes, ratio_peers, anchor, speedup, speedup_doc=None):
+    """An operator's measuring pass on its anchor set (``measurement(stub, op_name)``) and its two suites on it:
+    ``anchor`` (anchor_suite) over (labels, variants, modes), ``speedup`` (speedup_suite, Triton's) over (labels,
+    modes, ratio_peers); the pass first, for the suite module to name (scripts/asv_backfill.py looks it up)."""
+    measure = measurement(stub, op_name)
+    return (measure, anchor_suite(anchor, measure, labels, variants, modes),
             speedup_suite(speedup, measure, labels, modes, ratio_peers, speedup_doc))

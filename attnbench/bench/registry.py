@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from .cases import case_set
+
 VARIANT_KINDS = ("reference", "split", "triton", "peer")
 
 
@@ -49,7 +51,8 @@ class Variant:
 
 
 class Operator:
-    """Base class; subclasses fill in the class attributes and the methods that raise."""
+    """Base class; subclasses fill in the class attributes and the methods that raise, and name their case sets
+    in the class statement: ``class FlashOperator(Operator, cases=CASE_SETS)``."""
 
     name: str = ""
     description: str = ""
@@ -61,6 +64,15 @@ class Operator:
     # speed as a multiple of each of these peers' ("triton speed = 1.38x sdpa_flash"); none by default
     ratio_subject: str = "triton"
     ratio_peers: tuple = ()
+
+    _case_table: dict | None = None
+
+    def __init_subclass__(cls, cases=None, **kwargs):
+        """``cases``: the operator's case sets ({set name: () -> cases}), which ``case_sets`` names and ``cases``
+        looks up (every operator wrote both out alike)."""
+        super().__init_subclass__(**kwargs)
+        if cases is not None:
+            cls.case_sets, cls._case_table = tuple(cases), cases
 
     def __init__(self):
         self.variants: dict[str, Variant] = {}  # the default set
@@ -100,7 +112,10 @@ class Operator:
         return [*self.variants, *self.routes]
 
     def cases(self, set_name: str) -> list:
-        raise NotImplementedError
+        """The cases of the set ``set_name`` (a ValueError naming the known sets for any other name)."""
+        if self._case_table is None:
+            raise NotImplementedError
+        return case_set(self.name, self._case_table, set_name)
 
     def make_inputs(self, case, device, seed: int = 0) -> dict:
         raise NotImplementedError

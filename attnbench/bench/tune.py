@@ -12,13 +12,15 @@ fit (shared memory, registers) is a row with that reason, as the GPU studies rec
 is the kernel's own (the module's candidates, before the shared-memory pruner: a forced config is
 not pruned); a study of other candidates edits that list.
 
-Operators declare what can be tuned (``Operator.tunables``): a name, the autotuners the kernel is
-compiled into (shared_context's fused kernel has one per head-dim class; the one a case reaches is
-found by running it), the mode and variant whose call launches it, and what to forget between
-configs. Timings on a CPU would time the interpreter, so the command needs CUDA; the function runs
+Operators declare what can be tuned (``Operator.tunables``, written as a ``tunable_table``): a name, the
+autotuners the kernel is compiled into (shared_context's fused kernel has one per head-dim class; the
+one a case reaches is found by running it), the mode and variant whose call launches it, and what to
+forget between configs. Timings on a CPU would time the interpreter, so the command needs CUDA; the function runs
 anywhere (the CPU gate drives it through the interpreter).
 """
+import importlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,6 +41,31 @@ class Tunable:
     mode: str  # the operator mode whose call launches it
     variant: str = "triton"  # the variant (or forced route) whose call reaches it
     forget: Callable = field(default=lambda: None)  # () -> None: launch plans, split picks to drop between configs
+
+
+def _lookup(package, path):
+    """``path`` under the package ``package``: "module.attribute", or "attribute" of the package itself."""
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(f"{package}.{module}" if module else package), attr)
+
+
+def tunable_table(package, rows, forget=None) -> dict:
+    """An operator's ``tunables()``: {name: Tunable} of ``rows`` (name, description, kernel, mode[, variant]).
+
+    ``kernel`` names an autotuner, or a dict of them (one per head-dim class), as "module.attribute" under
+    ``package`` (a family of attnbench.kernels); ``forget`` names a function of ``package`` itself, called
+    between configs. Both are looked up only when the tuner runs, so that listing the tunables imports no
+    kernel module."""
+
+    def autotuners(kernel):
+        def found():
+            tuners = _lookup(package, kernel)
+            return list(tuners.values()) if isinstance(tuners, Mapping) else [tuners]
+        return found
+
+    drop = {"forget": lambda: _lookup(package, forget)()} if forget else {}
+    return {name: Tunable(name, description, autotuners(kernel), mode, *variant, **drop)
+            for name, description, kernel, mode, *variant in rows}
 
 
 @dataclass

@@ -202,6 +202,39 @@ def test_the_measuring_pass_is_in_no_benchmarks_version():
     assert "bench(" not in code and "_Points" not in code and "ATTNBENCH_ASV" not in code
 
 
+def test_the_made_track_methods_and_stubs_keep_their_asv_versions():
+    """asv hashes a benchmark's source into its version, and the dashboard draws only results of today's version:
+    the track_ methods _anchor._track makes and the stubs _anchor.measurement makes give asv the text they had when
+    each was a def of its own, and carry the names asv and scripts/asv_backfill.py read."""
+    import math
+
+    base = pytest.importorskip("asv_runner.benchmarks._base")
+    from suites import _anchor, flash
+
+    anchor = flash.FlashAnchor()
+    assert base.get_source_code([anchor.track_tflops]) == (
+        'class _Anchor:\n    def track_tflops(self, results, case, variant, mode):\n'
+        '        return self.result["tflops"]')
+    assert base.get_source_code([anchor.track_eager_ms]) == (
+        'class _Latency:\n    def track_eager_ms(self, results, case, variant, mode):\n'
+        '        return self.result.get("eager_ms", math.nan)')
+    assert base.get_source_code([flash.FlashSweep().setup_cache]) == (
+        '@measurement(OP, "sweep", SWEEP_VARIANTS, SWEEP_MODES)\ndef measure_flash_sweep():\n'
+        '    """asv\'s setup_cache of the flash sweep suites: a cache of its own (see suites/_anchor.measurement)."""')
+    anchor.result = {"tflops": 2.0, "peak_mem_mb": 3.0}
+    assert anchor.track_tflops(None, "c", "v", "m") == 2.0
+    assert anchor.track_peak_gpu_memory_mb(None, "c", "v", "m") == 3.0
+    assert math.isnan(anchor.track_eager_ms(None, "c", "v", "m"))
+    for cls in (_anchor._Latency, _anchor._Anchor):
+        for name, track in vars(cls).items():
+            if name.startswith("track_"):
+                assert (track.__name__, track.__qualname__) == (name, f"{cls.__name__}.{name}") and track.unit
+    for suite in SHARED:
+        for cls in vars(suite).values():
+            if isinstance(cls, type) and getattr(cls, "setup_cache", None) is not None:
+                assert getattr(suite, cls.setup_cache.__name__) is cls.setup_cache  # asv_backfill: suite.measure_<part>
+
+
 def test_the_points_survive_asvs_pickle():
     """asv pickles a setup_cache's value and reads it in each benchmark's process."""
     import pickle

@@ -25,6 +25,25 @@ def test_every_operator_names_its_tunable_kernels():
             assert all(hasattr(a, "configs") and hasattr(a, "cache") for a in t.autotuners()), (name, t.name)
 
 
+def test_a_tunable_table_looks_its_kernels_up_when_the_tuner_asks(monkeypatch):
+    """tune.tunable_table: a row's kernel is an autotuner or a dict of them (one per head-dim class) of the family's
+    module, and ``forget`` a function of the family, each read when called; a row without a variant takes the
+    Tunable's default."""
+    from attnbench.kernels import shared_context as launchers
+    from attnbench.kernels.attention import flash_fwd
+    from attnbench.kernels.shared_context import kernels
+
+    fused = attnbench.get("shared_context").tunables()["fused"]
+    assert fused.autotuners() == list(kernels.FUSED.values()) and (fused.mode, fused.variant) == ("fwd", "triton")
+    calls = []
+    monkeypatch.setattr(launchers, "clear_split_picks", lambda: calls.append("forgot"))
+    fused.forget()
+    assert calls == ["forgot"]
+    flash = attnbench.get("flash").tunables()
+    assert flash["fwd"].autotuners() == [flash_fwd.flash_fwd_kernel] and flash["fwd"].variant == "triton@tiles"
+    assert flash["dq"].variant == "triton" and flash["dq"].forget() is None
+
+
 def test_tune_needs_cuda_and_says_so(capsys):
     assert main(["tune", "--op", "flash", "--kernel", "dkdv"]) == 2
     assert "tune times launch configurations on a GPU: it needs CUDA, and this run is on cpu" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_inputs, table_sets
+from ...bench.cases import DtypeNamed, case_rows, seeded_inputs, table_sets
 from ...bench.registry import Operator, Variant, register
 from ...bench.timing import not_graph_capturable
 from ..peers import probed
@@ -292,16 +292,12 @@ def autograd_variant(make_forward):
     return prepare
 
 
-class FlashOperator(Operator):
+class FlashOperator(Operator, cases=CASE_SETS):
     name = "flash"
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
     modes = ("fwd", "bwd", "fwd_bwd")
-    case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_flash", "reference")
     ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex", "fa4", "flashinfer")
-
-    def cases(self, set_name):
-        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
         q_shape = (case.batch, case.heads_q, case.seqlen_q, case.head_dim)
@@ -338,20 +334,19 @@ class FlashOperator(Operator):
         return reference.evaluate(q, k, v, do, case.softmax_scale, case.causal_offset, dtype)
 
     def tunables(self):
-        from ...bench.tune import Tunable
-        from ...kernels.attention import flash_bwd, flash_decode, flash_fwd
+        from ...bench.tune import tunable_table
 
-        return {t.name: t for t in (
-            Tunable("fwd", "the forward's query tiles through pointers (flash_fwd_kernel)",
-                    lambda: [flash_fwd.flash_fwd_kernel], "fwd", "triton@tiles"),
-            Tunable("fwd_tma", "the forward's query tiles through tensor descriptors (flash_fwd_tma_kernel)",
-                    lambda: [flash_fwd.flash_fwd_tma_kernel], "fwd", "triton@tma"),
-            Tunable("decode", "the split-KV forward (flash_decode_kernel)",
-                    lambda: [flash_decode.flash_decode_kernel], "fwd", "triton@decode"),
-            Tunable("dkdv", "the backward's dK/dV pass, or both passes of the split route (flash_bwd_dkdv_kernel)",
-                    lambda: [flash_bwd.flash_bwd_dkdv_kernel], "bwd"),
-            Tunable("dq", "the backward's dQ pass (flash_bwd_dq_kernel)", lambda: [flash_bwd.flash_bwd_dq_kernel], "bwd"),
-        )}
+        return tunable_table("attnbench.kernels.attention", [
+            ("fwd", "the forward's query tiles through pointers (flash_fwd_kernel)", "flash_fwd.flash_fwd_kernel", "fwd",
+             "triton@tiles"),
+            ("fwd_tma", "the forward's query tiles through tensor descriptors (flash_fwd_tma_kernel)",
+             "flash_fwd.flash_fwd_tma_kernel", "fwd", "triton@tma"),
+            ("decode", "the split-KV forward (flash_decode_kernel)", "flash_decode.flash_decode_kernel", "fwd",
+             "triton@decode"),
+            ("dkdv", "the backward's dK/dV pass, or both passes of the split route (flash_bwd_dkdv_kernel)",
+             "flash_bwd.flash_bwd_dkdv_kernel", "bwd"),
+            ("dq", "the backward's dQ pass (flash_bwd_dq_kernel)", "flash_bwd.flash_bwd_dq_kernel", "bwd"),
+        ])
 
     def register_variants(self):
         from ...attention import flash_bwd as triton_bwd, flash_fwd as triton_fwd, unavailable_reason

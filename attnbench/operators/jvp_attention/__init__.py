@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...bench.cases import case_set, seeded_inputs, table_sets
+from ...bench.cases import seeded_inputs, table_sets
 from ...bench.registry import Operator, Unsupported, Variant, first_line, register
 from ..flash import ATTENTION_GPU_SHAPES, HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
 from ..flash.peers import SDPA_BACKENDS
@@ -168,17 +168,13 @@ def triton_fused_prepare(case, x, mode):
     return vjp_of_jvp
 
 
-class JvpAttentionOperator(Operator):
+class JvpAttentionOperator(Operator, cases=CASE_SETS):
     name = "jvp_attention"
     description = "attention differentiated every way: fwd+JVP, both Hessian-vector routes, grad of a tangent"
     modes = routes.MODES
-    case_sets = tuple(CASE_SETS)
     baselines = ("sdpa_math", "reference")
     ratio_subject = "triton"
     ratio_peers = ("sdpa_math", "jvp_flash")
-
-    def cases(self, set_name):
-        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
         """q, k, v, the output cotangent do, and a tangent (tq, tk, tv), seeded (bench.cases.seeded_inputs)."""
@@ -211,17 +207,16 @@ class JvpAttentionOperator(Operator):
         return LazyOracle(case, inputs, dtype)
 
     def tunables(self):
-        from ...bench.tune import Tunable
-        from ...kernels.attention import attention_bwd_jvp, attention_jvp
+        from ...bench.tune import tunable_table
 
-        return {t.name: t for t in (
-            Tunable("jvp", "the fused forward + JVP (attention_jvp_kernel)", lambda: [attention_jvp.attention_jvp_kernel],
-                    "fwd_jvp", "triton_fused"),
-            Tunable("bwd_jvp_dkdv", "kernel 3's dK_t/dV_t pass (bwd_jvp_dkdv_kernel)",
-                    lambda: [attention_bwd_jvp.bwd_jvp_dkdv_kernel], "hvp_rev_rev", "triton_fused"),
-            Tunable("bwd_jvp_dq", "kernel 3's dQ_t pass (bwd_jvp_dq_kernel)", lambda: [attention_bwd_jvp.bwd_jvp_dq_kernel],
-                    "hvp_rev_rev", "triton_fused"),
-        )}
+        return tunable_table("attnbench.kernels.attention", [
+            ("jvp", "the fused forward + JVP (attention_jvp_kernel)", "attention_jvp.attention_jvp_kernel", "fwd_jvp",
+             "triton_fused"),
+            ("bwd_jvp_dkdv", "kernel 3's dK_t/dV_t pass (bwd_jvp_dkdv_kernel)", "attention_bwd_jvp.bwd_jvp_dkdv_kernel",
+             "hvp_rev_rev", "triton_fused"),
+            ("bwd_jvp_dq", "kernel 3's dQ_t pass (bwd_jvp_dq_kernel)", "attention_bwd_jvp.bwd_jvp_dq_kernel",
+             "hvp_rev_rev", "triton_fused"),
+        ])
 
     def extra_checks(self, device, seed=0):
         """Second-order consistency (seed 003): forward-over-reverse vs reverse-over-reverse vs

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_rows, case_set, seeded_normal, table_sets
+from ...bench.cases import DtypeNamed, case_rows, seeded_normal, table_sets
 from ...bench.registry import Operator, Variant, register
 from ..peers import probed
 from .. import external
@@ -197,11 +197,10 @@ def memory_traffic(case) -> dict:
             "per_batch_over_shared": per_batch / shared}
 
 
-class SharedContextOperator(Operator):
+class SharedContextOperator(Operator, cases=CASE_SETS):
     name = "shared_context"
     description = "attention over one context K/V shared by the batch plus per-sample buffers (decode step)"
     modes = ("fwd",)
-    case_sets = tuple(CASE_SETS)
     # the "x baseline" column: today's per-batch cache with the best backend there is
     baselines = ("per_batch_cudnn", "per_batch_flash", "reference")
     # what the shipped Triton path must beat by the decision rule (attnbench.bench.decisions): the issue's
@@ -212,9 +211,6 @@ class SharedContextOperator(Operator):
     ratio_subject = "triton"
     ratio_peers = ("per_batch_flash", "per_batch_cudnn", "split", "expand0_flash", "fold_flash", "fold_cudnn",
                    "flashinfer_cascade")
-
-    def cases(self, set_name):
-        return case_set(self.name, CASE_SETS, set_name)
 
     def make_inputs(self, case, device, seed=0):
         randn = seeded_normal(seed)  # float32 on the CPU, masked there, then moved and cast
@@ -256,20 +252,15 @@ class SharedContextOperator(Operator):
         return reference.evaluate(*_tensors(inputs), case.causal, case.softmax_scale, dtype)
 
     def tunables(self):
-        from ...bench.tune import Tunable
-        from ...kernels import shared_context as launchers
-        from ...kernels.shared_context import kernels
+        from ...bench.tune import tunable_table
 
-        # a head-dim class each (one compiled kernel underneath); the split picks and launch plans are forgotten
-        # between configs, so each config gets its own split count
-        return {t.name: t for t in (
-            Tunable("fused", "the one-launch kernel (context, buffer and merge)", lambda: list(kernels.FUSED.values()),
-                    "fwd", "triton", launchers.clear_split_picks),
-            Tunable("context", "the composed path's context kernel", lambda: list(kernels.CONTEXT.values()), "fwd",
-                    "triton_composed", launchers.clear_split_picks),
-            Tunable("buffer", "the composed path's buffer kernel", lambda: list(kernels.BUFFER.values()), "fwd",
-                    "triton_composed", launchers.clear_split_picks),
-        )}
+        # kernels.FUSED, CONTEXT, BUFFER: an autotuner per head-dim class (one compiled kernel underneath); the split
+        # picks and launch plans are forgotten between configs, so each config gets its own split count
+        return tunable_table("attnbench.kernels.shared_context", [
+            ("fused", "the one-launch kernel (context, buffer and merge)", "kernels.FUSED", "fwd", "triton"),
+            ("context", "the composed path's context kernel", "kernels.CONTEXT", "fwd", "triton_composed"),
+            ("buffer", "the composed path's buffer kernel", "kernels.BUFFER", "fwd", "triton_composed"),
+        ], forget="clear_split_picks")
 
     def register_variants(self):
         from ...shared_context import shared_context_attention, shared_context_attention_composed, unavailable_reason

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...bench.cases import DtypeNamed, case_set, seeded_inputs
+from ...bench.cases import DtypeNamed, seeded_inputs
 from ...bench.registry import Operator, Variant, register
 from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
@@ -358,11 +358,10 @@ def _functions_variant(name, implementation, kind=None, description="", unavaila
     return Variant(name, kind or name, prepare, SparseOperator.modes, description, **extra)
 
 
-class SparseOperator(Operator):
+class SparseOperator(Operator, cases=CASE_SETS):
     name = "sparse"
     description = "SparseScale and the seven sparse tensor products (CG structures), fwd, bwd and double backward"
     modes = ("fwd", "bwd", "double_bwd")
-    case_sets = tuple(CASE_SETS)
     baselines = ("split", "reference")
     gate_baselines = ("split",)
     ratio_subject = "triton"
@@ -396,32 +395,27 @@ class SparseOperator(Operator):
                                  cuequivariance.description(), cuequivariance.unavailable_reason))
 
     def tunables(self):
-        from ...bench.tune import Tunable
-        from ...kernels.sparse import bilinear, dense, fused_dense, outer_sum, segment, small_matmul, split_matmul
+        from ...bench.tune import tunable_table
 
-        return {t.name: t for t in (
-            Tunable("product", "the CSR segment kernel of the products", lambda: [segment.sparse_product_kernel], "fwd",
-                    "triton@segment"),
-            Tunable("scale", "SparseScale's segment kernel", lambda: [segment.sparse_scale_kernel], "fwd"),
-            Tunable("scale_rows", "SparseScale's rows kernel", lambda: [segment.sparse_scale_rows_kernel], "fwd"),
-            Tunable("outer_sum", "batch sums of outer products on the matrix units (a shared weight's gradient)",
-                    lambda: [outer_sum.outer_sum_kernel], "bwd", "triton@unfolded"),
-            Tunable("gather_rows", "the dense route's per-sample sums on the gather kernel",
-                    lambda: [dense.gather_rows_kernel], "fwd", "triton@gather-kernel"),
-            Tunable("small_matmul", "the dense route's per-sample products (two launches)",
-                    lambda: [small_matmul.small_matmul_kernel], "fwd", "triton@two-launch"),
-            Tunable("gram_stack", "fp32 Gram matrices of a few rows, samples stacked (vecsca's backward)",
-                    lambda: [dense.gram_stack_kernel], "bwd"),
-            Tunable("split_matmul", "the fold route's 16-bit products, both halves in one program",
-                    lambda: [split_matmul.split_matmul_kernel], "fwd", "triton@split-matmul"),
-            Tunable("bilinear", "mul's bilinear route", lambda: [bilinear.bilinear_kernel], "fwd"),
-            Tunable("scaled_rows", "the fused dense route of vecsca and scavec", lambda: [fused_dense.scaled_rows_kernel],
-                    "fwd"),
-            Tunable("gram_rows", "the fused dense route of inner", lambda: [fused_dense.gram_rows_kernel], "fwd"),
-        )}
-
-    def cases(self, set_name):
-        return case_set(self.name, CASE_SETS, set_name)
+        return tunable_table("attnbench.kernels.sparse", [
+            ("product", "the CSR segment kernel of the products", "segment.sparse_product_kernel", "fwd",
+             "triton@segment"),
+            ("scale", "SparseScale's segment kernel", "segment.sparse_scale_kernel", "fwd"),
+            ("scale_rows", "SparseScale's rows kernel", "segment.sparse_scale_rows_kernel", "fwd"),
+            ("outer_sum", "batch sums of outer products on the matrix units (a shared weight's gradient)",
+             "outer_sum.outer_sum_kernel", "bwd", "triton@unfolded"),
+            ("gather_rows", "the dense route's per-sample sums on the gather kernel", "dense.gather_rows_kernel", "fwd",
+             "triton@gather-kernel"),
+            ("small_matmul", "the dense route's per-sample products (two launches)", "small_matmul.small_matmul_kernel",
+             "fwd", "triton@two-launch"),
+            ("gram_stack", "fp32 Gram matrices of a few rows, samples stacked (vecsca's backward)",
+             "dense.gram_stack_kernel", "bwd"),
+            ("split_matmul", "the fold route's 16-bit products, both halves in one program",
+             "split_matmul.split_matmul_kernel", "fwd", "triton@split-matmul"),
+            ("bilinear", "mul's bilinear route", "bilinear.bilinear_kernel", "fwd"),
+            ("scaled_rows", "the fused dense route of vecsca and scavec", "fused_dense.scaled_rows_kernel", "fwd"),
+            ("gram_rows", "the fused dense route of inner", "fused_dense.gram_rows_kernel", "fwd"),
+        ])
 
     def make_inputs(self, case, device, seed=0):
         shapes = {"x": case.shape("x"), **({} if case.is_scale else {"y": case.shape("y")}), **_cotangent_shapes(case)}
