@@ -129,8 +129,6 @@ class LaunchPlan:
             parts = _c_launcher(compiled, n_tensors)
             if parts is not None:
                 self.c_launch, self.head, self.descriptors = parts
-                # launches run on the tensors' GPU (on_device), which the plan's key fixes: this one
-                self.device = _current_device()
                 self._encodings = {}
 
     def __call__(self, tensors):
@@ -152,7 +150,10 @@ class LaunchPlan:
                 last = i + 1
             args.extend(tensors[last:])
         function, cooperative, pdl, *rest = self.head
-        self.c_launch(*self.grid, _current_stream(self.device), function, cooperative, pdl, *rest, *args, *self.tail)
+        # the current device's stream, as Triton's runner takes it: launches run on the tensors' GPU (on_device),
+        # which need not be the device current where the plan was made
+        self.c_launch(*self.grid, _current_stream(_current_device()), function, cooperative, pdl, *rest, *args,
+                      *self.tail)
 
     def _descriptor(self, i, meta, arg):
         known = self._encodings.get(i)
