@@ -186,3 +186,20 @@ def test_split_rule():
     assert decode_splits(3, 8192, cpu) == 4  # 12 programs, 3 an SM; 3 splits (9) would leave SMs uneven
     assert decode_splits(1, 20, cpu) == 2
     assert decode_splits(1, 3, cpu) == 1
+
+
+def test_the_launch_plan_of_a_shape_is_worked_out_once(monkeypatch):
+    """decode_plan remembers its answer per sizes and device: a decode loop does not score every split count on
+    every call; another size is worked out again."""
+    from attnbench.kernels.attention import flash_decode
+
+    flash_decode._PLANS.clear()
+    searched = []
+    real = flash_decode.decode_splits
+    monkeypatch.setattr(flash_decode, "decode_splits", lambda *a: searched.append(a) or real(*a))
+    cpu = torch.device("cpu")
+    first = flash_decode.decode_plan(2, 8, 1, 2, 8192, cpu)
+    assert flash_decode.decode_plan(2, 8, 1, 2, 8192, cpu) == first and len(searched) == 1
+    assert first == (16, 1, real(4, 8192, cpu))
+    flash_decode.decode_plan(2, 8, 1, 2, 4096, cpu)
+    assert len(searched) == 2
