@@ -550,6 +550,38 @@ def cmd_tune(args):
     return EXIT_OK
 
 
+def cmd_warm(args):
+    """Compile ahead, in parallel worker processes, what the cases' Triton variants will autotune over
+    (bench/warm.py)."""
+    from .bench import warm
+
+    device = parse_device(args.device)
+    if device.type != "cuda":
+        raise UsageError(f"warm compiles Triton kernels for a GPU ahead of a timing run: it needs CUDA, and this run "
+                         f"is on {device.type} (the interpreter compiles nothing)")
+    if args.procs < 1:
+        raise UsageError(f"--procs {args.procs}: at least one worker process")
+    args.graphs = args.host_time = False
+    args.baseline = None
+    notes = []
+    plans = make_plans(args, device, "bench", timing=False, notes=notes)
+    for line in notes:
+        print(line, file=sys.stderr)
+    set_name = args.cases or DEFAULT_SETS["bench"][True]
+    for plan in plans:
+        op = plan.op
+        variants = plan.variants if args.variant else [n for n in plan.variants if op.variant(n).kind == "triton"]
+        if not variants:
+            print(f"{op.name}: none of {', '.join(plan.variants)} is a Triton variant: nothing to compile",
+                  file=sys.stderr)
+            continue
+        print(f"# warm {op.name}: {len(plan.cases)} {plan.case_set} cases, {', '.join(variants)}, "
+              f"{', '.join(plan.modes)}, {args.procs} processes", flush=True)
+        warm.warm(op, set_name, plan.cases, args.match.pattern if args.match else None, variants, plan.modes, device,
+                  args.procs, args.seed, progress=lambda line: print(line, flush=True))
+    return EXIT_OK
+
+
 def cmd_traffic(args):
     """DRAM traffic of each call under ncu beside the analytic minimum (bench/traffic.py, docs/traffic.md)."""
     import shutil
@@ -699,6 +731,18 @@ def build_parser():
     tun.add_argument("--device", default="auto", help="auto (default), cuda or cuda:N")
     tun.add_argument("--json", help="write every row here")
     tun.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    wrm = sub.add_parser("warm", help="compile ahead, in parallel processes, every Triton kernel and config a bench "
+                                      "of the same cases will autotune over (CUDA; then time as usual)")
+    wrm.add_argument("--op", action="append", help="operator (repeatable; default: all)")
+    wrm.add_argument("--cases", help="case set (default: anchor)")
+    wrm.add_argument("--match", type=label_pattern, metavar="REGEX", help="only the cases whose label matches")
+    wrm.add_argument("--variant", action="append",
+                     help="variant or forced route (repeatable; default: each operator's Triton variants)")
+    wrm.add_argument("--mode", action="append", help="mode (repeatable; default: all)")
+    wrm.add_argument("--seed", type=seed_type, default=0, help="input seed (default 0)")
+    wrm.add_argument("--device", default="auto", help="auto (default), cuda or cuda:N")
+    wrm.add_argument("--procs", type=int, default=min(8, os.cpu_count() or 1),
+                     help="worker processes side by side (default: the CPU count, at most 8)")
     tra = sub.add_parser("traffic", help="DRAM bytes read and written per call as Nsight Compute counts them, "
                                          "beside each operator's analytic minimum (CUDA and ncu)")
     tra.add_argument("--op", action="append", help="operator (repeatable; default: all)")
@@ -748,7 +792,7 @@ def build_parser():
 
 
 SIMPLE_COMMANDS = {"list": cmd_list, "calibrate": cmd_calibrate, "report": cmd_report, "capabilities": cmd_capabilities,
-                   "tune": cmd_tune, "traffic": cmd_traffic}
+                   "tune": cmd_tune, "traffic": cmd_traffic, "warm": cmd_warm}
 
 
 def main(argv=None):

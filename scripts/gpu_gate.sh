@@ -14,7 +14,8 @@
 #                 here, filed as results/<gpu>/<op>/fwd.* (without a TAG: <op>/anchor.*),
 #                 so that a run longer than one call splits into parts that asv reads together; RUN=bench
 #                 times without the check pass first, about half the time: `attnbench bench` still fails on
-#                 our variants' outputs past their float64 bounds)
+#                 our variants' outputs past their float64 bounds; WARM=14 WARM_ARGS="--cases random --mode fwd"
+#                 first compiles what the run will autotune over in 14 processes: `attnbench warm`)
 #   graphs        jvp_attention's routes as CUDA-graph replays beside CUDA events (the GPU's time
 #                 without the host's, for the sizes where eager PyTorch is host-bound)
 #   capabilities  `attnbench capabilities`: the differentiation matrix of every implementation
@@ -85,6 +86,11 @@ fi
 if has bench; then
   for op in $ops; do
     name="$op${TAG:+-$TAG}"
+    if [[ -n "${WARM:-}" ]]; then  # compile ahead in WARM processes (WARM_ARGS: the run's --cases/--match/--mode)
+      # shellcheck disable=SC2086
+      attnbench warm --op "$op" --procs "$WARM" ${WARM_ARGS:-} >"$ART/$name-warm.log" 2>&1
+      tail -n 1 "$ART/$name-warm.log"
+    fi
     # shellcheck disable=SC2086
     attnbench "${RUN:-run}" --op "$op" ${RUN_ARGS:-} --json "$ART/$name-$machine.json" 2>"$ART/$name-progress.log" \
         | tee "$ART/$name-$machine.txt"
