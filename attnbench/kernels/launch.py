@@ -77,6 +77,20 @@ class _Descriptor(NamedTuple):
         return (fill(tensor.data_ptr(), *self.encoding, self.shape, self.strides, 0), *self.shape, *self.strides)
 
 
+# The C launch function's leading arguments as Triton 3.6 spells them (grid x, y, z; stream, function; cooperative,
+# pdl; global and profile scratch, packed metadata, launch metadata, enter and exit hooks): plans call it only where
+# the installed Triton declares this same format.
+C_LAUNCH_FORMAT = "iiiKKppOOOOOO"
+
+
+def _c_launch_format():
+    try:
+        from triton.backends.nvidia import driver
+    except ImportError:
+        return None
+    return getattr(driver, "_BASE_ARGS_FORMAT", None)
+
+
 def _c_launcher(compiled, n_args):
     """Triton 3.6's CUDA launcher of ``compiled`` taken apart: (the C launch function, its fixed arguments
     before the kernel's, {argument position: _Descriptor-to-be (its metadata)}), or None wherever it is not
@@ -84,6 +98,8 @@ def _c_launcher(compiled, n_args):
     then plans call the compiled kernel's runner. The runner's own per-launch work (the device and stream
     queries, launch metadata for hooks, scratch allocation, the descriptors' Python expansion) is what
     a launch of a few microseconds of GPU time pays for."""
+    if _c_launch_format() != C_LAUNCH_FORMAT:
+        return None
     try:
         run = compiled.run
         c_launch, descriptors = run.launch, {}

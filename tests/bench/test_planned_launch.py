@@ -152,6 +152,7 @@ class GluonKernel:
 
 
 def _c_path(monkeypatch, hooks):
+    monkeypatch.setattr(launch, "_c_launch_format", lambda: launch.C_LAUNCH_FORMAT)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     monkeypatch.setattr(launch, "_current_stream", lambda device: 7)
     monkeypatch.setattr(launch, "_fill_tma", lambda: fill_tma)
@@ -201,3 +202,7 @@ def test_launchers_the_plan_cannot_take_apart_go_through_the_runner(monkeypatch)
     fp4 = CompiledKernel(calls, {0: dict(swizzle=128, elem_size=1, elem_type=0, block_size=[64], fp4_padded=True)})
     assert launch.LaunchPlan(GluonKernel, fp4, (1, 1, 1), 4, (), {"CAUSAL": True, "STAGES": 2}).c_launch is None
     assert launch.LaunchPlan(GluonKernel, Compiled([]), (1,), 4, (), {"CAUSAL": True, "STAGES": 2}).c_launch is None
+    # a Triton whose C launch function takes other leading arguments
+    monkeypatch.setattr(launch, "_c_launch_format", lambda: "iiiKKOOOO")
+    assert launch.LaunchPlan(GluonKernel, CompiledKernel(calls), (1, 1, 1), 4, (), {"CAUSAL": True, "STAGES": 2}
+                             ).c_launch is None
