@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnbench.bench import verify
-from attnbench.kernels.attention.flash_bwd import dkdv_route, dq_route
+from attnbench.kernels.attention.flash_bwd import dkdv_route, dq_route, group_route
 from attnbench.kernels.attention.flash_fwd import forward_route
 from attnbench.operators.flash import TINY_SHAPES, FlashCase, reference
 from attnbench.attention import flash_attention, flash_bwd, flash_fwd
@@ -167,7 +167,8 @@ def test_oracle_in_query_row_chunks_equals_the_whole(offset):
             assert torch.allclose(chunked[name], whole[name], rtol=1e-12, atol=1e-12, equal_nan=False), name
 
 
-BACKWARD_ROUTES = {"atomic_dq": lambda: dq_route("atomic"), "split_dkdv": lambda: dkdv_route("split")}
+BACKWARD_ROUTES = {"atomic_dq": lambda: dq_route("atomic"), "split_dkdv": lambda: dkdv_route("split"),
+                   "per_head": lambda: group_route("per-head")}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
@@ -182,6 +183,40 @@ def test_backward_route_matches_float64_oracle(flash, oracles, route, case):
     with BACKWARD_ROUTES[route]():
         result = verify.check_variant(flash, "triton", case, "bwd", x, oracle, lowp)
     assert result.passed, [o for o in result.outputs if not o.passed]
+
+
+def test_per_head_group_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, monkeypatch):
+    """group_route("per-head"): a dK/dV program per query head over repeated K and V, the fp32 shares summed
+    over the group: gradcheck in fp64 (GQA 3:1, causal, a masked column block); the default takes it only when
+    enabled and the shared grid is smaller than the GPU, and never without head groups."""
+    from attnbench.kernels.attention import flash_bwd as kernels
+
+    q = _fp64(1, 6, 11, 40, seed=1).requires_grad_()
+    k, v = (_fp64(1, 2, 13, 40, seed=s).requires_grad_() for s in (2, 3))
+    with group_route("per-head"):
+        assert verify.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal="bottom_right"), (q, k, v),
+                                atol=1e-8, rtol=1e-6)
+    q, k, v = (t.detach().half() for t in (q, k, v))
+    o, lse = flash_fwd(q, k, v)
+    do = torch.ones_like(o)
+    spy = spy_kernel(kernels, "flash_bwd_dkdv_kernel")
+    shared = flash_bwd(do, q, k, v, o, lse)
+    monkeypatch.setattr(kernels, "GROUP_PER_HEAD_BY_DEFAULT", True)
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 2)  # one key block x 2 KV heads: not smaller
+    flash_bwd(do, q, k, v, o, lse)
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 3)
+    per_head = flash_bwd(do, q, k, v, o, lse)
+    heads = [args[1].shape[1] for args in spy.args]  # K's heads: a program row per KV head, or per query head
+    assert heads == [2, 2, 6], heads
+    assert spy.args[2][1].dtype == torch.float16 and spy.args[2][6].dtype == torch.float32  # K copy; dK's share
+    # the same fp32 sums in another order, each rounded once to fp16: measured 0 to 3e-8 (normwise); held well
+    # under one fp16 rounding (4.9e-4)
+    for a, b in zip(shared, per_head):
+        assert a.dtype == b.dtype == torch.float16 and verify.relative_error(b, a) < 1e-4
+    q1 = q[:, :2].contiguous()  # no head groups: the rule leaves the launch alone
+    o1, lse1 = flash_fwd(q1, k, v)
+    flash_bwd(torch.ones_like(o1), q1, k, v, o1, lse1)
+    assert [args[1].shape[1] for args in spy.args][-1] == 2
 
 
 def test_atomic_dq_route_gradcheck_fp64_and_is_asked_for_by_name():

@@ -47,8 +47,8 @@ from .routes import RouteSwitch
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
 from ..tiling import query_tile, visible_keys
-from ..tuning import (autotune, cdiv, cfg, configs, config_list, head_dim_blocks, head_width, pruner,
-                      registers_per_thread, seq_bucket)
+from ..tuning import (autotune, cdiv, cfg, configs, config_list, head_dim_blocks, head_width, multiprocessors,
+                      pruner, registers_per_thread, seq_bucket)
 
 
 # Which of dK and dV a dK/dV-pass program forms (FORM_DK, FORM_DV): both in one pass, or, where the two
@@ -401,6 +401,36 @@ def dkdv_route(route):
     return _DKDV_ROUTE(route)
 
 
+GROUP_ROUTES = ("shared", "per-head")
+_GROUP_ROUTE = RouteSwitch(GROUP_ROUTES, "head-group route")
+# Whether the default spreads a head group's dK/dV over a program per query head where one program per KV
+# head would leave multiprocessors idle: not until it is timed on a GPU (docs/measurements/flash.md).
+GROUP_PER_HEAD_BY_DEFAULT = False
+# The key tile the occupancy rule assumes (the autotuner's largest: BLOCK_N of _DKDV_CONFIGS).
+GROUP_RULE_BLOCK_N = 128
+
+
+def group_route(route):
+    """How the dK/dV pass covers a group of query heads that share a KV head (GQA): "shared" (one program
+    per key block and KV head walks every query head of its group, accumulating dK and dV in registers)
+    or "per-head" (K and V repeated per query head, so that a program per key block and query head forms
+    that head's share in fp32, and the shares are summed over the group: Hq/Hkv times the programs, for
+    the small batches and few KV heads that leave the GPU's multiprocessors idle, at the cost of the
+    copies and the fp32 shares in memory). Deterministic either way. None: by shape ("shared", unless
+    GROUP_PER_HEAD_BY_DEFAULT and the shared grid is smaller than the GPU). ``with group_route("per-head"):``."""
+    return _GROUP_ROUTE(route)
+
+
+def _per_head(batch, heads_kv, group, n_k, device, hopper) -> bool:
+    if _GROUP_ROUTE.forced is not None:
+        if _GROUP_ROUTE.forced == "per-head" and hopper:
+            raise ValueError("head-group route 'per-head' forms fp32 shares with the pointer kernel; the Gluon "
+                             "dK/dV pass (dkdv_route('hopper')) writes the inputs' dtype")
+        return _GROUP_ROUTE.forced == "per-head" and group > 1
+    return (GROUP_PER_HEAD_BY_DEFAULT and group > 1 and not hopper
+            and cdiv(n_k, GROUP_RULE_BLOCK_N) * heads_kv * batch < multiprocessors(device))
+
+
 def _hopper_dkdv(do, q, k, v, atomic) -> bool:
     applies = (not atomic and q.shape[-1] in HOPPER_DKDV_HEAD_DIMS and hopper_applies(q, k, v)
                and hopper_applies(do, k, v))
@@ -413,9 +443,10 @@ def _hopper_dkdv(do, q, k, v, atomic) -> bool:
     return HOPPER_DKDV_BY_DEFAULT and applies
 
 
-def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None):
+def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None, dkdv_dtype=None):
     """Run the backward launches on checked inputs; returns (dq, dk, dv) of <do, o> + <dlse, lse>
-    (``dlse`` None: the LSE is not differentiated). dQ by ``dq_route`` (default: recompute)."""
+    (``dlse`` None: the LSE is not differentiated). dQ by ``dq_route`` (default: recompute), a head
+    group's dK/dV by ``group_route``. ``dkdv_dtype``: dK and dV in that dtype instead of k's."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -438,15 +469,22 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
                          "(compute capability 9.0+), a head dim that is a multiple of 4 and fp16, bf16 or fp32 "
                          f"inputs (the copy engine adds no fp64), got D {head_dim} {q.dtype} on {q.device}")
     # every route question answered before any kernel runs
-    hopper = _hopper_dkdv(do, q, k, v, atomic)
+    # (the Gluon pass writes the inputs' dtype: not the fp32 shares of the per-head route)
+    hopper = dkdv_dtype in (None, k.dtype) and _hopper_dkdv(do, q, k, v, atomic)
     passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
+    if _per_head(batch, heads_kv, group, n_k, q.device, hopper):
+        # a program per query head (group 1 below) forms its fp32 share of dK and dV; the group sums them
+        kx, vx = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        dq, dk, dv = flash_bwd_launch(do, q, kx, vx, o, lse, sm_scale, causal_offset, dlse,
+                                      accumulator_torch_dtype(q.dtype))
+        return (dq, *(t.unflatten(1, (heads_kv, group)).sum(2).to(dkdv_dtype or k.dtype) for t in (dk, dv)))
     width = padded_width(head_dim, q.device)
     if width != head_dim and not hopper:  # head_padding.py: a column block the kernels would mask
-        grads = flash_bwd_launch(*pad_heads(width, do, q, k, v, o), lse, sm_scale, causal_offset, dlse)
+        grads = flash_bwd_launch(*pad_heads(width, do, q, k, v, o), lse, sm_scale, causal_offset, dlse, dkdv_dtype)
         return tuple(cut_heads(head_dim, *grads))
     delta = row_dot_launch(q.shape, q.device, q.dtype, first=(do, o), minus=dlse)
-    dk = new_output(k.shape, k.dtype, k.device)
-    dv = new_output(v.shape, v.dtype, v.device)
+    dk = new_output(k.shape, dkdv_dtype or k.dtype, k.device)
+    dv = new_output(v.shape, dkdv_dtype or v.dtype, v.device)
     # The atomic route's dQ sum (contiguous, in the accumulator dtype); otherwise an unread one-value
     # stand-in, left uninitialized (no fill kernel on the default path): the autotuner zeroes DQ_ACC,
     # which must not be an output (that would hide an unwritten element from the poisoning checks).

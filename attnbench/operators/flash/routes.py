@@ -74,7 +74,7 @@ def _bulk_reduction_case(case):
 
 def flash_routes(triton):
     """The forced routes of flash's ``triton`` variant."""
-    from ...kernels.attention.flash_bwd import dkdv_route, dq_route
+    from ...kernels.attention.flash_bwd import dkdv_route, dq_route, group_route
     from ...kernels.attention.flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS
     from ...kernels.attention.flash_fwd import forward_route
     from ...kernels.attention.flash_fwd_hopper import HOPPER_HEAD_DIMS
@@ -102,4 +102,13 @@ def flash_routes(triton):
               "(the default from head width 256)", BACKWARD_MODES),
         route("dkdv-hopper", dkdv_route, "hopper", "backward with the dK/dV pass by the Gluon kernel (sm_90)",
               BACKWARD_MODES, unavailable_reason=_needs_hopper, declines=_hopper_case(HOPPER_DKDV_HEAD_DIMS)),
+        route("dkdv-per-head", group_route, "per-head", "backward with a dK/dV program per query head, K and V "
+              "repeated and the fp32 shares summed over the head group (GQA at small batch)", BACKWARD_MODES,
+              declines=_no_head_groups),
     ]
+
+
+def _no_head_groups(case):
+    if case.heads_q == case.heads_kv:
+        return "no head groups (Hq = Hkv): the route is the default's"
+    return None
