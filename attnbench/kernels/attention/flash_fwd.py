@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .flash_decode import decode_applies, flash_decode_launch
-from .flash_fwd_hopper import HOPPER_HEAD_DIMS, flash_fwd_hopper_launch, hopper_applies
+from .flash_fwd_hopper import HOPPER_DEFAULT_HEAD_DIMS, HOPPER_HEAD_DIMS, flash_fwd_hopper_launch, hopper_applies
 from .head_padding import cut_heads, pad_heads, padded_width
 from .key_block import attend_key_block, attend_key_block_tma, head_columns
 from ..launch import descriptor_scratch, descriptors_apply, planned
@@ -193,7 +193,7 @@ def _route(q, k, v):
         return _ROUTE.forced
     if decode_applies(q.shape[2]):
         return "decode"
-    if HOPPER_BY_DEFAULT and hopper_applies(q, k, v):
+    if HOPPER_BY_DEFAULT and q.shape[-1] in HOPPER_DEFAULT_HEAD_DIMS and hopper_applies(q, k, v):
         return "hopper"
     return "tma" if TMA_BY_DEFAULT and descriptors_apply((k, v), gpu_dtypes=True) else "tiles"
 

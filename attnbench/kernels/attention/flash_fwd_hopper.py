@@ -23,7 +23,8 @@ engine), the LSE through pointers.
 
 Same function as flash_fwd_kernel: O, the natural-log LSE, blind rows (O = 0, LSE = -inf), NaN for
 a visible row whose sum is zero or NaN (softmax_rows.py). 16-bit inputs, the measured head dims
-(HOPPER_HEAD_DIMS; a tile holds the next power of two, the copy engine zero-filling the rest),
+(HOPPER_HEAD_DIMS; a tile holds the next power of two, the copy engine zero-filling the rest; the
+default route takes HOPPER_DEFAULT_HEAD_DIMS),
 16-byte aligned strides, sm_90, Triton 3.6: ``hopper_applies`` says where; elsewhere the pointer
 tiles run. Gluon has no interpreter, so these kernels are proven on the GPU (tests/attention/test_gpu_flash.py),
 with the pointer tiles as the CPU-gated function they must equal.
@@ -37,7 +38,13 @@ from ..launch import Tiles, planned
 from ..precision import LN2
 from ..tuning import gpu_property
 
-HOPPER_HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
+# Head dims the Gluon forward takes when asked for (forward_route("hopper")): a tile holds head_block(D)
+# columns, 64 to 256 (the tiles in _TILES), the copy engine zero-filling the columns past D on loads and
+# clipping them on stores, so any D whose 16-bit rows are whole 16-byte groups computes the same function
+# with the same compiled kernels. The default route takes the ones timed beside the pointer tiles
+# (docs/measurements/flash.md); the others wait for their timing.
+HOPPER_HEAD_DIMS = tuple(range(40, 257, 8))
+HOPPER_DEFAULT_HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
 # Tiles per (head dim, causal): (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, loader warp,
 # maxnreg[, "pair", compute registers]]), 64 query rows a warpgroup; each pick is the fastest of
