@@ -262,7 +262,10 @@ class _Planned:
     def _launch(self, grid, args, kwargs):
         if not DIRECT_LAUNCH or interpreting():
             return self.kernel[grid](*_described(args), **kwargs)
-        key = (id(self.kernel), autotune_enabled(), tuple(map(_argument_key, args)), tuple(kwargs.items()))
+        # ints (sizes, strides, flags: most of a launch's arguments) key as themselves, which no other
+        # argument's key equals; the rest through _argument_key (a key per launch is host time)
+        key = (id(self.kernel), autotune_enabled(), tuple([a if type(a) is int else _argument_key(a) for a in args]),
+               tuple(kwargs.items()))
         known = _PLANS.get(key)
         if known is not None:
             known(args)

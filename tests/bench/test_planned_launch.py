@@ -64,11 +64,14 @@ def test_a_repeated_signature_skips_the_launcher(tuned):
     assert kernel.runs == [((64 // block, 2, 1), (kernel.runs[0][1][0], 64, block, "fp32"))]
     assert torch.equal(kernel.runs[0][1][0], torch.ones(10))
     for changed in [(torch.zeros(12), 64), (torch.zeros(10, dtype=torch.float64), 64), (x, 65),
-                    (torch.zeros(11)[1:], 64)]:  # shape, dtype, a scalar, 16-byte alignment
+                    (torch.zeros(11)[1:], 64),  # shape, dtype, a scalar, 16-byte alignment
+                    (x, 64.0), (x, True)]:  # equal values of another type (Triton specializes on the type)
         launch.planned(kernel)[grid](*changed, **kwargs)
-    assert len(kernel.launches) == 5 and len(kernel.runs) == 1
+    assert len(kernel.launches) == 7 and len(kernel.runs) == 1
+    launch.planned(kernel)[grid](torch.zeros(10), 1, **kwargs)  # 1 == True, but not the plan made for True
+    assert len(kernel.launches) == 8 and len(kernel.runs) == 1
     launch.planned(kernel)[grid](x, 64, **dict(kwargs, ACC="fp64"))  # a constexpr
-    assert len(kernel.launches) == 6
+    assert len(kernel.launches) == 9
 
 
 def test_the_autotune_switch_and_the_interpreter_bypass_plans(monkeypatch):
