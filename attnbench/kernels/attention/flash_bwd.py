@@ -486,10 +486,11 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     dk = new_output(k.shape, dkdv_dtype or k.dtype, k.device)
     dv = new_output(v.shape, dkdv_dtype or v.dtype, v.device)
     # The atomic route's dQ sum (contiguous, in the accumulator dtype); otherwise an unread one-value
-    # stand-in, left uninitialized (no fill kernel on the default path): the autotuner zeroes DQ_ACC,
-    # which must not be an output (that would hide an unwritten element from the poisoning checks).
+    # stand-in, left uninitialized (no fill kernel on the default path) and made once per device and
+    # dtype (an allocation a call is host time): the autotuner zeroes DQ_ACC, which must not be an
+    # output (that would hide an unwritten element from the poisoning checks).
     acc = accumulator_torch_dtype(q.dtype)
-    dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if atomic else torch.empty(1, dtype=acc, device=q.device)
+    dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if atomic else _stand_in(q.device, acc)
 
     common = dict(BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal, ACC_DTYPE=acc_dtype, DOT_PRECISION=precision)
     if hopper:
@@ -509,6 +510,17 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
         dq.stride(0), dq.stride(1), dq.stride(2),
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, **common)
     return dq, dk, dv
+
+
+_STAND_INS = {}
+
+
+def _stand_in(device, dtype):
+    """A one-value tensor for a pointer argument the kernel does not read."""
+    key = (device, dtype)
+    if (known := _STAND_INS.get(key)) is None:
+        known = _STAND_INS[key] = torch.empty(1, dtype=dtype, device=device)
+    return known
 
 
 def _split_dkdv(width, atomic) -> bool:
