@@ -568,6 +568,7 @@ def cmd_warm(args):
     for line in notes:
         print(line, file=sys.stderr)
     set_name = args.cases or DEFAULT_SETS["bench"][True]
+    status = EXIT_OK
     for plan in plans:
         op = plan.op
         variants = plan.variants if args.variant else [n for n in plan.variants if op.variant(n).kind == "triton"]
@@ -577,9 +578,12 @@ def cmd_warm(args):
             continue
         print(f"# warm {op.name}: {len(plan.cases)} {plan.case_set} cases, {', '.join(variants)}, "
               f"{', '.join(plan.modes)}, {args.procs} processes", flush=True)
-        warm.warm(op, set_name, plan.cases, args.match.pattern if args.match else None, variants, plan.modes, device,
-                  args.procs, args.seed, progress=lambda line: print(line, flush=True))
-    return EXIT_OK
+        _, clean = warm.warm(op, set_name, plan.cases, args.match.pattern if args.match else None, variants,
+                             plan.modes, device, args.procs, args.seed, progress=lambda line: print(line, flush=True))
+        if not clean:
+            print(f"attnbench: a warm worker of {op.name} exited with an error (its line above)", file=sys.stderr)
+            status = EXIT_FAILED
+    return status
 
 
 def cmd_traffic(args):

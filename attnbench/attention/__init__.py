@@ -86,13 +86,20 @@ def _only_forward_transforms(transforms, *tensors):
     return not (torch.is_grad_enabled() and any(t is not None and _base(t).requires_grad for t in tensors))
 
 
+def _plain_below(*tensors) -> bool:
+    """No dispatch mode is on (make_fx, fake tensors, a FLOP counter: they must see the custom op) and the
+    transform's wrappers hold plain tensors."""
+    return not torch._C._len_torch_dispatch_stack() and all(t is None or type(_base(t)) is torch.Tensor
+                                                             for t in tensors)
+
+
 def _attention_dual(primals, tangents, scale, offset):
     q, k, v = primals
     transforms = _transforms()
     if _only_forward_transforms(transforms, q, k, v, *tangents):
         # no reverse mode can reach this call: the kernel alone, without the Function around it, whose
         # trip through functorch (custom_function_call) costs host time on every call
-        if transforms == [TransformType.Jvp]:
+        if transforms == [TransformType.Jvp] and _plain_below(*primals, *tangents):
             # torch.func.jvp alone: its wrappers hold plain tensors, which the kernel takes as they are,
             # with the transform's layer off the stack (else it would wrap the outputs the launch
             # allocates); the custom op's trip through functorch is host time too. make_dual below

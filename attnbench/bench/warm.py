@@ -10,6 +10,7 @@ The workers' own autotuning picks are thrown away (they share the GPU, so their 
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -29,28 +30,33 @@ def warm_cases(op, cases, device, variants, modes, seed=0, progress=print) -> di
     from .runner import is_out_of_memory
 
     counts = {"ran": 0, "declined": 0, "failed": []}
+
+    def failed(where, error):
+        what = "out of memory" if is_out_of_memory(error) else f"{type(error).__name__}: {first_line(str(error), 160)}"
+        counts["failed"].append(f"{where}: {what}")
+
     for case in cases:
         x = None
         try:
             x = op.make_inputs(case, device, seed)
-            for name in variants:
-                for mode in modes:
-                    if mode not in op.variant(name).modes:
-                        continue
-                    try:
-                        op.variant(name).prepare(case, x, mode)()
-                        counts["ran"] += 1
-                    except Unsupported:
-                        counts["declined"] += 1
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
         except Exception as error:  # noqa: BLE001 - a worker reports and goes on to its next case
-            what = "out of memory" if is_out_of_memory(error) else f"{type(error).__name__}: {first_line(str(error), 160)}"
-            counts["failed"].append(f"{case.label}: {what}")
-        finally:
-            del x
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            failed(case.label, error)
+        for name in variants if x is not None else ():
+            for mode in modes:
+                if mode not in op.variant(name).modes:
+                    continue
+                try:  # each variant and mode apart: one that fails leaves the others' kernels to compile
+                    op.variant(name).prepare(case, x, mode)()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    counts["ran"] += 1
+                except Unsupported:
+                    counts["declined"] += 1
+                except Exception as error:  # noqa: BLE001
+                    failed(f"{case.label} {name} {mode}", error)
+        del x
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         progress(f"warm {op.name} {case.label}")
     return counts
 
@@ -60,33 +66,41 @@ def worker_command(op_name, case_set, pattern, variants, modes, seed, index, cou
     command = [sys.executable, "-m", "attnbench.bench.warm", op_name, case_set, f"{index}/{count}", str(device),
                str(seed)]
     if pattern:
-        command += ["--match", pattern]
-    for name in variants:
-        command += ["--variant", name]
-    for mode in modes:
-        command += ["--mode", mode]
+        command.append(f"--match={pattern}")  # one word: a pattern may start with "-"
+    command += [f"--variant={name}" for name in variants] + [f"--mode={mode}" for mode in modes]
     return command
 
 
-def warm(op, case_set, cases, pattern, variants, modes, device, procs, seed=0, progress=print) -> list:
+def warm(op, case_set, cases, pattern, variants, modes, device, procs, seed=0, progress=print) -> tuple:
     """Compile ahead for ``cases`` (op's ``case_set``, filtered by ``pattern``) in ``procs`` worker processes;
-    returns each worker's last line (its counts and failures), in worker order."""
+    returns (each worker's last line: its counts and failures, in worker order; whether every worker
+    exited cleanly)."""
     procs = max(1, min(procs, len(cases)))
     started = time.monotonic()
-    workers = [subprocess.Popen(worker_command(op.name, case_set, pattern, variants, modes, seed, i, procs, device),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
-               for i in range(procs)]
-    summaries = []
-    for i, w in enumerate(workers):
-        out, _ = w.communicate()
-        lines = [line for line in out.splitlines() if line.strip()]
-        last = lines[-1] if lines else "(no output)"
-        if w.returncode:
-            last = f"exit {w.returncode}: {last}"
-        summaries.append(f"worker {i}/{procs}: {last}")
-        progress(summaries[-1])
+    # The workers' autotuning picks come from a shared GPU: never written to Triton's disk cache, where the
+    # timing run would take them. Each worker writes to a file of its own (pipes read one after another
+    # would stall a worker whose compiler warnings fill its pipe).
+    env = dict(os.environ, TRITON_CACHE_AUTOTUNING="0")
+    with tempfile.TemporaryDirectory(prefix="attnbench-warm-") as logs:
+        workers = []
+        for i in range(procs):
+            with open(os.path.join(logs, f"{i}.log"), "w") as log:
+                workers.append(subprocess.Popen(worker_command(op.name, case_set, pattern, variants, modes, seed, i,
+                                                               procs, device),
+                                                stdout=log, stderr=subprocess.STDOUT, text=True, env=env))
+        summaries, clean = [], True
+        for i, w in enumerate(workers):
+            w.wait()
+            with open(os.path.join(logs, f"{i}.log")) as log:
+                lines = [line for line in log.read().splitlines() if line.strip()]
+            last = lines[-1] if lines else "(no output)"
+            if w.returncode:
+                clean = False
+                last = f"exit {w.returncode}: {last}"
+            summaries.append(f"worker {i}/{procs}: {last}")
+            progress(summaries[-1])
     progress(f"warm {op.name}: {len(cases)} cases in {procs} processes, {time.monotonic() - started:.0f} s")
-    return summaries
+    return summaries, clean
 
 
 def _main(argv):

@@ -11,7 +11,9 @@ code does.
 
 Keys must fix every argument the kernel specializes on: ``tensor_signature`` gives a tensor's
 part (shape, strides, dtype, device, 16-byte alignment of its pointer); the launcher adds its
-scalars.
+scalars. They do not read Triton's runtime switches (``knobs.runtime.debug``, instrumentation
+modes, JIT pre-run hooks): a process that changes those after its first launches should
+``forget_plans()``. A Tiles is keyed by its tensor and box, so its layout must follow from them.
 """
 import contextlib
 from typing import NamedTuple
@@ -72,18 +74,25 @@ class _Descriptor(NamedTuple):
     encoding: tuple  # swizzle, element bytes, host dtype code, box
     shape: list
     strides: list
+    padding: int  # 1: out-of-bounds elements read as NaN, 0: as zeros
 
     def expand(self, tensor, fill):
-        return (fill(tensor.data_ptr(), *self.encoding, self.shape, self.strides, 0), *self.shape, *self.strides)
+        return (fill(tensor.data_ptr(), *self.encoding, self.shape, self.strides, self.padding), *self.shape,
+                *self.strides)
 
 
 # The C launch function's leading arguments as Triton 3.6 spells them (grid x, y, z; stream, function; cooperative,
-# pdl; global and profile scratch, packed metadata, launch metadata, enter and exit hooks): plans call it only where
-# the installed Triton declares this same format.
+# pdl; global and profile scratch, packed metadata, launch metadata, enter and exit hooks): plans call it only with
+# Triton 3.6's CUDA launcher (what follows the leading arguments, a host descriptor's expansion, moves between
+# releases), where the driver declares this same format.
+C_LAUNCH_TRITON = "3.6."
 C_LAUNCH_FORMAT = "iiiKKppOOOOOO"
 
 
 def _c_launch_format():
+    """The installed CUDA driver's leading-argument format, where the installed Triton is C_LAUNCH_TRITON."""
+    if not triton.__version__.startswith(C_LAUNCH_TRITON):
+        return None
     try:
         from triton.backends.nvidia import driver
     except ImportError:
@@ -102,6 +111,8 @@ def _c_launcher(compiled, n_args):
         return None
     try:
         run = compiled.run
+        if type(run).__name__ != "CudaLauncher":
+            return None
         c_launch, descriptors = run.launch, {}
         if run.global_scratch_size or run.profile_scratch_size or run.num_ctas != 1:
             return None
@@ -174,9 +185,12 @@ class LaunchPlan:
     def _descriptor(self, i, meta, arg):
         known = self._encodings.get(i)
         if known is None:
-            t = _base_of(arg)
             encoding = (meta["swizzle"], meta["elem_size"], _tma_host_dtype(meta["elem_type"]), meta["block_size"])
-            known = self._encodings[i] = _Descriptor(encoding, list(t.shape), list(t.stride()))
+            if type(arg) is Tiles:
+                shape, strides, padding = list(arg.tensor.shape), list(arg.tensor.stride()), 0
+            else:  # a host TensorDescriptor: its own extents, strides and padding, as Triton's expansion reads them
+                shape, strides, padding = list(arg.shape), list(arg.strides), int(arg.padding == "nan")
+            known = self._encodings[i] = _Descriptor(encoding, shape, strides, padding)
         return known
 
 

@@ -107,8 +107,9 @@ def test_head_dims_with_a_masked_column_block_match_the_oracle(flash, oracles, c
 
 
 def hopper_cases():
-    """The GPU cases the Gluon forward takes (D 64-256 but 24), and shapes that stress its key ring:
-    many key blocks, keys ending one past a block, GQA with odd lengths, blind rows, D past a power of two."""
+    """The GPU cases the Gluon forward takes (D 40-256 in steps of 8), and shapes that stress its key ring:
+    many key blocks, keys ending one past a block, GQA with odd lengths, blind rows, D past a power of two, and
+    head dims only the forced route takes (D 40, 72, 112, 136, 248)."""
     from attnbench.kernels.attention.flash_fwd_hopper import HOPPER_HEAD_DIMS
 
     return [c for c in gpu_cases() if c.head_dim in HOPPER_HEAD_DIMS] + [
@@ -118,7 +119,13 @@ def hopper_cases():
         FlashCase(1, 6, 3, 257, 1029, 64, "top_left", "float16"),
         FlashCase(1, 4, 2, 1500, 1000, 64, "bottom_right", "bfloat16"),
         FlashCase(2, 4, 2, 1000, 1300, 256, "top_left", "bfloat16"),
-        FlashCase(1, 4, 4, 700, 900, 96, None, "float16")]
+        FlashCase(1, 4, 4, 700, 900, 96, None, "float16"),
+        # head dims the forced route takes beyond the default's: each tile width, the columns past D zero-filled
+        FlashCase(2, 4, 2, 300, 333, 40, "top_left", "bfloat16"),
+        FlashCase(1, 4, 4, 257, 257, 72, None, "float16"),
+        FlashCase(1, 4, 1, 190, 400, 112, "bottom_right", "bfloat16"),
+        FlashCase(1, 2, 2, 300, 300, 136, "top_left", "float16"),
+        FlashCase(1, 2, 2, 129, 260, 248, None, "bfloat16")]
 
 
 def _needs_sm90():
@@ -190,12 +197,13 @@ def test_hopper_route_reads_any_aligned_strides_and_keeps_nan_and_blind_rows_apa
 
 
 def test_hopper_route_refuses_what_it_does_not_take():
-    """D 48, fp32 and a 16-byte-misaligned base: the forced route says so before any kernel runs."""
+    """D 36 (rows of 72 bytes: not whole 16-byte groups), fp32 and a 16-byte-misaligned base: the forced route
+    says so before any kernel runs."""
     from attnbench.attention import flash_fwd
     from attnbench.kernels.attention.flash_fwd import forward_route
 
     _needs_sm90()
-    bad = [torch.randn(1, 2, 100, 48, device="cuda", dtype=torch.bfloat16),
+    bad = [torch.randn(1, 2, 100, 36, device="cuda", dtype=torch.bfloat16),
            torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float32),
            torch.randn(1, 2, 100, 64 * 2 + 4, device="cuda", dtype=torch.bfloat16)[..., 4:68]]
     for q in bad:

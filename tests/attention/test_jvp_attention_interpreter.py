@@ -548,3 +548,27 @@ def test_every_composition_of_transforms_is_right_or_refused(chain):
     else:
         with pytest.raises(NotImplementedError):
             build(o_only(ours("bottom_right")))(q)
+
+
+def test_traced_and_fake_torch_func_jvp_see_the_custom_op():
+    """torch.func.jvp alone launches the fused kernel directly on eager tensors, but under a dispatch mode
+    (make_fx's tracing, fake tensors) the custom op must run, or the trace records only the outputs'
+    allocations: a traced jvp replayed on new inputs matches the float64 reference, and a fake one has the
+    right shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    shape = (1, 2, 1, 7, 9, 16)
+    f, r = o_only(ours("bottom_right")), o_only(ref("bottom_right"))
+
+    def jvp_of(g):
+        return lambda q, k, v, tq, tk, tv: tf.jvp(g, (q, k, v), (tq, tk, tv))
+
+    traced = make_fx(jvp_of(f))(*qkv(*shape), *qkv(*shape, seed=10))
+    assert any("attention_fwd_jvp" in str(n.target) for n in traced.graph.nodes)
+    x, t = qkv(*shape, seed=3), qkv(*shape, seed=4)
+    assert max_diff(traced(*x, *t), jvp_of(r)(*x, *t)) < 1e-12
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) for a in (*x, *t)]
+        o, o_t = jvp_of(f)(*fake)
+    assert o.shape == o_t.shape == x[0].shape

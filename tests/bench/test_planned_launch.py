@@ -106,8 +106,8 @@ def fill_tma(ptr, swizzle, elem_size, host_dtype, block, shape, strides, padding
 
 
 class Descriptor:  # the fields of Triton's host TensorDescriptor the launcher reads
-    def __init__(self, base, block):
-        self.base, self.shape, self.strides, self.padding = base, list(base.shape), list(base.stride()), "zero"
+    def __init__(self, base, block, shape=None, padding="zero"):
+        self.base, self.shape, self.strides, self.padding = base, list(shape or base.shape), list(base.stride()), padding
         self.block_shape = list(block)
 
 
@@ -120,7 +120,8 @@ def expanding(launcher, tensordesc_indices, tensordesc_meta):
                 j += 1
                 host = {8: 10, 9: 8, 10: 9}.get(m["elem_type"], m["elem_type"])
                 final_args.extend([fill_tma(arg.base.data_ptr(), m["swizzle"], m["elem_size"], host, m["block_size"],
-                                            arg.shape, arg.strides, 0), *arg.shape, *arg.strides])
+                                            arg.shape, arg.strides, 1 if arg.padding == "nan" else 0),
+                                   *arg.shape, *arg.strides])
             else:
                 final_args.append(arg)
         return launcher(*final_args)
@@ -163,7 +164,7 @@ def _c_path(monkeypatch, hooks):
     monkeypatch.setattr(launch, "_no_launch_hooks", lambda: not hooks)
 
 
-@pytest.mark.parametrize("descriptors", [False, True])
+@pytest.mark.parametrize("descriptors", [False, "tiles", "host"])
 def test_a_plan_calls_the_c_launcher_with_what_tritons_runner_gives_it(monkeypatch, descriptors):
     meta = {0: dict(swizzle=128, elem_size=2, elem_type=9, block_size=[1, 1, 64, 64], fp4_padded=False),
             1: dict(swizzle=64, elem_size=2, elem_type=9, block_size=[1, 1, 64, 32], fp4_padded=False)}
@@ -174,6 +175,8 @@ def test_a_plan_calls_the_c_launcher_with_what_tritons_runner_gives_it(monkeypat
     def arguments(q, o, lse):
         if not descriptors:
             return [q, o, lse, 70]
+        if descriptors == "host":  # host TensorDescriptors: extents short of the tensor's, NaN padding
+            return [Descriptor(q, (1, 1, 64, 64), [2, 3, 50, 64], "nan"), Descriptor(o, (1, 1, 64, 32)), lse, 70]
         return [launch.Tiles(q, (1, 1, 64, 64), "layout"), launch.Tiles(o, (1, 1, 64, 32), "layout"), lse, 70]
 
     for hooks in (True, False):  # Triton's runner (a launch hook registered), then the C function
@@ -205,6 +208,9 @@ def test_launchers_the_plan_cannot_take_apart_go_through_the_runner(monkeypatch)
     fp4 = CompiledKernel(calls, {0: dict(swizzle=128, elem_size=1, elem_type=0, block_size=[64], fp4_padded=True)})
     assert launch.LaunchPlan(GluonKernel, fp4, (1, 1, 1), 4, (), {"CAUSAL": True, "STAGES": 2}).c_launch is None
     assert launch.LaunchPlan(GluonKernel, Compiled([]), (1,), 4, (), {"CAUSAL": True, "STAGES": 2}).c_launch is None
+    hip = CompiledKernel(calls)
+    hip.run.__class__ = type("HIPLauncher", (CudaLauncher,), {})  # another backend's launcher
+    assert launch.LaunchPlan(GluonKernel, hip, (1, 1, 1), 4, (), {"CAUSAL": True, "STAGES": 2}).c_launch is None
     # a Triton whose C launch function takes other leading arguments
     monkeypatch.setattr(launch, "_c_launch_format", lambda: "iiiKKOOOO")
     assert launch.LaunchPlan(GluonKernel, CompiledKernel(calls), (1, 1, 1), 4, (), {"CAUSAL": True, "STAGES": 2}

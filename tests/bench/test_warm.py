@@ -48,7 +48,7 @@ def test_a_worker_runs_each_case_and_mode_and_reports_what_did_not_run():
                              progress=lambda line: None)
     assert op.calls == [("runs", "triton", "fwd"), ("runs", "triton", "bwd"), ("breaks", "triton", "fwd")]
     assert counts["ran"] == 3 and counts["declined"] == 2
-    assert counts["failed"] == ["breaks: RuntimeError: a compile error", "no memory: out of memory"]
+    assert counts["failed"] == ["breaks triton bwd: RuntimeError: a compile error", "no memory: out of memory"]
 
 
 def test_workers_in_processes_cover_the_cases():
@@ -59,9 +59,9 @@ def test_workers_in_processes_cover_the_cases():
     cases = [c for c in op.cases("tiny") if re.search(pattern, c.label)]
     assert len(cases) == 2, "the tiny set changed: pick other labels"
     lines = []
-    summaries = warm.warm(op, "tiny", cases, pattern, ["triton"], ["fwd"], torch.device("cpu"), 2,
-                          progress=lines.append)
-    assert [s.split(": ", 1)[1] for s in summaries] == ["1 runs, 0 declined, failed: none"] * 2, summaries
+    summaries, clean = warm.warm(op, "tiny", cases, pattern, ["triton"], ["fwd"], torch.device("cpu"), 2,
+                                 progress=lines.append)
+    assert clean and [s.split(": ", 1)[1] for s in summaries] == ["1 runs, 0 declined, failed: none"] * 2, summaries
     assert lines[-1].startswith("warm flash: 2 cases in 2 processes")
 
 
@@ -70,3 +70,8 @@ def test_the_command_refuses_without_a_gpu(capsys):
         pytest.skip("this machine has a GPU")
     assert main(["warm", "--op", "flash", "--cases", "random"]) == 2
     assert "needs CUDA" in capsys.readouterr().err
+
+
+def test_a_pattern_starting_with_a_dash_reaches_the_workers_whole():
+    command = warm.worker_command("flash", "random", "-top_left", ["triton"], ["fwd"], 0, 1, 4, torch.device("cuda"))
+    assert "--match=-top_left" in command and "--variant=triton" in command and "--mode=fwd" in command

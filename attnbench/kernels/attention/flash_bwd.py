@@ -423,7 +423,7 @@ def group_route(route):
 
 def _per_head(batch, heads_kv, group, n_k, device, hopper) -> bool:
     if _GROUP_ROUTE.forced is not None:
-        if _GROUP_ROUTE.forced == "per-head" and hopper:
+        if _GROUP_ROUTE.forced == "per-head" and hopper and group > 1:
             raise ValueError("head-group route 'per-head' forms fp32 shares with the pointer kernel; the Gluon "
                              "dK/dV pass (dkdv_route('hopper')) writes the inputs' dtype")
         return _GROUP_ROUTE.forced == "per-head" and group > 1
