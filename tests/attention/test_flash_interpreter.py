@@ -168,7 +168,7 @@ def test_oracle_in_query_row_chunks_equals_the_whole(offset):
 
 
 BACKWARD_ROUTES = {"atomic_dq": lambda: dq_route("atomic"), "split_dkdv": lambda: dkdv_route("split"),
-                   "per_head": lambda: group_route("per-head")}
+                   "per_head": lambda: group_route("per-head"), "split_dq": lambda: dq_route("split")}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
@@ -217,6 +217,39 @@ def test_per_head_group_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kern
     o1, lse1 = flash_fwd(q1, k, v)
     flash_bwd(torch.ones_like(o1), q1, k, v, o1, lse1)
     assert [args[1].shape[1] for args in spy.args][-1] == 2
+
+
+def test_split_dq_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, monkeypatch):
+    """dq_route("split"): each dQ program on one run of keys, the fp32 shares summed: gradcheck in fp64 (few query
+    rows against many keys, GQA, bottom-right causal: splits that see no key at all), and the rule: enabled, it
+    splits only where the unsplit grid is smaller than the GPU."""
+    from attnbench.kernels.attention import flash_bwd as kernels
+
+    q = _fp64(2, 4, 3, 24, seed=1).requires_grad_()
+    k, v = (_fp64(2, 2, 70, 24, seed=s).requires_grad_() for s in (2, 3))
+    spy = spy_kernel(kernels, "flash_bwd_dq_kernel")
+    with dq_route("split"):
+        assert verify.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal="bottom_right"), (q, k, v),
+                                atol=1e-8, rtol=1e-6)
+    assert spy.kwargs and all(kw["KEY_SPLIT"] for kw in spy.kwargs)
+    # SPLITS: 70 keys hold 4 runs of the interpreter's 16; 4 shares of 18 keys round up to whole runs (32): 3 splits
+    splits = spy.args[-1][-3]
+    assert splits == 3, splits
+    q, k, v = (t.detach().half() for t in (q, k, v))
+    o, lse = flash_fwd(q, k, v)
+    do = torch.ones_like(o)
+    whole = flash_bwd(do, q, k, v, o, lse)
+    monkeypatch.setattr(kernels, "DQ_SPLIT_BY_DEFAULT", True)
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 8)  # 1 query block x 4 heads x 2: not smaller
+    flash_bwd(do, q, k, v, o, lse)
+    assert not spy.kwargs[-1]["KEY_SPLIT"]
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 9)
+    split = flash_bwd(do, q, k, v, o, lse)
+    assert spy.kwargs[-1]["KEY_SPLIT"] and spy.args[-1][-3] == 3  # min(4 runs, cdiv(2 x 9 SMs, 8 programs) = 3)
+    # dQ: the same fp32 sums in another order, rounded once to fp16 (measured 1.6e-8 normwise; held well under
+    # one fp16 rounding, 4.9e-4); dK and dV untouched
+    assert verify.relative_error(split[0], whole[0]) < 1e-4
+    assert torch.equal(split[1], whole[1]) and torch.equal(split[2], whole[2])
 
 
 def test_atomic_dq_route_gradcheck_fp64_and_is_asked_for_by_name():

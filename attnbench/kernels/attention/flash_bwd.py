@@ -306,7 +306,7 @@ _DQ_CONFIGS = config_list(
     cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 
-@autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL"],
+@autotune(_DQ_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL", "KEY_SPLIT"],
                  prune_configs_by={"early_config_prune": pruner(_dq_shared_bytes, _dq_accumulator_fits)})
 @triton.jit
 def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
@@ -314,9 +314,15 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                         stride_dqb, stride_dqh, stride_dqn,
                         N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
+                        SPLITS, KEYS_PER_SPLIT, stride_dqs,
                         BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, KEY_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
     pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
+    if KEY_SPLIT:  # the grid's first axis holds (query block, key split) pairs; each split writes its share
+        split = pid_m % SPLITS
+        pid_m = pid_m // SPLITS
+        DQ += split.to(tl.int64) * stride_dqs
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     rows = offs_m[:, None] < N_Q
@@ -342,7 +348,12 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
-    for n0 in range(0, full_hi, BLOCK_N):
+    lo = 0
+    if KEY_SPLIT:  # this split's keys [lo, lo + KEYS_PER_SPLIT), a multiple of BLOCK_N: P uses the whole row's LSE
+        lo = split * KEYS_PER_SPLIT
+        hi = tl.minimum(hi, lo + KEYS_PER_SPLIT)
+        full_hi = tl.maximum(tl.minimum(full_hi, lo + KEYS_PER_SPLIT), lo)
+    for n0 in range(lo, full_hi, BLOCK_N):
         dq, dq2 = _dq_key_block(dq, dq2, q, q2, do, do2, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, n0,
                                 offs_m, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, BLOCK_D2,
                                 False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
@@ -358,7 +369,7 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
         tl.store(dq_rows + offs_d2[None, :], (dq2 * dq_scale).to(DQ.dtype.element_ty), mask=row_mask2)
 
 
-DQ_ROUTES = ("recompute", "atomic", "tma_atomic")
+DQ_ROUTES = ("recompute", "atomic", "tma_atomic", "split")
 ATOMIC_DQ_ROUTES = ("atomic", "tma_atomic")
 _DQ_ROUTE = RouteSwitch(DQ_ROUTES, "dQ route")
 
@@ -371,13 +382,15 @@ def dq_route(route):
     [rows, D] tile added by one bulk reduction of the copy engine instead of an atomic a element:
     CUDA GPUs with tensor descriptors, compute capability 9.0+, head dims a multiple of 4, not fp64; **not
     deterministic** either; at D 256 no tile keeps dK, dV and the staged dQ tile without spilling, so it is
-    slow there). ``with dq_route("atomic"):``.
+    slow there).
     Both atomic routes are slower than "recompute" at every head dim, hence the default
     (docs/measurements/flash.md): with "atomic" every key block adds a [rows, D] fp32 tile per query
     block (2 GB of atomic traffic at B4 H16 N4096 D64), which costs more than the two matmuls it
     saves; with "tma_atomic" the sum is not what binds, but dS K and its fp32 tile slow the fused
     pass's best tile below the dK/dV pass alone. (Deterministic fixed-point atomics are slower still,
-    so there is no such route.)"""
+    so there is no such route.) "split": the dQ pass with each program on one run of keys (its share of
+    dQ in fp32, the shares summed: _dq_splits), deterministic, for backward passes with few query rows.
+    ``with dq_route("atomic"):``."""
     return _DQ_ROUTE(route)
 
 
@@ -502,14 +515,54 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
                             atomic, tma, forms, common)
     if atomic:
         return (dq_acc * sm_scale).to(q.dtype), dk, dv
-    dq = new_output(q.shape, q.dtype, q.device)
-    planned(flash_bwd_dq_kernel)[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
+    splits, keys_per_split = _dq_splits(batch, heads_q, n_q, n_k, q.device)
+    if splits > 1:  # each split's share of dQ in the accumulator dtype, summed below and rounded once
+        dq = new_output((splits, *q.shape), acc, q.device)
+        split_stride, bucket = dq.stride(0), seq_bucket(max(n_q, keys_per_split))
+    else:
+        dq, split_stride = new_output(q.shape, q.dtype, q.device), 0
+    rows = dq[0] if splits > 1 else dq
+    planned(flash_bwd_dq_kernel)[lambda meta: (cdiv(n_q, meta["BLOCK_M"]) * splits, heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, **common)
+        rows.stride(0), rows.stride(1), rows.stride(2),
+        n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, splits, keys_per_split, split_stride,
+        KEY_SPLIT=splits > 1, **common)
+    if splits > 1:
+        dq = dq.sum(0).to(q.dtype)
     return dq, dk, dv
+
+
+# Keys a split of the dQ pass takes at the least (a multiple of every config's BLOCK_N), and the most splits.
+DQ_SPLIT_MIN_KEYS, INTERPRETER_DQ_SPLIT_MIN_KEYS = 512, 16
+DQ_SPLIT_MAX = 32
+# Whether the default splits the dQ pass's keys where its grid (query blocks x heads x batch) would leave
+# multiprocessors idle: not until it is timed on a GPU (docs/measurements/flash.md).
+DQ_SPLIT_BY_DEFAULT = False
+
+
+def _dq_splits(batch, heads_q, n_q, n_k, device) -> tuple:
+    """(key splits, keys a split) of the dQ pass. Its programs own query blocks, each walking every visible
+    key: few query rows (a decode-shaped backward) give few programs, each walking thousands of keys. Split,
+    each program takes one run of keys and writes its share of dQ in fp32, and the shares are summed: dQ is
+    a sum over keys (P uses the row's whole LSE), so the split needs no renormalizing. dq_route("split")
+    splits wherever there are keys for two; the default, when DQ_SPLIT_BY_DEFAULT, only where the unsplit
+    grid is smaller than the GPU, into enough splits to fill it twice."""
+    min_keys = INTERPRETER_DQ_SPLIT_MIN_KEYS if interpreting() else DQ_SPLIT_MIN_KEYS
+    most = min(DQ_SPLIT_MAX, n_k // min_keys)
+    if _DQ_ROUTE.forced == "split":
+        splits = most
+    elif _DQ_ROUTE.forced is None and DQ_SPLIT_BY_DEFAULT:
+        programs = cdiv(n_q, 64) * heads_q * batch  # 64: the smaller of the configs' query blocks
+        sms = multiprocessors(device)
+        splits = min(most, cdiv(2 * sms, programs)) if programs < sms else 1
+    else:
+        splits = 1
+    if splits <= 1:
+        return 1, n_k
+    keys_per_split = cdiv(cdiv(n_k, splits), min_keys) * min_keys
+    return cdiv(n_k, keys_per_split), keys_per_split
 
 
 _STAND_INS = {}

@@ -96,6 +96,8 @@ def flash_routes(triton):
         route("dq-tma-atomic", dq_route, "tma_atomic", "backward with each dS K tile added into dQ by one bulk "
               "reduction of the copy engine (not deterministic)", BACKWARD_MODES,
               unavailable_reason=_needs_bulk_reduction, declines=_bulk_reduction_case),
+        route("dq-split", dq_route, "split", "backward with the dQ pass's keys split over programs, fp32 shares "
+              "summed (few query rows against many keys)", BACKWARD_MODES),
         route("dkdv-tiles", dkdv_route, "tiles", "backward with dK and dV in one pointer-kernel pass at every head "
               "dim", BACKWARD_MODES),
         route("dkdv-split", dkdv_route, "split", "backward with dV and dK in two passes of one accumulator each "
