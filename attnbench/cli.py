@@ -561,8 +561,6 @@ def cmd_warm(args):
                          f"is on {device.type} (the interpreter compiles nothing)")
     if args.procs < 1:
         raise UsageError(f"--procs {args.procs}: at least one worker process")
-    args.graphs = args.host_time = False
-    args.baseline = None
     notes = []
     plans = make_plans(args, device, "bench", timing=False, notes=notes)
     for line in notes:

@@ -102,7 +102,7 @@ def _c_launch_format():
 
 def _c_launcher(compiled, n_args):
     """Triton 3.6's CUDA launcher of ``compiled`` taken apart: (the C launch function, its fixed arguments
-    before the kernel's, {argument position: _Descriptor-to-be (its metadata)}), or None wherever it is not
+    between the stream and the kernel's, {argument position: _Descriptor-to-be (its metadata)}), or None wherever it is not
     that launcher (another Triton or backend, scratch memory, descriptor kinds it does not handle):
     then plans call the compiled kernel's runner. The runner's own per-launch work (the device and stream
     queries, launch metadata for hooks, scratch allocation, the descriptors' Python expansion) is what
@@ -176,11 +176,9 @@ class LaunchPlan:
                 args.extend(self._descriptor(i, meta, tensors[i]).expand(_base_of(tensors[i]), _fill_tma()))
                 last = i + 1
             args.extend(tensors[last:])
-        function, cooperative, pdl, *rest = self.head
         # the current device's stream, as Triton's runner takes it: launches run on the tensors' GPU (on_device),
         # which need not be the device current where the plan was made
-        self.c_launch(*self.grid, _current_stream(_current_device()), function, cooperative, pdl, *rest, *args,
-                      *self.tail)
+        self.c_launch(*self.grid, _current_stream(_current_device()), *self.head, *args, *self.tail)
 
     def _descriptor(self, i, meta, arg):
         known = self._encodings.get(i)

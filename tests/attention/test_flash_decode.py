@@ -193,7 +193,7 @@ def test_the_launch_plan_of_a_shape_is_worked_out_once(monkeypatch):
     every call; another size is worked out again."""
     from attnbench.kernels.attention import flash_decode
 
-    flash_decode._PLANS.clear()
+    flash_decode._decode_plan.cache_clear()
     searched = []
     real = flash_decode.decode_splits
     monkeypatch.setattr(flash_decode, "decode_splits", lambda *a: searched.append(a) or real(*a))

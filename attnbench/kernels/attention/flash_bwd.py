@@ -29,6 +29,7 @@ below -88 it would overflow to inf, and inf * 0 is NaN. A fully masked
 row has L = -inf from the forward; it is read as +inf so its P is 0, not NaN.
 """
 import contextlib
+import functools
 
 import torch
 import triton
@@ -565,15 +566,10 @@ def _dq_splits(batch, heads_q, n_q, n_k, device) -> tuple:
     return cdiv(n_k, keys_per_split), keys_per_split
 
 
-_STAND_INS = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _stand_in(device, dtype):
     """A one-value tensor for a pointer argument the kernel does not read."""
-    key = (device, dtype)
-    if (known := _STAND_INS.get(key)) is None:
-        known = _STAND_INS[key] = torch.empty(1, dtype=dtype, device=device)
-    return known
+    return torch.empty(1, dtype=dtype, device=device)
 
 
 def _split_dkdv(width, atomic) -> bool:

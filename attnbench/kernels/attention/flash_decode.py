@@ -9,6 +9,8 @@ each K/V head is read once; and the keys are split over NUM_SPLITS programs so t
 need not fill the GPU. Each split writes its partial state (O, LSE) in fp32 (fp64 for fp64), and
 merge_states' stack kernel reduces the splits in a fixed order: the result is deterministic.
 """
+import functools
+
 import triton
 import triton.language as tl
 
@@ -180,24 +182,19 @@ def decode_splits(programs: int, n_k: int, device) -> int:
     return min(splits for splits, value in scores.items() if value >= 0.96 * best)  # fewest merges
 
 
-_PLANS = {}  # (sizes, device, interpreting) -> decode_plan's answer
-MAX_PLANS = 4096  # past this the memo starts over (a sweep of shapes, not a decode loop)
-
-
 def decode_plan(batch: int, heads_q: int, n_q: int, heads_kv: int, n_k: int, device) -> tuple:
     """(packed rows a program, row tiles, key splits) of the launch for these sizes; worked out once
     per sizes and device (the split search scores every candidate count: host time a decode step
     would pay on every call)."""
-    key = (batch, heads_q, n_q, heads_kv, n_k, device, interpreting())
-    if (known := _PLANS.get(key)) is not None:
-        return known
+    return _decode_plan(batch, heads_q, n_q, heads_kv, n_k, device, interpreting())
+
+
+@functools.lru_cache(maxsize=4096)  # a sweep of shapes, not a decode loop, runs past it
+def _decode_plan(batch, heads_q, n_q, heads_kv, n_k, device, _interpreting):
     rows = heads_q // heads_kv * n_q
     block_m = decode_block_m(rows)
     row_tiles = cdiv(rows, block_m)
-    if len(_PLANS) >= MAX_PLANS:
-        _PLANS.clear()
-    made = _PLANS[key] = (block_m, row_tiles, decode_splits(row_tiles * batch * heads_kv, n_k, device))
-    return made
+    return block_m, row_tiles, decode_splits(row_tiles * batch * heads_kv, n_k, device)
 
 
 def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None):
