@@ -36,3 +36,14 @@ def visible_keys(m0, N_K, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.const
 def row_strides(t):
     """(batch, head, row) strides of a [B, H, N, D] tensor whose last dimension is contiguous."""
     return t.stride(0), t.stride(1), t.stride(2)
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, offset) -> int:
+    """(query, key) pairs a causal offset leaves visible in one head (all of them for None), in closed form:
+    row i sees min(seqlen_k, max(0, i + offset + 1)) keys. Plain ints, no tensors: route rules ask per call."""
+    if offset is None:
+        return seqlen_q * seqlen_k
+    full = min(max(seqlen_k - offset - 1, 0), seqlen_q)  # rows from here on see every key
+    first = min(max(-offset, 0), full)  # rows before this see none
+    partial = full - first
+    return partial * (offset + 1) + (first + full - 1) * partial // 2 + (seqlen_q - full) * seqlen_k

@@ -73,6 +73,20 @@ def test_visible_pairs_brute_force(flash, nq, nk, causal):
     assert flash.flops(c, "fwd") == 4 * 2 * 4 * pairs * 16
 
 
+def test_visible_pairs_closed_form_at_any_offset():
+    """kernels.tiling.visible_pairs (the cost model's and the forward route rule's count) against counting, at
+    seeded random lengths and offsets, rows that see no key and rows that see every key included."""
+    import random
+
+    from attnbench.kernels.tiling import visible_pairs
+    rng = random.Random(0)
+    for _ in range(300):
+        nq, nk = rng.randint(0, 40), rng.randint(0, 40)
+        offset = rng.choice([None, rng.randint(-50, 50)])
+        brute = sum(1 for i in range(nq) for j in range(nk) if offset is None or j <= i + offset)
+        assert visible_pairs(nq, nk, offset) == brute, (nq, nk, offset)
+
+
 def test_flops_bottom_right_tall_counts_only_visible(flash):
     c = FlashCase(1, 2, 1, 40, 23, 80, "bottom_right", "float32")
     visible = int(torch.tril(torch.ones(40, 23), diagonal=23 - 40).sum())

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from .flash_decode import decode_applies, flash_decode_launch
-from .flash_fwd_hopper import HOPPER_DEFAULT_HEAD_DIMS, HOPPER_HEAD_DIMS, flash_fwd_hopper_launch, hopper_applies
+from .flash_fwd_hopper import (HOPPER_DEFAULT_HEAD_DIMS, HOPPER_HEAD_DIMS, HOPPER_NARROW_HEAD_DIMS,
+                               HOPPER_NARROW_MAX_PAIRS, flash_fwd_hopper_launch, hopper_applies)
 from .head_padding import cut_heads, pad_heads, padded_width
 from .key_block import attend_key_block, attend_key_block_tma, head_columns
 from ..launch import descriptor_scratch, descriptors_apply, planned
@@ -32,7 +33,7 @@ from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .routes import RouteSwitch
 from .softmax_rows import finish_rows
-from ..tiling import query_tile, visible_keys
+from ..tiling import query_tile, visible_keys, visible_pairs
 from ..tuning import autotune, cdiv, cfg, configs, config_list, head_dim_blocks, pruner, seq_bucket
 
 
@@ -188,12 +189,20 @@ def forward_route(route):
     return _ROUTE(route)
 
 
-def _route(q, k, v):
+def _hopper_by_default(q, k, causal_offset) -> bool:
+    head_dim = q.shape[-1]
+    if head_dim in HOPPER_NARROW_HEAD_DIMS:  # by size (flash_fwd_hopper.py: HOPPER_DEFAULT_HEAD_DIMS)
+        batch, heads, n_q, _ = q.shape
+        return batch * heads * visible_pairs(n_q, k.shape[2], causal_offset) < HOPPER_NARROW_MAX_PAIRS
+    return head_dim in HOPPER_DEFAULT_HEAD_DIMS
+
+
+def _route(q, k, v, causal_offset):
     if _ROUTE.forced is not None:
         return _ROUTE.forced
     if decode_applies(q.shape[2]):
         return "decode"
-    if HOPPER_BY_DEFAULT and q.shape[-1] in HOPPER_DEFAULT_HEAD_DIMS and hopper_applies(q, k, v):
+    if HOPPER_BY_DEFAULT and _hopper_by_default(q, k, causal_offset) and hopper_applies(q, k, v):
         return "hopper"
     return "tma" if TMA_BY_DEFAULT and descriptors_apply((k, v), gpu_dtypes=True) else "tiles"
 
@@ -203,7 +212,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     sees keys j <= i + causal_offset. Returns (o, lse) with lse of shape [B, Hq, Nq]. Few query
     rows (Nq <= flash_decode.DECODE_MAX_NQ) take the split-KV route, the rest FA2's query tiles
     (below), through tensor descriptors where they apply and pay; ``forward_route`` overrides."""
-    route = _route(q, k, v)
+    route = _route(q, k, v, causal_offset)
     if route == "decode":
         return flash_decode_launch(q, k, v, sm_scale, causal_offset)
     if route == "tma" and not descriptors_apply((k, v)):
@@ -235,8 +244,8 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     with descriptor_scratch(q.device) if route == "tma" else contextlib.nullcontext():
         kernel[grid](
             q, k, v, o, lse,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            *q.stride()[:3], *k.stride()[:3],
+            *v.stride()[:3], *o.stride()[:3],
             n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
             0 if causal_offset is None else int(causal_offset), *split_scale(sm_scale), seq_bucket(max(n_q, n_k)),
             BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal_offset is not None,

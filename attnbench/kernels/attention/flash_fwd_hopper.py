@@ -42,9 +42,15 @@ from ..tuning import gpu_property
 # columns, 64 to 256 (the tiles in _TILES), the copy engine zero-filling the columns past D on loads and
 # clipping them on stores, so any D whose 16-bit rows are whole 16-byte groups computes the same function
 # with the same compiled kernels. The default route takes the ones timed beside the pointer tiles
-# (docs/measurements/flash.md); the others wait for their timing.
+# (docs/measurements/flash.md; results/nvidia-h100/flash/route-hopper.md): every D 56-128 (the 64- and
+# 128-column tiles; D 72 and 112 measured 1.1-4x the pointer tiles, which pad such heads with copies) and
+# D 160, 192, 256; D 40 and 48 (a 64-column tile for 40 or 48 columns) only below HOPPER_NARROW_MAX_PAIRS
+# visible (query, key) pairs in all heads: there the pointer tiles' padding copies cost more than the
+# wasted columns (1.7-4x), while at exponential-bound sizes the pointer tiles are 1.6x faster at D 40 (and
+# even at D 48 from 1.5e9 pairs). D 136-152, 168-184 and 200-248 (the 256-column tile) are not timed yet.
 HOPPER_HEAD_DIMS = tuple(range(40, 257, 8))
-HOPPER_DEFAULT_HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
+HOPPER_DEFAULT_HEAD_DIMS = tuple(range(56, 129, 8)) + (160, 192, 256)
+HOPPER_NARROW_HEAD_DIMS, HOPPER_NARROW_MAX_PAIRS = (40, 48), 5e8
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
 # Tiles per (head dim, causal): (BLOCK_M, BLOCK_N, STAGES, num_warps, Q in registers[, loader warp,
 # maxnreg[, "pair", compute registers]]), 64 query rows a warpgroup; each pick is the fastest of

@@ -21,6 +21,7 @@ from ..peers import probed
 from .. import external
 from . import peers, reference, routes, split
 from ...attention.spec import causal_offset, softmax_scale
+from ...kernels.tiling import visible_pairs
 
 OUTPUTS = {"fwd": ("o", "lse"), "bwd": ("dq", "dk", "dv"), "fwd_bwd": ("o", "dq", "dk", "dv")}
 
@@ -48,11 +49,7 @@ class FlashCase(DtypeNamed):
     @property
     def visible_pairs(self) -> int:
         """(query, key) pairs that the mask leaves visible, per batch and head."""
-        off = self.causal_offset
-        if off is None:
-            return self.seqlen_q * self.seqlen_k
-        rows = torch.arange(self.seqlen_q, dtype=torch.int64)
-        return int((rows + off + 1).clamp(0, self.seqlen_k).sum())
+        return visible_pairs(self.seqlen_q, self.seqlen_k, self.causal_offset)
 
     @property
     def forward_flops(self) -> float:
