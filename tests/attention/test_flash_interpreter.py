@@ -240,12 +240,17 @@ def test_split_dq_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, mo
     do = torch.ones_like(o)
     whole = flash_bwd(do, q, k, v, o, lse)
     monkeypatch.setattr(kernels, "DQ_SPLIT_BY_DEFAULT", True)
-    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 8)  # 1 query block x 4 heads x 2: not smaller
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 15)  # 1 query block x 4 heads x 2: over half
     flash_bwd(do, q, k, v, o, lse)
     assert not spy.kwargs[-1]["KEY_SPLIT"]
-    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 9)
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 16)
     split = flash_bwd(do, q, k, v, o, lse)
-    assert spy.kwargs[-1]["KEY_SPLIT"] and spy.args[-1][-3] == 3  # min(4 runs, cdiv(2 x 9 SMs, 8 programs) = 3)
+    # min(4 runs, cdiv(2 x 16 SMs, 8 programs) = 4) shares of 18 keys, rounded up to whole runs (32): 3 splits
+    assert spy.kwargs[-1]["KEY_SPLIT"] and spy.args[-1][-3] == 3
+    # top-left causal: the 3 rows see keys 0-2 only, too few for a split (nor does the forced route split them)
+    o_tl, lse_tl = flash_fwd(q, k, v, causal="top_left")
+    flash_bwd(do, q, k, v, o_tl, lse_tl, causal="top_left")
+    assert not spy.kwargs[-1]["KEY_SPLIT"]
     # dQ: the same fp32 sums in another order, rounded once to fp16 (measured 1.6e-8 normwise; held well under
     # one fp16 rounding, 4.9e-4); dK and dV untouched
     assert verify.relative_error(split[0], whole[0]) < 1e-4
@@ -406,6 +411,26 @@ def test_gluon_routes_refuse_what_they_cannot_run_here_and_the_default_never_pic
     # only the Triton the kernels were written for runs them (Gluon's API moves between releases)
     import triton
     assert hopper.GLUON <= triton.__version__.startswith(hopper.GLUON_TRITON)
+
+
+def test_the_default_forward_takes_the_gluon_kernel_by_head_dim_and_at_narrow_heads_by_size():
+    """The rule behind the default forward route (measured: flash_fwd_hopper.py, HOPPER_DEFAULT_HEAD_DIMS): every
+    D 56-128 and D 160, 192, 256; D 40 and 48 below HOPPER_NARROW_MAX_PAIRS visible pairs, counted with the mask;
+    the head dims of the 256-column tile that were not timed (136-152, ...) keep the pointer tiles."""
+    from attnbench.kernels.attention import flash_fwd_hopper as hopper
+    from attnbench.kernels.attention.flash_fwd import _hopper_by_default
+
+    def picks(b, h, nq, nk, d, offset=None):
+        return _hopper_by_default(torch.empty(b, h, nq, d, device="meta"), torch.empty(b, 1, nk, d, device="meta"),
+                                  offset)
+
+    assert [d for d in range(32, 257, 8) if picks(1, 1, 128, 128, d)] == [
+        40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 160, 192, 256]
+    limit = hopper.HOPPER_NARROW_MAX_PAIRS
+    assert picks(1, 8, 9407, 9407, 48, offset=0)  # causal: 3.5e8 visible pairs of 7.1e8
+    assert not picks(1, 8, 9407, 9407, 48)
+    assert not picks(10, 16, 14031, 14031, 40, offset=0) and picks(10, 16, 14031, 14031, 72, offset=0)
+    assert picks(1, 1, 1, int(limit) - 1, 40) and not picks(1, 1, 1, int(limit), 40)
 
 
 @pytest.mark.parametrize("route", ["tiles", "tma"])

@@ -446,6 +446,8 @@ def _per_head(batch, heads_kv, group, n_k, device, hopper) -> bool:
 
 
 def _hopper_dkdv(do, q, k, v, atomic) -> bool:
+    if _DKDV_ROUTE.forced is None and not HOPPER_DKDV_BY_DEFAULT:
+        return False  # decided without the alignment checks (host time on every backward)
     applies = (not atomic and q.shape[-1] in HOPPER_DKDV_HEAD_DIMS and hopper_applies(q, k, v)
                and hopper_applies(do, k, v))
     if _DKDV_ROUTE.forced == "hopper" and not applies:
@@ -516,7 +518,8 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
                             atomic, tma, forms, common)
     if atomic:
         return (dq_acc * sm_scale).to(q.dtype), dk, dv
-    splits, keys_per_split = _dq_splits(batch, heads_q, n_q, n_k, q.device)
+    visible = n_k if not causal else max(0, min(n_k, n_q + offset))  # row n_q - 1 sees keys j <= n_q - 1 + offset
+    splits, keys_per_split = _dq_splits(batch, heads_q, n_q, n_k, visible, q.device)
     if splits > 1:  # each split's share of dQ in the accumulator dtype, summed below and rounded once
         dq = new_output((splits, *q.shape), acc, q.device)
         split_stride, bucket = dq.stride(0), seq_bucket(max(n_q, keys_per_split))
@@ -525,9 +528,9 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     rows = dq[0] if splits > 1 else dq
     planned(flash_bwd_dq_kernel)[lambda meta: (cdiv(n_q, meta["BLOCK_M"]) * splits, heads_q, batch)](
         q, k, v, do, lse, delta, dq,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        rows.stride(0), rows.stride(1), rows.stride(2),
+        *q.stride()[:3], *k.stride()[:3],
+        *v.stride()[:3], *do.stride()[:3],
+        *rows.stride()[:3],
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, splits, keys_per_split, split_stride,
         KEY_SPLIT=splits > 1, **common)
     if splits > 1:
@@ -538,32 +541,38 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
 # Keys a split of the dQ pass takes at the least (a multiple of every config's BLOCK_N), and the most splits.
 DQ_SPLIT_MIN_KEYS, INTERPRETER_DQ_SPLIT_MIN_KEYS = 512, 16
 DQ_SPLIT_MAX = 32
-# Whether the default splits the dQ pass's keys where its grid (query blocks x heads x batch) would leave
-# multiprocessors idle: not until it is timed on a GPU (docs/measurements/flash.md).
-DQ_SPLIT_BY_DEFAULT = False
+# Whether the default splits the dQ pass's keys where its grid (query blocks x heads x batch) leaves most
+# multiprocessors idle: yes, timed on an H200 over the random set's decode-shaped backward passes
+# (results/nvidia-h200/flash/route-dq-split.md): 2-3x faster where a few programs walk thousands of keys,
+# slower where the keys a row sees are few (top-left causal with few rows), the split runs short (under 4 runs)
+# or the unsplit grid already fills half the GPU; the rule below keeps the split to the first kind.
+DQ_SPLIT_BY_DEFAULT = True
+DQ_SPLIT_MIN_SPLITS = 4
 
 
-def _dq_splits(batch, heads_q, n_q, n_k, device) -> tuple:
+def _dq_splits(batch, heads_q, n_q, n_k, visible, device) -> tuple:
     """(key splits, keys a split) of the dQ pass. Its programs own query blocks, each walking every visible
     key: few query rows (a decode-shaped backward) give few programs, each walking thousands of keys. Split,
     each program takes one run of keys and writes its share of dQ in fp32, and the shares are summed: dQ is
-    a sum over keys (P uses the row's whole LSE), so the split needs no renormalizing. dq_route("split")
-    splits wherever there are keys for two; the default, when DQ_SPLIT_BY_DEFAULT, only where the unsplit
-    grid is smaller than the GPU, into enough splits to fill it twice."""
+    a sum over keys (P uses the row's whole LSE), so the split needs no renormalizing. ``visible``: the keys
+    some row sees (a causal mask's last visible key + 1), the ones the splits cover. dq_route("split") splits
+    wherever there are visible keys for two runs; the default, when DQ_SPLIT_BY_DEFAULT, only where the
+    unsplit grid is at most half the GPU and there are keys for DQ_SPLIT_MIN_SPLITS runs, into enough splits
+    to fill it twice."""
     min_keys = INTERPRETER_DQ_SPLIT_MIN_KEYS if interpreting() else DQ_SPLIT_MIN_KEYS
-    most = min(DQ_SPLIT_MAX, n_k // min_keys)
+    most = min(DQ_SPLIT_MAX, visible // min_keys)
     if _DQ_ROUTE.forced == "split":
         splits = most
-    elif _DQ_ROUTE.forced is None and DQ_SPLIT_BY_DEFAULT:
+    elif _DQ_ROUTE.forced is None and DQ_SPLIT_BY_DEFAULT and most >= DQ_SPLIT_MIN_SPLITS:
         programs = cdiv(n_q, 64) * heads_q * batch  # 64: the smaller of the configs' query blocks
         sms = multiprocessors(device)
-        splits = min(most, cdiv(2 * sms, programs)) if programs < sms else 1
+        splits = min(most, cdiv(2 * sms, programs)) if 2 * programs <= sms else 1
     else:
         splits = 1
     if splits <= 1:
         return 1, n_k
-    keys_per_split = cdiv(cdiv(n_k, splits), min_keys) * min_keys
-    return cdiv(n_k, keys_per_split), keys_per_split
+    keys_per_split = cdiv(cdiv(visible, splits), min_keys) * min_keys
+    return cdiv(visible, keys_per_split), keys_per_split
 
 
 @functools.lru_cache(maxsize=None)
@@ -588,8 +597,8 @@ def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi
     (flash_bwd_dkdv_kernel if tma else planned(flash_bwd_dkdv_kernel))[
         lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv, dq_acc,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        *q.stride()[:3], *k.stride()[:3],
+        *v.stride()[:3], *do.stride()[:3],
+        *dk.stride()[:3], *dv.stride()[:3],
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, DQ_TMA=tma,
         **forms, **common)
