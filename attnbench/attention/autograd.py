@@ -19,6 +19,7 @@ derivative in the x slots and None for O and LSE.
 import inspect
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch.autograd import Function
 from torch._functorch.utils import unwrap_dead_wrappers
 from torch.autograd.graph import get_gradient_edge
@@ -71,6 +72,11 @@ class Attention(DirectApply):
             return (None,) * 5
         q, k, v, o, lse = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do
+        if not torch.is_grad_enabled() and fwAD._current_level < 0 and not torch._C._are_functorch_transforms_active():
+            # a first-order backward (no create_graph, no dual level, no transform): nothing can differentiate B,
+            # so the kernels alone, without AttentionBackward's apply (host time on every training step). Under
+            # a dual level a backward without create_graph still carries tangents: the Function's jvp needs them
+            return (*attention_bwd(q, k, v, o, lse, do, dlse, ctx.scale, ctx.offset), None, None)
         return (*AttentionBackward.apply(q, k, v, o, lse, do, dlse, ctx.scale, ctx.offset, True), None, None)
 
     @staticmethod

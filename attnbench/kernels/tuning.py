@@ -6,12 +6,11 @@ survivor is the default. ``ATTNBENCH_AUTOTUNE=0`` keeps only that default, which
 gate uses so that tens of shapes do not each pay for a tuning sweep. Under the interpreter the
 blocks are tiny, so that tiny test shapes still span several blocks and hit every masking path.
 """
-import os
 
 import torch
 import triton
 
-from . import interpreting
+from . import env_value, interpreting
 from .gpu_time import gpu_time_quantiles
 
 # A block's shared memory when the device cannot be asked.
@@ -26,7 +25,7 @@ ACCUMULATOR_REGISTERS = 128
 
 
 def autotune_enabled() -> bool:
-    return os.environ.get("ATTNBENCH_AUTOTUNE", "1") != "0"
+    return env_value("ATTNBENCH_AUTOTUNE", "1") != "0"
 
 
 def autotune(configs, key, **options):

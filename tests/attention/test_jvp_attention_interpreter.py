@@ -201,6 +201,29 @@ def test_hvp_routes_agree_with_finite_differences(shape, causal):
     assert max_diff(routes["fwd_rev"], routes["rev_rev"]) < 1e-12
 
 
+def test_first_order_backward_skips_the_backward_function_but_never_a_dual_tangent(monkeypatch):
+    """A first-order backward (no create_graph, no transform) runs the backward kernels without AttentionBackward's
+    apply (host time); a dual level is not first order even without create_graph: forward-over-reverse through
+    torch.autograd.grad(create_graph=False) must still carry H u (dropped, it would come back None)."""
+    from attnbench.attention import autograd as ag
+
+    shape = (1, 2, 1, 7, 9, 16)
+    x, u, w = qkv(*shape), qkv(*shape, seed=10), fp64(1, 2, 7, 16, seed=20)
+    f = o_only(ours("bottom_right"))
+    applied = []
+    real = ag.AttentionBackward.apply
+    monkeypatch.setattr(ag.AttentionBackward, "apply", lambda *a: applied.append(1) or real(*a))
+    leaves = [a.detach().requires_grad_() for a in x]
+    first = torch.autograd.grad(f(*leaves), leaves, w)
+    assert applied == []
+    assert max_diff(first, torch.autograd.grad(o_only(ref("bottom_right"))(*leaves), leaves, w)) < 1e-12
+    with fwAD.dual_level():
+        grads = torch.autograd.grad(f(*[fwAD.make_dual(a, b) for a, b in zip(leaves, u)]), leaves, w)
+        hu = [fwAD.unpack_dual(g).tangent for g in grads]
+    assert applied and all(h is not None for h in hu)
+    assert max_diff(hu, hvp_dual(f, x, w, u)) < 1e-12
+
+
 def test_hessian_is_symmetric():
     """<w, H u> = <u, H w> for the Hessian of <dO, O> (both sides from our kernels)."""
     shape = (1, 2, 1, 10, 14, 16)
