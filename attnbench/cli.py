@@ -232,7 +232,7 @@ class Session:
         self.interrupt_seen = False
 
     def _on_sigint(self, signum, frame):
-        """Ctrl-C: raise KeyboardInterrupt as Python's own handler does, and remember it. A library
+        """Ctrl-C (or SIGTERM): raise KeyboardInterrupt as Python's own handler does, and remember it. A library
         can swallow the exception (C code that clears any error of an attribute lookup, as
         ``PyObject_HasAttr`` does); CI saw a run go on to its last row and exit 0 that way."""
         self.interrupt_seen = True
@@ -247,11 +247,13 @@ class Session:
     def run(self) -> int:
         if threading.current_thread() is not threading.main_thread():  # signal handlers live there only
             return self._run()
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        # SIGTERM (what `timeout` and job schedulers send) stops a run as Ctrl-C does: rows kept, status "interrupted"
+        previous = {sig: signal.signal(sig, self._on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             return self._run()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _run(self) -> int:
         self.console.print(_header(self.device))
@@ -816,7 +818,8 @@ def main(argv=None):
         print(f"attnbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the last write short
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the last write short
+            signal.signal(sig, signal.SIG_IGN)
         if session is None:
             print(interrupted_before_any_row(args), file=sys.stderr)
             return EXIT_INTERRUPTED

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from attnbench.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,16 +34,17 @@ def test_a_closed_stdout_still_writes_the_file(tmp_path):
     assert report["status"] == "complete" and len(report["bench"]) == 12
 
 
-def test_ctrl_c_keeps_every_finished_row(tmp_path, capsys):
-    """SIGINT after the first row: exit 130, one line saying so, the rows so far in the file, and
-    `attnbench report` reads the partial run."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_keeps_every_finished_row(tmp_path, capsys, sig):
+    """SIGINT (or SIGTERM, what `timeout` sends) after the first row: exit 130, one line saying so, the rows so far
+    in the file with the status "interrupted", and `attnbench report` reads the partial run."""
     path = tmp_path / "out.json"
     # Triton rows in the interpreter take about a second each: time to interrupt mid-run
     proc = attnbench("bench", "--op", "flash", "--mode", "fwd", "--variant", "triton", "--json", str(path),
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = proc.stderr.readline()
     assert first.startswith("[ 1/12]"), first + proc.stderr.read()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     start = time.monotonic()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
