@@ -1,7 +1,8 @@
 """Autograd Functions over the custom ops, wired as DESIGN.md's differentiation contract says,
 with f(x) = (O, LSE), x = (q, k, v), B(x, dO, dLSE) its backward and F(x, x_t) its tangent:
 
-    Attention             f       backward: AttentionBackward        jvp: AttentionJvp
+    Attention             f       backward: AttentionBackward (the   jvp: AttentionJvp
+                                  kernels alone when first order)
     AttentionBackward     B       backward: kernel 3 and AttentionJvp jvp: AttentionBackwardJvp
     AttentionJvp          F       backward: kernel 3 and B            jvp: raises (fwd-over-fwd)
     AttentionWithTangent  (f, F) in one fused kernel: the manual forward-mode API

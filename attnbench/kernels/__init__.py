@@ -27,11 +27,12 @@ __all__ = ["new_output", "poisoned_outputs", "interpreting", "unavailable_reason
 # monkeypatch.setenv update: a lookup there costs 30 ns against os.environ.get's 1.2 us, and every
 # launch asks a few such questions (host time is what small eager calls pay for).
 _ENVIRON = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) else None
+_ENVIRON_OWNER = os.environ  # a test that replaces os.environ itself (mock.patch.object) is read the slow way
 
 
 def env_value(name: str, default: str) -> str:
     """os.environ.get(name, default), read fast where the platform allows."""
-    if _ENVIRON is None:
+    if _ENVIRON is None or os.environ is not _ENVIRON_OWNER:
         return os.environ.get(name, default)
     value = _ENVIRON.get(name.encode())
     return default if value is None else os.fsdecode(value)

@@ -221,8 +221,8 @@ def test_per_head_group_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kern
 
 def test_split_dq_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, monkeypatch):
     """dq_route("split"): each dQ program on one run of keys, the fp32 shares summed: gradcheck in fp64 (few query
-    rows against many keys, GQA, bottom-right causal: splits that see no key at all), and the rule: enabled, it
-    splits only where the unsplit grid is smaller than the GPU."""
+    rows against many keys, GQA, bottom-right causal: splits that see no key at all), and the rule: it splits only
+    where the unsplit grid is at most half the GPU and the rows see keys for DQ_SPLIT_MIN_SPLITS runs."""
     from attnbench.kernels.attention import flash_bwd as kernels
 
     q = _fp64(2, 4, 3, 24, seed=1).requires_grad_()
@@ -239,6 +239,7 @@ def test_split_dq_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, mo
     o, lse = flash_fwd(q, k, v)
     do = torch.ones_like(o)
     whole = flash_bwd(do, q, k, v, o, lse)
+    assert not spy.kwargs[-1]["KEY_SPLIT"]  # the interpreter's 4 SMs: 8 programs fill more than half
     monkeypatch.setattr(kernels, "DQ_SPLIT_BY_DEFAULT", True)
     monkeypatch.setattr(kernels, "multiprocessors", lambda device: 15)  # 1 query block x 4 heads x 2: over half
     flash_bwd(do, q, k, v, o, lse)
@@ -247,9 +248,12 @@ def test_split_dq_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, mo
     split = flash_bwd(do, q, k, v, o, lse)
     # min(4 runs, cdiv(2 x 16 SMs, 8 programs) = 4) shares of 18 keys, rounded up to whole runs (32): 3 splits
     assert spy.kwargs[-1]["KEY_SPLIT"] and spy.args[-1][-3] == 3
-    # top-left causal: the 3 rows see keys 0-2 only, too few for a split (nor does the forced route split them)
+    # top-left causal: the 3 rows see keys 0-2 only, too few for a split, by default or forced
     o_tl, lse_tl = flash_fwd(q, k, v, causal="top_left")
     flash_bwd(do, q, k, v, o_tl, lse_tl, causal="top_left")
+    assert not spy.kwargs[-1]["KEY_SPLIT"]
+    with dq_route("split"):
+        flash_bwd(do, q, k, v, o_tl, lse_tl, causal="top_left")
     assert not spy.kwargs[-1]["KEY_SPLIT"]
     # dQ: the same fp32 sums in another order, rounded once to fp16 (measured 1.6e-8 normwise; held well under
     # one fp16 rounding, 4.9e-4); dK and dV untouched

@@ -109,7 +109,8 @@ def test_head_dims_with_a_masked_column_block_match_the_oracle(flash, oracles, c
 def hopper_cases():
     """The GPU cases the Gluon forward takes (D 40-256 in steps of 8), and shapes that stress its key ring:
     many key blocks, keys ending one past a block, GQA with odd lengths, blind rows, D past a power of two, and
-    head dims only the forced route takes (D 40, 72, 112, 136, 248)."""
+    head dims beyond the 64/128/256-column anchors (D 40, 72, 112: the default's too, D 40 by size; 136, 248: the
+    forced route's only)."""
     from attnbench.kernels.attention.flash_fwd_hopper import HOPPER_HEAD_DIMS
 
     return [c for c in gpu_cases() if c.head_dim in HOPPER_HEAD_DIMS] + [
@@ -120,7 +121,7 @@ def hopper_cases():
         FlashCase(1, 4, 2, 1500, 1000, 64, "bottom_right", "bfloat16"),
         FlashCase(2, 4, 2, 1000, 1300, 256, "top_left", "bfloat16"),
         FlashCase(1, 4, 4, 700, 900, 96, None, "float16"),
-        # head dims the forced route takes beyond the default's: each tile width, the columns past D zero-filled
+        # head dims past a tile's anchor width: each tile width, the columns past D zero-filled
         FlashCase(2, 4, 2, 300, 333, 40, "top_left", "bfloat16"),
         FlashCase(1, 4, 4, 257, 257, 72, None, "float16"),
         FlashCase(1, 4, 1, 190, 400, 112, "bottom_right", "bfloat16"),

@@ -78,3 +78,25 @@ def test_pruner_falls_back_to_the_config_staging_the_least(monkeypatch):
 
     kept = prune(configs, {"Q": Q}, BLOCK_D=256)
     assert kept == [configs[1]]
+
+
+def test_environment_flags_follow_every_way_of_setting_them(monkeypatch):
+    """interpreting() and autotune_enabled() read os.environ's own store (host time per launch): setenv, delenv,
+    item assignment and a replaced os.environ (mock.patch.object) are all seen at the next call."""
+    import os
+    from unittest import mock
+
+    from attnbench.kernels.tuning import autotune_enabled
+
+    monkeypatch.setenv("ATTNBENCH_AUTOTUNE", "0")
+    assert not autotune_enabled()
+    monkeypatch.delenv("ATTNBENCH_AUTOTUNE")
+    assert autotune_enabled()
+    os.environ["ATTNBENCH_AUTOTUNE"] = "0"
+    try:
+        assert not autotune_enabled()
+    finally:
+        del os.environ["ATTNBENCH_AUTOTUNE"]
+    with mock.patch.object(os, "environ", {"ATTNBENCH_AUTOTUNE": "0"}):
+        assert not autotune_enabled()
+    assert autotune_enabled()

@@ -376,8 +376,8 @@ _DQ_ROUTE = RouteSwitch(DQ_ROUTES, "dQ route")
 
 
 def dq_route(route):
-    """How the backward forms dQ inside the block: "recompute" (the default: the dQ pass above,
-    deterministic), "atomic" (**not deterministic**: the dK/dV pass also forms dS K and adds it
+    """How the backward forms dQ inside the block: "recompute" (the dQ pass above, unsplit, deterministic;
+    the default is this or "split" by shape: _dq_splits), "atomic" (**not deterministic**: the dK/dV pass also forms dS K and adds it
     into an fp32 dQ with atomics, in whatever order the programs get there, so dQ may differ in its
     last bits from run to run; five matmuls instead of seven) or "tma_atomic" (the same sum, each
     [rows, D] tile added by one bulk reduction of the copy engine instead of an atomic a element:
@@ -461,7 +461,8 @@ def _hopper_dkdv(do, q, k, v, atomic) -> bool:
 
 def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None, dkdv_dtype=None):
     """Run the backward launches on checked inputs; returns (dq, dk, dv) of <do, o> + <dlse, lse>
-    (``dlse`` None: the LSE is not differentiated). dQ by ``dq_route`` (default: recompute), a head
+    (``dlse`` None: the LSE is not differentiated). dQ by ``dq_route`` (default: the recomputing pass, its
+    keys split by shape), a head
     group's dK/dV by ``group_route``. ``dkdv_dtype``: dK and dV in that dtype instead of k's."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
