@@ -46,7 +46,7 @@ from ..tuning import gpu_property
 # 128-column tiles; D 72 and 112 measured 1.1-4x the pointer tiles, which pad such heads with copies) and
 # D 160, 192, 256; D 40 and 48 (a 64-column tile for 40 or 48 columns) only below HOPPER_NARROW_MAX_PAIRS
 # visible (query, key) pairs in all heads: there the pointer tiles' padding copies cost more than the
-# wasted columns (1.7-4x), while at exponential-bound sizes the pointer tiles are 1.6x faster at D 40 (and
+# wasted columns (1.1-4x), while at exponential-bound sizes the pointer tiles are 1.6x faster at D 40 (and
 # even at D 48 from 1.5e9 pairs). D 136-152, 168-184 and 200-248 (the 256-column tile) are not timed yet.
 HOPPER_HEAD_DIMS = tuple(range(40, 257, 8))
 HOPPER_DEFAULT_HEAD_DIMS = tuple(range(56, 129, 8)) + (160, 192, 256)
