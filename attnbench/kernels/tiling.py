@@ -34,8 +34,9 @@ def visible_keys(m0, N_K, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.const
 
 
 def row_strides(t):
-    """(batch, head, row) strides of a [B, H, N, D] tensor whose last dimension is contiguous."""
-    return t.stride(0), t.stride(1), t.stride(2)
+    """(batch, head, row) strides of a [B, H, N, D] tensor whose last dimension is contiguous (one stride()
+    call, not three: launches pass several of these on every call)."""
+    return t.stride()[:3]
 
 
 def visible_pairs(seqlen_q: int, seqlen_k: int, offset) -> int:

@@ -47,7 +47,7 @@ from ..precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_
 from .routes import RouteSwitch
 from .row_dot import row_dot_launch
 from .softmax_rows import load_lse_log2
-from ..tiling import query_tile, visible_keys
+from ..tiling import query_tile, row_strides, visible_keys
 from ..tuning import (autotune, cdiv, cfg, configs, config_list, head_dim_blocks, head_width, multiprocessors,
                       pruner, registers_per_thread, seq_bucket)
 
@@ -377,10 +377,10 @@ _DQ_ROUTE = RouteSwitch(DQ_ROUTES, "dQ route")
 
 def dq_route(route):
     """How the backward forms dQ inside the block: "recompute" (the dQ pass above, unsplit, deterministic;
-    the default is this or "split" by shape: _dq_splits), "atomic" (**not deterministic**: the dK/dV pass also forms dS K and adds it
-    into an fp32 dQ with atomics, in whatever order the programs get there, so dQ may differ in its
-    last bits from run to run; five matmuls instead of seven) or "tma_atomic" (the same sum, each
-    [rows, D] tile added by one bulk reduction of the copy engine instead of an atomic a element:
+    the default is this or "split" by shape: _dq_splits), "atomic" (**not deterministic**: the dK/dV pass
+    also forms dS K and adds it into an fp32 dQ with atomics, in whatever order the programs get there, so
+    dQ may differ in its last bits from run to run; five matmuls instead of seven) or "tma_atomic" (the
+    same sum, each [rows, D] tile added by one bulk reduction of the copy engine instead of an atomic a element:
     CUDA GPUs with tensor descriptors, compute capability 9.0+, head dims a multiple of 4, not fp64; **not
     deterministic** either; at D 256 no tile keeps dK, dV and the staged dQ tile without spilling, so it is
     slow there).
@@ -462,8 +462,8 @@ def _hopper_dkdv(do, q, k, v, atomic) -> bool:
 def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=None, dkdv_dtype=None):
     """Run the backward launches on checked inputs; returns (dq, dk, dv) of <do, o> + <dlse, lse>
     (``dlse`` None: the LSE is not differentiated). dQ by ``dq_route`` (default: the recomputing pass, its
-    keys split by shape), a head
-    group's dK/dV by ``group_route``. ``dkdv_dtype``: dK and dV in that dtype instead of k's."""
+    keys split by shape), a head group's dK/dV by ``group_route``. ``dkdv_dtype``: dK and dV in that dtype
+    instead of k's."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -529,9 +529,8 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     rows = dq[0] if splits > 1 else dq
     planned(flash_bwd_dq_kernel)[lambda meta: (cdiv(n_q, meta["BLOCK_M"]) * splits, heads_q, batch)](
         q, k, v, do, lse, delta, dq,
-        *q.stride()[:3], *k.stride()[:3],
-        *v.stride()[:3], *do.stride()[:3],
-        *rows.stride()[:3],
+        *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(do),
+        *row_strides(rows),
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, splits, keys_per_split, split_stride,
         KEY_SPLIT=splits > 1, **common)
     if splits > 1:
@@ -598,8 +597,7 @@ def _dkdv_tiles(q, k, v, do, lse, delta, dk, dv, dq_acc, group, offset, scale_hi
     (flash_bwd_dkdv_kernel if tma else planned(flash_bwd_dkdv_kernel))[
         lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv, dq_acc,
-        *q.stride()[:3], *k.stride()[:3],
-        *v.stride()[:3], *do.stride()[:3],
-        *dk.stride()[:3], *dv.stride()[:3],
+        *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(do),
+        *row_strides(dk), *row_strides(dv),
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, ATOMIC_DQ=atomic, DQ_TMA=tma,
         **forms, **common)

@@ -22,6 +22,7 @@ from ..precision import (accumulator_dtype, accumulator_torch_dtype, dot_precisi
                         split_scale)
 from .softmax_rows import finish_rows_where
 from ..launch import planned
+from ..tiling import row_strides
 from ..tuning import (autotune, cdiv, cfg, configs, config_list, multiprocessors, next_pow2, pruner,
                       registers_per_thread, seq_bucket)
 
@@ -209,8 +210,8 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
     l_part = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
     planned(flash_decode_kernel)[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part,
-        *q.stride()[:3], *k.stride()[:3],
-        *v.stride()[:3], *o_part.stride()[:4], *l_part.stride()[:3],
+        *row_strides(q), *row_strides(k),
+        *row_strides(v), *o_part.stride()[:4], *l_part.stride()[:3],
         n_q, n_k, head_dim, heads_kv, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
         *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(n_k, splits)),
         BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,

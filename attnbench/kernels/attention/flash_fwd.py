@@ -33,7 +33,7 @@ from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .routes import RouteSwitch
 from .softmax_rows import finish_rows
-from ..tiling import query_tile, visible_keys, visible_pairs
+from ..tiling import query_tile, row_strides, visible_keys, visible_pairs
 from ..tuning import autotune, cdiv, cfg, configs, config_list, head_dim_blocks, pruner, seq_bucket
 
 
@@ -244,8 +244,7 @@ def flash_fwd_launch(q, k, v, sm_scale: float, causal_offset):
     with descriptor_scratch(q.device) if route == "tma" else contextlib.nullcontext():
         kernel[grid](
             q, k, v, o, lse,
-            *q.stride()[:3], *k.stride()[:3],
-            *v.stride()[:3], *o.stride()[:3],
+            *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(o),
             n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
             0 if causal_offset is None else int(causal_offset), *split_scale(sm_scale), seq_bucket(max(n_q, n_k)),
             BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal_offset is not None,
