@@ -74,6 +74,7 @@ def measurement(stub, op_name, case_set="anchor", variants=None, modes=None):
                                  f'    """asv\'s setup_cache of the {what} (see suites/_anchor.measurement)."""')
     measure.timeout = 3000
     measure.op_name, measure.case_set = op_name, case_set  # what scripts/asv_backfill.py reads
+    measure.variants, measure.modes = variants, modes
     return measure
 
 
@@ -93,13 +94,31 @@ def _chosen(names, variable):
 def _measure(op_name, case_set, variants, modes):
     """One pass of attnbench's timing core over the operator's ``case_set`` on CUDA, as _Points: the numbers
     of every row timed and the reason of every other point (a variant this GPU or this install cannot run,
-    a mode or case the commit lacks, a row the runner skipped). The operator and its cases are looked up as
-    every commit since the suites began spells them; the runner lived in attnbench/runner.py before the
-    layout moves (3539b9c)."""
+    a mode or case the commit lacks, a row the runner skipped)."""
+    import torch
+
+    planned = plan(op_name, case_set, variants, modes, torch.device("cuda"))
+    if isinstance(planned, _Points):
+        return planned
+    bench, op, cases, names, chosen_modes, points = planned
+    if names and chosen_modes and cases:
+        for r in bench(op, cases, "cuda", variants=names, modes=chosen_modes, progress=True):
+            if r.timing:
+                points[r.case, r.variant, r.mode] = _entry(r.as_dict())
+            else:
+                points.skipped[r.case, r.variant, r.mode] = f"{r.variant} skipped {r.mode} on {r.case}: {r.skipped}"
+    return points
+
+
+def plan(op_name, case_set, variants, modes, device):
+    """What a pass on ``device`` would time: (the runner's bench, the operator, the cases, the variant names,
+    the modes, an empty _Points holding the reason of every point left out), or a _Points that says why the
+    installed attnbench cannot measure this set. The operator, its variants and its cases are looked up as
+    every commit since the suites began spells them: the runner lived in attnbench/runner.py before the layout
+    moves (3539b9c); Operator.variant(name) came with the forced routes (b1919b5), and before it the default
+    variants were the dict op.variants. scripts/asv_backfill.py --probe runs this on a CPU against each commit."""
     import os
     import re
-
-    import torch
 
     import attnbench
 
@@ -110,14 +129,14 @@ def _measure(op_name, case_set, variants, modes):
             from attnbench.runner import bench
         op = attnbench.get(op_name)
         cases = list(op.cases(case_set))
+        variant = op.variant if hasattr(op, "variant") else op.variants.__getitem__
     except (ImportError, AttributeError, KeyError, ValueError) as exc:
         return _Points(why=f"attnbench at this commit cannot measure {op_name}'s {case_set} set: {exc!r}")
-    device = torch.device("cuda")
     points = _Points(why=f"not among the points {op_name} measured here", op=op_name,
                      variants=[n for n in variants or op.variants if n in op.variants],
                      modes=[m for m in modes or op.modes if m in op.modes], cases=[c.label for c in cases])
     names, points.left_out["variant"] = _chosen(points.variants, "ATTNBENCH_ASV_VARIANTS")
-    unavailable = {n: op.variant(n).unavailable_reason(device) for n in names}
+    unavailable = {n: variant(n).unavailable_reason(device) for n in names}
     points.left_out["variant"].update({n: f"{n} cannot run here: {why}" for n, why in unavailable.items() if why})
     names = [n for n in names if not unavailable[n]]
     chosen_modes, points.left_out["mode"] = _chosen(points.modes, "ATTNBENCH_ASV_MODES")
@@ -126,13 +145,7 @@ def _measure(op_name, case_set, variants, modes):
         points.left_out["case"] = {c.label: f"not timed in this run (ATTNBENCH_ASV_CASES={pattern})" for c in cases
                                    if not re.search(pattern, c.label)}
         cases = [c for c in cases if re.search(pattern, c.label)]
-    if names and chosen_modes and cases:
-        for r in bench(op, cases, "cuda", variants=names, modes=chosen_modes, progress=True):
-            if r.timing:
-                points[r.case, r.variant, r.mode] = _entry(r.as_dict())
-            else:
-                points.skipped[r.case, r.variant, r.mode] = f"{r.variant} skipped {r.mode} on {r.case}: {r.skipped}"
-    return points
+    return bench, op, cases, names, chosen_modes, points
 
 
 class _Points(dict):

@@ -161,3 +161,15 @@ def test_a_part_stopped_at_its_timeout_is_not_run_again_unasked(setting):
     again = run(setting, *args)
     assert again.returncode == 1 and "not run again (stopped at its timeout in an earlier call" in again.stdout
     assert ": installed " not in again.stdout and f"installed {ROOT} again" not in again.stdout  # that commit not
+
+
+def test_the_probe_makes_the_measuring_pass_lookup_each_commit_gets_on_the_gpu(setting):
+    """--probe runs suites/_anchor.plan (the lookup a GPU pass makes before it times) against each installed commit:
+    a commit from before Operator.variant (the forced routes) once failed there on the GPU, after its probe said ok."""
+    done = run(setting, setting["newest"], setting["old"], "--probe", "--parts", "flash", "shared_context")
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdicts = [line.strip() for line in done.stdout.splitlines() if line.startswith("    ")]
+    assert len(verdicts) == 4, done.stdout
+    for verdict in verdicts:  # what a part may lack is a newer variant or mode; its lookup itself must work
+        assert "cannot measure" not in verdict and "fails" not in verdict and "failed" not in verdict, verdict
+    assert verdicts[0] == "flash: ok" and verdicts[1] == "shared_context: ok", done.stdout
