@@ -351,6 +351,101 @@ def probe(args, python, tree, parts):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# --- prewarming ----------------------------------------------------------------------------------------------
+
+PREWARM = r"""
+import importlib, importlib.util, json, os, sys, time
+tree, root, parts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+
+
+class OldKernels:
+    # before the layout moves (3539b9c) the install mapped attnbench.kernels onto the top-level kernels/
+    def find_spec(self, name, path=None, target=None):
+        if name != "attnbench.kernels":
+            return None
+        folder = os.path.join(tree, "kernels")
+        return importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                      submodule_search_locations=[folder])
+
+
+# setuptools' editable finder of the tree installed in this environment maps any attnbench module the commit lacks
+# (attnbench.bench before the layout moves) onto that tree: without it such an import fails, as the pass expects
+sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path_hooks = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
+sys.path_importer_cache.clear()
+sys.path.insert(0, tree)
+if not os.path.isdir(os.path.join(tree, "attnbench", "kernels")):
+    sys.meta_path.insert(0, OldKernels())
+import attnbench
+assert os.path.realpath(attnbench.__file__) == os.path.realpath(os.path.join(tree, "attnbench", "__init__.py")), \
+    attnbench.__file__
+import attnbench.kernels
+sys.path.remove(tree)  # attnbench imports the rest through its package path; "suites" must be the current tree's
+sys.path.insert(0, root)
+import torch
+from suites import _anchor
+device = torch.device(os.environ.get("ATTNBENCH_PREWARM_DEVICE", "cuda"))
+for part in parts:
+    stub = getattr(importlib.import_module("suites." + part.removesuffix("_sweep")), "measure_" + part)
+    planned = _anchor.plan(stub.op_name, stub.case_set, stub.variants, stub.modes, device)
+    if isinstance(planned, _anchor._Points):
+        print(f"{part}: nothing to warm: {planned.why}", flush=True)
+        continue
+    bench, op, cases, names, modes, _ = planned
+    started = time.monotonic()
+    runner = sys.modules[bench.__module__].__file__
+    assert os.path.realpath(runner).startswith(os.path.realpath(tree) + os.sep), runner
+    rows = bench(op, cases, device.type, variants=names, modes=modes, progress=False, verify_outputs=False, rep_ms=1)
+    print(f"{part}: warmed {sum(1 for r in rows if r.timing)} points in {time.monotonic() - started:.0f} s "
+          f"from {attnbench.__file__}, kernels from {attnbench.kernels.__file__}, runner {runner}", flush=True)
+"""
+
+
+def prewarm(args, jobs, log_dir, seconds):
+    """Compile (and autotune) each commit's kernels for its parts, several commits at once, before the commits'
+    one-at-a-time asv passes: Triton's cache on disk then holds the compiled kernels, and a pass takes the time
+    of a commit whose kernels the previous one had compiled (22 s against 68-90 s for the flash anchors on the
+    H200). ``jobs``: [(sha, worktree, parts)]. Each commit runs from its worktree on sys.path (no install: the
+    environment holds one editable install at a time), through the measuring pass's own lookup
+    (suites/_anchor.plan) and runner with the timing cut short; its log is <sha8>-prewarm.log. Returns
+    {sha: exit status or "timeout"}."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for variable, value in (("ATTNBENCH_ASV_VARIANTS", args.variants), ("ATTNBENCH_ASV_MODES", args.modes),
+                            ("ATTNBENCH_ASV_CASES", args.cases)):
+        if value:
+            env[variable] = value
+    started, running, done = time.monotonic(), {}, {}
+    waiting = list(jobs)
+    try:
+        while waiting or running:
+            while waiting and len(running) < args.prewarm:
+                sha, tree, parts = waiting.pop(0)
+                out = open(log_dir / f"{sha[:8]}-prewarm.log", "w")
+                proc = subprocess.Popen([args.python, "-c", PREWARM, str(tree), str(ROOT), json.dumps(parts)],
+                                        cwd="/", env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+                running[sha] = (proc, out)
+            for sha, (proc, out) in list(running.items()):
+                if proc.poll() is not None:
+                    done[sha] = proc.returncode
+                    out.close()
+                    del running[sha]
+            if time.monotonic() - started > seconds:
+                for sha, (proc, out) in running.items():
+                    stop(proc)
+                    out.close()
+                    done[sha] = "timeout"
+                running = {}
+                done.update({sha: "not started" for sha, _, _ in waiting})
+                waiting = []
+            time.sleep(0.5)
+    except BaseException:
+        for proc, out in running.values():
+            stop(proc)
+        raise
+    return done
+
+
 # --- the run -------------------------------------------------------------------------------------------------
 
 def machine_name(args):
@@ -390,6 +485,10 @@ def parse(argv):
                         "longest it took)")
     p.add_argument("--launch-method", default="forkserver", help="asv's (default forkserver)")
     p.add_argument("--force", action="store_true", help="run parts the result files already hold")
+    p.add_argument("--prewarm", type=int, default=0,
+                   help="compile the kernels of the next N commits with parts left, N processes at once, before their asv "
+                        "passes (0: off)")
+    p.add_argument("--prewarm-timeout", type=float, default=240, help="seconds for all prewarming (default 240)")
     p.add_argument("--list", action="store_true", help="print the commits and what is left; install nothing")
     p.add_argument("--probe", action="store_true", help="install each commit and say what each part lacks there")
     args = p.parse_args(argv)
@@ -443,6 +542,21 @@ def main(argv=None):
             subprocess.run([args.python, "-m", "asv", "--config", str(conf), "machine", "--yes", "--machine", machine],
                            check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         log(f"{len(shas)} commit(s), parts {' '.join(parts)}, machine {machine}, results in {results_dir}")
+        if args.prewarm and not args.list:
+            jobs = []
+            for sha in shas:  # the next --prewarm commits with parts left, as the loop below finds them
+                have = recorded(results_dir, machine, sha)
+                todo = [p for p in parts if wanted[p] and (args.force or (left_of(wanted[p], have)
+                                                                          and not stop_mark(args, sha, p).exists()))]
+                if todo and len(jobs) < args.prewarm:
+                    jobs.append((sha, worktree(repo, args.work, sha), todo))
+            seconds = min(args.prewarm_timeout, left() - RESERVE_S - args.min_part)
+            if jobs and seconds > 0:
+                log(f"prewarming {len(jobs)} commit(s) at once, {seconds:.0f} s at most")
+                begun = time.monotonic()
+                warmed = prewarm(args, jobs, log_dir, seconds)
+                log(f"prewarmed in {time.monotonic() - begun:.0f} s: "
+                    + ", ".join(f"{sha[:8]} {'ok' if warmed[sha] == 0 else warmed[sha]}" for sha, _, _ in jobs))
         estimate = {}
         for sha in shas:
             have = recorded(results_dir, machine, sha)

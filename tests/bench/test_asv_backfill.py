@@ -173,3 +173,24 @@ def test_the_probe_makes_the_measuring_pass_lookup_each_commit_gets_on_the_gpu(s
     for verdict in verdicts:  # what a part may lack is a newer variant or mode; its lookup itself must work
         assert "cannot measure" not in verdict and "fails" not in verdict and "failed" not in verdict, verdict
     assert verdicts[0] == "flash: ok" and verdicts[1] == "shared_context: ok", done.stdout
+
+
+def test_prewarm_runs_each_commit_from_its_worktree_before_the_passes(setting):
+    """--prewarm imports each commit from its worktree (no install), the pre-layout one with attnbench.kernels mapped
+    onto its top-level kernels/ as its install did, and runs the measuring pass's lookup and runner there; on this
+    CPU over no case (ATTNBENCH_PREWARM_DEVICE=cpu; the anchors are too large for the interpreter)."""
+    shas = [setting["newest"], setting["old"]]
+    env = dict(setting["env"], ATTNBENCH_PREWARM_DEVICE="cpu")
+    command = [sys.executable, str(SCRIPT), "--bundle", str(setting["tmp"] / ".gitbundle"), "--machine", MACHINE,
+               "--python", str(setting["python"]), "--results-dir", str(setting["tmp"] / "prewarm-results"),
+               "--work", str(setting["tmp"] / "prewarm-work"), *shas, "--parts", "shared_context", "--cases", "no such case",
+               "--reports", str(setting["reports"]), "--prewarm", "2"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "prewarming 2 commit(s) at once" in done.stdout and f"{shas[0][:8]} ok, {shas[1][:8]} ok" in done.stdout, done.stdout
+    for sha, kernels, runner in ((shas[0], "attnbench/kernels/__init__.py", "attnbench/bench/runner.py"),
+                                 (shas[1], "kernels/__init__.py", "attnbench/runner.py")):
+        tree = setting["tmp"] / "prewarm-work" / "trees" / sha[:12]
+        log = (setting["tmp"] / "prewarm-work" / "logs" / f"{sha[:8]}-prewarm.log").read_text()
+        assert "shared_context: warmed 0 points in" in log, log
+        assert f"from {tree / 'attnbench' / '__init__.py'}, kernels from {tree / kernels}, runner {tree / runner}" in log, log
