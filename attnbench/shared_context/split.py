@@ -23,15 +23,18 @@ def _compute_dtype(dtype):
 
 
 def _state(s, v_like_einsum):
-    """(O, LSE) from masked scores s [..., N] and a function p -> p @ V; -inf rows give (0, -inf)."""
+    """(O, LSE) from masked scores s [..., N] and a function p -> p @ V; -inf rows give (0, -inf). A NaN score
+    makes the sum NaN, and O and LSE stay NaN (never the (0, -inf) of a row that saw no key, which the merge
+    would drop)."""
     top = s.amax(dim=-1, keepdim=True)
     seen = torch.isfinite(top)
     top = torch.where(seen, top, torch.zeros_like(top))
     p = torch.exp(s - top)
     total = p.sum(dim=-1, keepdim=True)
-    total_safe = torch.where(total > 0, total, torch.ones_like(total))
+    empty = total == 0
+    total_safe = torch.where(empty, torch.ones_like(total), total)
     o = v_like_einsum(p) / total_safe
-    lse = torch.where(total > 0, top + torch.log(total_safe), torch.full_like(total, -torch.inf))
+    lse = torch.where(empty, torch.full_like(total, -torch.inf), top + torch.log(total_safe))
     return o, lse.squeeze(-1)
 
 

@@ -118,7 +118,7 @@ def shared_context_fused_kernel(
                         other=float("-inf"), cache_modifier=".cg").to(ACC_DTYPE)
         o_b = tl.load(WB_O + _rows(b, h, i, stride_wbo_b, stride_wbo_h, stride_wbo_n)[:, None] + offs_d[None, :],
                       mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
-        seen = lse_b > float("-inf")
+        seen = lse_b != float("-inf")  # a NaN state (a NaN input) is seeded as it is and poisons the row
         m_i = tl.where(seen, lse_b * tl.full([], LOG2E, ACC_DTYPE), -1.0e30)
         l_i = seen.to(ACC_DTYPE)
         acc = tl.where(seen[:, None], o_b.to(ACC_DTYPE), 0.0)

@@ -36,11 +36,13 @@ def _rows(b, h, i, stride_b, stride_h, stride_n):
 
 @triton.jit
 def _normalized(acc, l_i, m_i):
-    """(O, LSE natural log) of an online-softmax state in base 2; (0, -inf) where no key was seen."""
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
+    """(O, LSE natural log) of an online-softmax state in base 2; (0, -inf) where no key was seen. A NaN sum
+    (a NaN input among the keys seen, or in the query) is not "no key": O and LSE stay NaN, so that the merge
+    makes the row NaN instead of dropping this state as empty."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     return o, lse
 
 
