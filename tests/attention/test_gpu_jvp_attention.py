@@ -13,7 +13,8 @@ import torch.func as tf
 
 import attnbench
 from attnbench.bench import verify
-from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_fwd
+from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_attention, flash_bwd, flash_fwd
+from attnbench.kernels.attention.flash_bwd import dkdv_route
 from attnbench.operators.flash import FlashCase
 from attnbench.bench.runner import bench
 
@@ -123,6 +124,31 @@ def test_nan_and_inf_propagate_in_the_compiled_kernels():
     k3[0, 1, 40, 7] = float("nan")
     o, lse = flash_fwd(q, k3, v, causal="bottom_right")
     assert torch.isnan(lse[0, 1, blind + 40:]).all() and torch.isfinite(lse[0, 1, blind:blind + 40]).all()
+
+
+@pytest.mark.parametrize("route", [None, "tiles"], ids=["default", "dkdv-tiles"])
+def test_blind_rows_ignore_their_queries_in_every_derivative_on_the_gpu(route):
+    """tests/attention/test_nonfinite_and_bf16.py's blind-row derivative test on the compiled kernels: a NaN or inf
+    query (and query tangent) at rows that see no key changes no bit of dQ, dK, dV or their tangents. Not the
+    forced Gluon dK/dV route (dkdv_route("hopper"), off by default): it feeds Q from shared memory, as the copy
+    engine wrote it, straight into dS^T Q, so a blind row's NaN query still reaches dK there."""
+    g = torch.Generator().manual_seed(1)
+    q, do, tq = (torch.randn(1, 2, 300, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    k, v, tk, tv = (torch.randn(1, 2, 100, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(4))
+    blind = 200  # bottom-right with Nq > Nk: rows 0..199 see no key
+    clean_q, clean_tq = q.clone(), tq.clone()
+    clean_q[:, :, :blind] = 0.0
+    clean_tq[:, :, :blind] = 0.0
+    bad_q, bad_tq = clean_q.clone(), clean_tq.clone()
+    bad_q[0, 0, 5, 3], bad_q[0, 1, blind - 1, 0], bad_tq[0, 0, 150, 9] = float("nan"), float("inf"), float("nan")
+    o, lse = flash_fwd(clean_q, k, v, causal="bottom_right")
+    results = []
+    for qq, tt in ((bad_q, bad_tq), (clean_q, clean_tq)):
+        with dkdv_route(route):
+            grads = flash_bwd(do, qq, k, v, o, lse, causal="bottom_right")
+        results.append(grads + attention_bwd_jvp(do, qq, k, v, o, lse, tt, tk, tv, causal="bottom_right"))
+    for name, got, want in zip(["dq", "dk", "dv", "dq_t", "dk_t", "dv_t"], *results):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
 
 
 def test_torch_compile_and_func_on_the_gpu():

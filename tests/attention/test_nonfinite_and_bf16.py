@@ -122,6 +122,34 @@ def test_blind_rows_ignore_their_queries():
         assert torch.all(o[0, 1, 2] == 0) and torch.isneginf(lse[0, 1, 2]), variant
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_blind_rows_ignore_their_queries_in_every_derivative(value):
+    """A blind row's dS is 0, but its query once reached dK through dS^T Q (0 x NaN) and, in the
+    backward's tangent, dK_t, dV_t and dQ_t through the score tangent: NaN gradients and HVPs from a
+    row whose every derivative is zero by definition (found by review). The query and its tangent
+    at blind rows must change nothing: the same bits as with them zeroed."""
+    q, k, v = inputs(torch.float64)
+    g = torch.Generator().manual_seed(5)
+    do, tq = torch.randn(q.shape, generator=g, dtype=q.dtype), torch.randn(q.shape, generator=g, dtype=q.dtype)
+    tk, tv = torch.randn(k.shape, generator=g, dtype=k.dtype), torch.randn(v.shape, generator=g, dtype=v.dtype)
+    bad_q, bad_tq = q.clone(), tq.clone()
+    bad_q[0, 1, 0, 3] = bad_q[0, 0, BLIND - 1, 0] = value  # blind rows: the first and the last of them
+    bad_tq[0, 0, 2, 5] = value
+    clean_q, clean_tq = q.clone(), tq.clone()
+    clean_q[:, :, :BLIND] = 0.0
+    clean_tq[:, :, :BLIND] = 0.0
+    o, lse = flash_fwd(clean_q, k, v, causal="bottom_right")
+    for name, (qq, tt) in {"poisoned": (bad_q, bad_tq), "clean": (clean_q, clean_tq)}.items():
+        grads = flash_bwd(do, qq, k, v, o, lse, causal="bottom_right")
+        hvp = attention_bwd_jvp(do, qq, k, v, o, lse, tt, tk, tv, causal="bottom_right")
+        if name == "poisoned":
+            got = grads + hvp
+        else:
+            want = grads + hvp
+    for name, a, b in zip(["dq", "dk", "dv", "dq_t", "dk_t", "dv_t"], got, want):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
 def test_backward_and_its_tangent_propagate_nan():
     q, k, v = poisoned("q", (0, 0, VISIBLE_ROW, 3), float("nan"))
     do = torch.randn_like(q)

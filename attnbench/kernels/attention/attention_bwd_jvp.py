@@ -27,7 +27,7 @@ import triton.language as tl
 from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision, softmax_scale, softmax_scale_log2, split_scale
 from .key_block import key_block_mask
-from .softmax_rows import load_lse_log2
+from .softmax_rows import blind_rows, load_lse_log2
 from ..launch import planned
 from ..tuning import autotune, cdiv, cfg, configs, config_list, next_pow2, pruner, seq_bucket
 from ..tiling import query_tile, row_strides, visible_keys
@@ -42,7 +42,10 @@ def _dkdv_t_query_block(dk_t, dv_t, k, v, tk, tv, Q_head, DO_head, TQ_head, TDO_
                         ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
+    # a row that sees no key (MASKED blocks only) adds nothing, but its query and query tangent, whatever they hold,
+    # would reach dK_t and dV_t through the score tangent and dS^T Q (0 * NaN = NaN): they are read as 0
+    sighted = row_mask & ~blind_rows(offs_m, causal_offset, MASKED)[:, None]
+    q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :], mask=sighted, other=0.0)
     do = tl.load(DO_head + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
     lse_log2 = load_lse_log2(LSE_head, offs_m, N_Q)
     mu = tl.load(MU_head + offs_m, mask=offs_m < N_Q, other=0.0).to(ACC_DTYPE)
@@ -57,7 +60,7 @@ def _dkdv_t_query_block(dk_t, dv_t, k, v, tk, tv, Q_head, DO_head, TQ_head, TDO_
     if HAS_TK:
         st_t += tl.dot(tk, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     if HAS_TQ:
-        tq = tl.load(TQ_head + offs_m[:, None] * stride_tqn + offs_d[None, :], mask=row_mask, other=0.0)
+        tq = tl.load(TQ_head + offs_m[:, None] * stride_tqn + offs_d[None, :], mask=sighted, other=0.0)
         st_t += tl.dot(k, tl.trans(tq), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     pdot_t = p_t * (st_t * scale - mu[None, :])  # P_t, transposed
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
@@ -233,12 +236,13 @@ def bwd_jvp_dq_kernel(Q, K, V, DO, TQ, TK, TV, TDO, LSE, MU, DELTA, TDELTA, DQT,
     offs_d = tl.arange(0, BLOCK_D)
     row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
     rows = offs_m[:, None]
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
+    sighted = row_mask & ~blind_rows(offs_m, causal_offset, CAUSAL)[:, None]  # as in _dkdv_t_query_block
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qn + offs_d[None, :], mask=sighted, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
     tq = q  # placeholders: read only under their HAS_ flags
     tdo = do
     if HAS_TQ:
-        tq = tl.load(TQ + b * stride_tqb + h * stride_tqh + rows * stride_tqn + offs_d[None, :], mask=row_mask, other=0.0)
+        tq = tl.load(TQ + b * stride_tqb + h * stride_tqh + rows * stride_tqn + offs_d[None, :], mask=sighted, other=0.0)
     if HAS_TDO:
         tdo = tl.load(TDO + b * stride_tdob + h * stride_tdoh + rows * stride_tdon + offs_d[None, :],
                       mask=row_mask, other=0.0)

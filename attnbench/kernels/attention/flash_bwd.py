@@ -46,7 +46,7 @@ from ..precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_
                         split_scale)
 from .routes import RouteSwitch
 from .row_dot import row_dot_launch
-from .softmax_rows import load_lse_log2
+from .softmax_rows import blind_rows, load_lse_log2
 from ..tiling import query_tile, row_strides, visible_keys
 from ..tuning import (autotune, cdiv, cfg, configs, config_list, head_dim_blocks, head_width, multiprocessors,
                       pruner, registers_per_thread, seq_bucket)
@@ -69,7 +69,10 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
     offs_m = m0 + tl.arange(0, BLOCK_M)
     rows = offs_m[:, None] < N_Q
     row_mask = rows & head_columns(offs_d, HEAD_DIM)[None, :]
-    q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask, other=0.0)
+    # A row that sees no key (only in MASKED blocks: full_lo is past them) has dS = 0, but its query, whatever it
+    # holds, would still reach dK through dS^T Q (0 * NaN = NaN): it is read as 0
+    sighted = rows & ~blind_rows(offs_m, causal_offset, MASKED)[:, None]
+    q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_mask & sighted, other=0.0)
     do = tl.load(DO_head + offs_m[:, None] * stride_don + offs_d[None, :], mask=row_mask, other=0.0)
     lse_log2 = load_lse_log2(LSE_head, offs_m, N_Q)
     delta = tl.load(DELTA_head + offs_m, mask=offs_m < N_Q, other=0.0)
@@ -77,7 +80,7 @@ def _dkdv_query_block(dk, dv, dk2, dv2, k, v, k2, v2, Q_head, DO_head, LSE_head,
     s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     if BLOCK_D2 > 0:  # the head dim's second column block (key_block.py)
         row_mask2 = rows & head_columns(offs_d2, HEAD_DIM)[None, :]
-        q2 = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d2[None, :], mask=row_mask2, other=0.0)
+        q2 = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d2[None, :], mask=row_mask2 & sighted, other=0.0)
         do2 = tl.load(DO_head + offs_m[:, None] * stride_don + offs_d2[None, :], mask=row_mask2, other=0.0)
         s_t += tl.dot(k2, tl.trans(q2), input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
     p_t = tl.math.exp2(s_t * qk_scale_log2 - lse_log2[None, :])
