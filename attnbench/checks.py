@@ -7,9 +7,12 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def require_tensor(name: str, value) -> None:
-    """TypeError naming ``name`` unless ``value`` is a tensor (checked before any attribute is read)."""
+    """TypeError naming ``name`` unless ``value`` is a dense tensor (checked before any attribute is read): a
+    sparse one passed every later check and failed inside the launch, naming a memory format."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout} (call .to_dense())")
 
 
 def require_dtype(name: str, value) -> None:

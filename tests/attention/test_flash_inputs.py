@@ -22,6 +22,7 @@ def qkv(b=1, hq=2, hk=2, nq=8, nk=8, d=16, dtype=torch.float32):
 @pytest.mark.parametrize("make,exc,words", [
     (lambda: (torch.randn(2, 8, 16), *qkv()[1:]), ValueError, "q must have 4 dimensions"),
     (lambda: (*qkv()[:2], [1.0]), TypeError, "v must be a torch.Tensor"),
+    (lambda: (qkv()[0].to_sparse(), *qkv()[1:]), TypeError, "q must be a dense (strided) tensor, got layout"),
     (lambda: qkv(dtype=torch.int32), TypeError, "q has dtype torch.int32"),
     (lambda: (qkv()[0].half(), *qkv()[1:]), TypeError, "must share a dtype"),
     (lambda: (qkv()[0], qkv()[1], qkv(nk=9)[2]), ValueError, "k and v must have the same shape"),
