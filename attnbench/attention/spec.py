@@ -60,10 +60,11 @@ def check_qkv(q, k, v, *, scale=None, causal=None, name_prefix=""):
         raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
     require_size("k batch", k.shape[0], "q batch", batch)
     require_size("k head_dim", k.shape[3], "q head_dim", head_dim)
+    # before the head-group rule, which would read Hq = Hkv = 0 as a bad GQA ratio
+    if 0 in (batch, heads_q, seqlen_q, k.shape[1], k.shape[2]):
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
     require_head_groups(heads_q, k.shape[1], "k/v")
     require_head_dim(head_dim, MIN_HEAD_DIM, MAX_HEAD_DIM, "flash")
-    if seqlen_q == 0 or k.shape[2] == 0 or batch == 0 or heads_q == 0:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
     return check_scale(scale, head_dim), causal_offset(causal, seqlen_q, k.shape[2])
 
 

@@ -32,6 +32,10 @@ def qkv(b=1, hq=2, hk=2, nq=8, nk=8, d=16, dtype=torch.float32):
     (lambda: qkv(d=8), ValueError, "head_dim 8 is unsupported"),
     (lambda: qkv(d=320), ValueError, "head_dim 320 is unsupported"),
     (lambda: qkv(nq=0), ValueError, "empty input"),
+    (lambda: qkv(nk=0), ValueError, "empty input"),
+    (lambda: qkv(b=0), ValueError, "empty input"),
+    (lambda: qkv(hq=0, hk=0), ValueError, "empty input"),  # was read as a bad head-group ratio
+    (lambda: qkv(hq=2, hk=0), ValueError, "empty input"),
 ])
 def test_bad_qkv_is_rejected_by_name(make, exc, words):
     for fn in (flash_fwd, flash_attention):
