@@ -17,6 +17,7 @@ import torch.autograd.forward_ad as fwAD
 from torch._C import _functorch
 from torch._C._functorch import TransformType, get_interpreter_stack
 
+from ..autocast import autocast_inputs
 from ..kernels import interpreting
 from ..kernels.precision import lse_dtype
 from .autograd import Attention, AttentionBackward, AttentionBackwardJvp, AttentionWithTangent, matched
@@ -179,14 +180,17 @@ def flash_attention(q, k, v, *, scale=None, causal=None, return_lse=False):
     """softmax(scale Q K^T + causal mask) V on [B, H, N, D] tensors, differentiable every way:
     backward, double backward, forward-mode AD, torch.func (grad, vjp, jvp, jacrev, jacfwd,
     hessian, vmap) and torch.compile. With ``return_lse`` also the row logsumexp [B, Hq, Nq]
-    (float32; float64 for float64 inputs), itself differentiable."""
+    (float32; float64 for float64 inputs), itself differentiable. Inside torch.autocast it computes
+    in the region's dtype, as SDPA does."""
+    q, k, v = autocast_inputs(q, k, v)
     scale, offset = _checked(q, k, v, scale, causal)
     o, lse = _forward(q, k, v, scale, offset)
     return (o, lse) if return_lse else o
 
 
 def flash_fwd(q, k, v, *, scale=None, causal=None):
-    """(o, lse): the forward alone. Differentiable like ``flash_attention``."""
+    """(o, lse): the forward alone. Differentiable like ``flash_attention``, autocast like it."""
+    q, k, v = autocast_inputs(q, k, v)
     scale, offset = _checked(q, k, v, scale, causal)
     return _forward(q, k, v, scale, offset)
 
@@ -212,7 +216,9 @@ def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None, dlse=None):
 
 def attention_jvp(q, k, v, tq=None, tk=None, tv=None, *, scale=None, causal=None):
     """(o, lse, o_t, lse_t): the forward and its tangent along (tq, tk, tv) in one fused pass
-    (None: a zero tangent). Differentiable in reverse mode (the gradient of a tangent output)."""
+    (None: a zero tangent). Differentiable in reverse mode (the gradient of a tangent output). Inside
+    torch.autocast the primals and tangents are cast as ``flash_attention``'s inputs are."""
+    q, k, v, tq, tk, tv = autocast_inputs(q, k, v, tq, tk, tv)
     scale, offset = _checked(q, k, v, scale, causal)
     _check_tangents(tq, tk, tv, q, k, v)
     return _attention_with_tangent(q, k, v, tq, tk, tv, scale, offset)

@@ -16,6 +16,7 @@ PyTorch: context einsum, buffer matmul, merge) compute the same function in plai
 import torch
 
 from ..attention.ops import interpreter_upcasts
+from ..autocast import autocast_inputs
 from ..checks import refuse_derivatives, require_tensor
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.launch import tensor_signature
@@ -63,7 +64,9 @@ def _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale):
 def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths):
     """Check a call and bring its tensors to what the kernels take. A decode loop repeats one call
     signature every step; the checks that read only shapes, strides, dtypes and devices passed for
-    it once and are not repeated (host time is the decode step's bound at small sizes)."""
+    it once and are not repeated (host time is the decode step's bound at small sizes). Inside
+    torch.autocast the inputs are cast as SDPA's are (attnbench/autocast.py)."""
+    q, k_ctx, v_ctx, k_buf, v_buf = autocast_inputs(q, k_ctx, v_ctx, k_buf, v_buf)
     refuse_derivatives("shared_context's Triton kernels", (q, k_ctx, v_ctx, k_buf, v_buf),
                        "use the reference or split implementation (attnbench.shared_context.reference, .split) for derivatives")
     reads_values = check_lengths and buf_lens is not None

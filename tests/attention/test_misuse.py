@@ -45,3 +45,24 @@ def test_flash_bwd_refuses_derivatives_in_o_or_lse_alone():
     with pytest.raises(NotImplementedError, match="none to them"):
         attention_bwd_jvp(do, q, k, v, o, lse, q, o_t=o.clone().requires_grad_(), lse_t=lse)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_computes_in_the_regions_dtype_as_sdpa_does(dtype):
+    """Inside torch.autocast SDPA casts float32 inputs to the region's dtype (float64 stays); the
+    kernels had run in float32 and returned float32 there. Gradients come back in the caller's float32."""
+    from attnbench.attention import attention_jvp
+
+    q, k, v, t = (randn(1, 2, 8, 16, seed=s).float() for s in range(4))
+    x = q.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=dtype):
+        o = flash_attention(x, k, v, causal=True)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o_fwd, lse = flash_fwd(q, k, v)
+        _, _, o_t, _ = attention_jvp(q, k, v, t)
+        o64 = flash_attention(q.double(), k.double(), v.double())
+    assert o.dtype == sdpa.dtype == o_fwd.dtype == o_t.dtype == dtype and lse.dtype == torch.float32
+    assert o64.dtype == torch.float64
+    assert torch.equal(o, flash_attention(q.to(dtype), k.to(dtype), v.to(dtype), causal=True))
+    o.float().square().sum().backward()
+    assert x.grad.dtype == torch.float32 and x.grad.abs().max() > 0

@@ -46,3 +46,16 @@ def test_a_forced_launch_config_is_checked(config, words):
     with torch.no_grad(), pytest.raises((TypeError, ValueError), match=words):
         shared_context_attention(q, kc, kc, config=config)
 
+
+
+def test_autocast_computes_in_the_regions_dtype_as_sdpa_does():
+    """Inside torch.autocast the fused kernel takes float32 inputs in the region's dtype, as SDPA does
+    (it had computed and returned float32 there); float64 stays float64."""
+    q, kc, vc = randn(2, 2, 3, 16).float(), randn(2, 5, 16, seed=1).float(), randn(2, 5, 16, seed=2).float()
+    kb, vb = randn(2, 2, 4, 16, seed=3).float(), randn(2, 2, 4, 16, seed=4).float()
+    lens = torch.tensor([4, 1], dtype=torch.int32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, lse = shared_context_attention(q, kc, vc, kb, vb, lens)
+        o64, _ = shared_context_attention(*(t.double() for t in (q, kc, vc, kb, vb)), lens)
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32 and o64.dtype == torch.float64
+    assert torch.equal(o, shared_context_attention(*(t.bfloat16() for t in (q, kc, vc, kb, vb)), lens)[0])
