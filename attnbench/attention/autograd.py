@@ -47,6 +47,12 @@ def matched(*tangents, like):
 
 THIRD_ORDER = ("third-order derivatives of attention are not supported: the Triton kernels cover the forward, "
                "its backward, forward-mode tangents and every second-order composition of them")
+# Reached as well by a second-order request: torch.autograd.grad of a tangent output (reverse over forward)
+# called while its fwAD.dual_level is open, where the engine also carries the level's tangents through the
+# backward pass: the tangent of that gradient is the third-order part
+THIRD_ORDER_TANGENT = (THIRD_ORDER + ". A gradient taken inside forward AD's dual_level is itself differentiated "
+                       "along the level's tangents (third order): for the gradient of a tangent output (second order), "
+                       "call torch.autograd.grad after the dual_level closes, or use torch.func.grad over torch.func.jvp")
 
 
 class Attention(DirectApply):
@@ -278,7 +284,7 @@ class AttentionBackwardJvp(DirectApply):
 
     @staticmethod
     def jvp(ctx, *tangents):
-        raise NotImplementedError(THIRD_ORDER)
+        raise NotImplementedError(THIRD_ORDER_TANGENT)
 
 
 

@@ -66,3 +66,21 @@ def test_autocast_computes_in_the_regions_dtype_as_sdpa_does(dtype):
     assert torch.equal(o, flash_attention(q.to(dtype), k.to(dtype), v.to(dtype), causal=True))
     o.float().square().sum().backward()
     assert x.grad.dtype == torch.float32 and x.grad.abs().max() > 0
+
+
+def test_gradient_of_a_tangent_inside_the_dual_level_says_how_to_get_it():
+    """torch.autograd.grad of a tangent output while its dual_level is open also differentiates that gradient
+    along the level's tangents (third order) and is refused; the message said only 'third-order' for what the
+    user asked as a second derivative. Taken after the level closes it is computed, equal to torch.func's
+    grad over jvp (reverse over forward)."""
+    q, k, v, t = (randn(1, 2, 8, 16, seed=s) for s in range(4))
+    x = q.clone().requires_grad_()
+    with fwAD.dual_level():
+        o = flash_attention(fwAD.make_dual(x, t), k, v, causal=True)
+        o_t = fwAD.unpack_dual(o).tangent
+        with pytest.raises(NotImplementedError, match="after the dual_level closes"):
+            torch.autograd.grad(o_t.square().sum(), x, retain_graph=True)
+    (g,) = torch.autograd.grad(o_t.square().sum(), x)
+    f = lambda a: flash_attention(a, k, v, causal=True)  # noqa: E731
+    expected = torch.func.grad(lambda a: torch.func.jvp(f, (a,), (t,))[1].square().sum())(q)
+    assert (g - expected).abs().max() < 1e-12 and g.abs().max() > 0.1
