@@ -150,7 +150,9 @@ def _checked(q, k, v, scale, causal):
     dtypes, devices and the two arguments, so a signature that passed once (a training or decode
     loop repeats one) is not checked again: host time is what a small call pays for."""
     key = None
-    if type(q) is type(k) is type(v) is torch.Tensor and not torch.compiler.is_compiling() \
+    # (a sparse layout is refused by the full check, never remembered as its dense signature)
+    if type(q) is type(k) is type(v) is torch.Tensor and q.layout is k.layout is v.layout is torch.strided \
+            and not torch.compiler.is_compiling() \
             and isinstance(causal, (type(None), bool, str)) and isinstance(scale, (type(None), float, int)):
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                type(scale), scale, causal, interpreting())
@@ -200,7 +202,9 @@ def flash_bwd(do, q, k, v, o, lse, *, scale=None, causal=None, dlse=None):
     Algorithm 4). Differentiable: its tangents and gradients are the second-order kernels. o and
     lse count as the forward's outputs at (q, k, v): the derivatives are those of
     x -> B(x, f(x)), their tangents follow q's, k's and v's and their share of a gradient goes to
-    q, k and v; a tangent or a gradient asked of o or lse alone is refused, not dropped."""
+    q, k and v; a tangent or a gradient asked of o or lse alone is refused, not dropped. Inside
+    torch.autocast do, q, k, v and o are cast as ``flash_fwd``'s inputs are (lse and dlse stay float32)."""
+    q, k, v, o, do = autocast_inputs(q, k, v, o, do)
     scale, offset = _checked(q, k, v, scale, causal)
     check_like("do", do, q)
     _check_saved(o, lse, q)
@@ -230,7 +234,9 @@ def attention_bwd_jvp(do, q, k, v, o, lse, tq=None, tk=None, tv=None, tdo=None, 
     tdo = None it is the Hessian of <do, o> applied to (tq, tk, tv). ``o_t``/``lse_t``: the
     forward's tangents along (tq, tk, tv) when already at hand (``attention_jvp`` returns them),
     else computed here. Differentiable in its tangents (it is linear in them: the gradient is the
-    same Hessian, symmetric, applied to the cotangent), not in anything else (third order)."""
+    same Hessian, symmetric, applied to the cotangent), not in anything else (third order). Inside
+    torch.autocast the tensors shaped like q are cast as ``attention_jvp``'s are (the row statistics stay float32)."""
+    q, k, v, o, do, tq, tk, tv, tdo, o_t = autocast_inputs(q, k, v, o, do, tq, tk, tv, tdo, o_t)
     scale, offset = _checked(q, k, v, scale, causal)
     check_like("do", do, q)
     _check_saved(o, lse, q)

@@ -21,7 +21,7 @@ from ..kernels.attention.attention_bwd_jvp import attention_bwd_jvp_launch
 from ..kernels.attention.attention_jvp import attention_jvp_launch
 from ..kernels.attention.flash_bwd import flash_bwd_launch
 from ..kernels.attention.flash_fwd import flash_fwd_launch
-from ..kernels.launch import on_device
+from ..kernels.launch import on_device, readable
 from ..kernels.offsets import INT32_MAX, slice_needs_copy
 from ..kernels.precision import lse_dtype
 from ..kernels.attention.row_dot import row_dot_launch
@@ -75,7 +75,8 @@ def _launch(launcher, *args):
         return tuple(None if outs[0] is None else torch.cat(outs) for outs in zip(*parts))
     first = next(a for a in args if isinstance(a, Tensor))
     upcast = interpreter_upcasts(first.dtype)
-    args = [_unit_stride(a) if isinstance(a, Tensor) and a.dim() == 4 else a for a in args]
+    args = [a if not isinstance(a, Tensor) else _unit_stride(readable(a)) if a.dim() == 4 else readable(a)
+            for a in args]
     if upcast:
         args = [a.float() if isinstance(a, Tensor) else a for a in args]
     with on_device(first):

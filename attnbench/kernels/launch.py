@@ -41,6 +41,13 @@ def on_device(t):
     return contextlib.nullcontext()
 
 
+def readable(t):
+    """``t`` as a kernel may read it: a tensor whose negative bit is set (torch._neg_view, the imaginary part of a
+    conjugate) resolved into a copy, since a kernel reads the raw storage and would drop the sign. The custom
+    ops' dispatch resolves it on its own; the eager paths that skip the op call this."""
+    return t.resolve_neg() if t.is_neg() else t
+
+
 def tensor_signature(t):
     """What a kernel's specialization and a launch's sizes read of a tensor (None stays None)."""
     if t is None:

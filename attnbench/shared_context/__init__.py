@@ -19,7 +19,7 @@ from ..attention.ops import interpreter_upcasts
 from ..autocast import autocast_inputs
 from ..checks import refuse_derivatives, require_tensor
 from ..kernels import unavailable_reason as kernels_unavailable_reason
-from ..kernels.launch import tensor_signature
+from ..kernels.launch import readable, tensor_signature
 from ..kernels.offsets import slice_needs_copy
 from ..kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
 from .spec import check_inputs
@@ -56,7 +56,7 @@ def _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale):
     if not (isinstance(causal, bool) and (scale is None or type(scale) in (float, int))):
         return None
     tensors = (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens)
-    if not all(t is None or type(t) is torch.Tensor for t in tensors):
+    if not all(t is None or (type(t) is torch.Tensor and t.layout is torch.strided) for t in tensors):
         return None
     return (*(tensor_signature(t) for t in tensors), causal, scale)
 
@@ -91,7 +91,8 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
         k_buf = v_buf = buf_lens = None
     elif buf_lens is not None and not buf_lens.is_contiguous():
         buf_lens = buf_lens.contiguous()
-    tensors = [t.contiguous() if copy else t for t, copy in zip((q, k_ctx, v_ctx, k_buf, v_buf), copies)]
+    tensors = [None if t is None else readable(t.contiguous() if copy else t)
+               for t, copy in zip((q, k_ctx, v_ctx, k_buf, v_buf), copies)]
     if interpreter_upcasts(q.dtype):  # numpy has no bfloat16: the interpreter runs it as float32
         tensors = [None if t is None else t.float() for t in tensors]
     return shapes, (*tensors, buf_lens), key

@@ -101,3 +101,13 @@ def test_cpu_tensors_without_interpreter_are_rejected(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="need CUDA tensors"):
         flash_fwd(*qkv())
+
+
+def test_a_sparse_input_is_refused_after_a_dense_call_of_its_shapes(monkeypatch):
+    """The call-signature memo held shapes, dtypes and devices but not the layout: a sparse q after a dense call of
+    the same shapes skipped the checks and failed inside the launch, naming a memory format (found by review)."""
+    monkeypatch.undo()  # the dense call runs its kernel
+    q, k, v = qkv()
+    flash_attention(q, k, v)
+    with pytest.raises(TypeError, match=r"q must be a dense \(strided\) tensor"):
+        flash_attention(q.to_sparse(), k, v)

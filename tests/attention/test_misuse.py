@@ -84,3 +84,56 @@ def test_gradient_of_a_tangent_inside_the_dual_level_says_how_to_get_it():
     f = lambda a: flash_attention(a, k, v, causal=True)  # noqa: E731
     expected = torch.func.grad(lambda a: torch.func.jvp(f, (a,), (t,))[1].square().sum())(q)
     assert (g - expected).abs().max() < 1e-12 and g.abs().max() > 0.1
+
+
+def test_negative_bit_views_are_read_with_their_sign():
+    """A tensor whose negative bit is set (torch._neg_view; the imaginary part of a conjugate) has its sign in a
+    flag, not in its storage: the eager launch, which skips the custom op's dispatch (that resolves it), read the
+    storage and computed attention of +x for q = -x, with no error (found by review). Every tensor a launch
+    takes goes through kernels.launch.readable now: forward, backward and the second-order kernel."""
+    from attnbench.attention import attention_jvp
+
+    q, k, v, t, do = (randn(1, 2, 8, 16, seed=s) for s in range(5))
+    neg = torch._neg_view
+    assert torch.equal(flash_attention(neg(q), k, neg(v), causal=True), flash_attention(-q, k, -v, causal=True))
+    o, lse = flash_fwd(q, k, v)
+    assert all(torch.equal(a, b) for a, b in zip(flash_bwd(neg(do), q, neg(k), v, o, lse),
+                                                  flash_bwd(-do, q, -k, v, o, lse)))
+    assert all(torch.equal(a, b) for a, b in zip(attention_jvp(q, k, v, neg(t)), attention_jvp(q, k, v, -t)))
+    assert all(torch.equal(a, b) for a, b in zip(attention_bwd_jvp(do, q, k, v, o, lse, neg(t)),
+                                                  attention_bwd_jvp(do, q, k, v, o, lse, -t)))
+
+
+@pytest.mark.parametrize("n_q", [4, 70])  # the split-KV route (Nq <= 64) and the tiles
+def test_the_output_may_be_edited_in_place(n_q):
+    """With one split the split-KV route returned views of a one-split stack, and autograd refuses an in-place
+    edit of a view a Function returns: `o[:, :, 0] = 0` raised at Nq <= 64 and worked above (found by review).
+    Now both edit; a backward through the edited o is refused alike (the backward reads the forward's o, as
+    SDPA's FLASH backward does), while o's clone may be edited freely."""
+    q = randn(1, 2, n_q, 16).requires_grad_()
+    o = flash_attention(q, q, q)
+    o[:, :, 0] = 0.0
+    assert not o._is_view()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        o.sum().backward()
+    o = flash_attention(q, q, q).clone()
+    o[:, :, 0] = 0.0
+    o.sum().backward()
+    assert q.grad.abs().max() > 0
+
+
+def test_autocast_reaches_the_manual_backward_and_its_tangent():
+    """flash_fwd and attention_jvp cast their inputs inside torch.autocast; flash_bwd and attention_bwd_jvp did
+    not, so the manual pipeline raised 'o must have dtype torch.float32' there (found by review)."""
+    from attnbench.attention import attention_jvp
+
+    q, k, v, t, do = (randn(1, 2, 8, 16, seed=s).float() for s in range(5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, lse = flash_fwd(q, k, v)
+        grads = flash_bwd(do, q, k, v, o, lse)
+        _, _, o_t, lse_t = attention_jvp(q, k, v, t)
+        hvp = attention_bwd_jvp(do, q, k, v, o, lse, t, o_t=o_t, lse_t=lse_t)
+    bf = [x.bfloat16() for x in (q, k, v, t, do)]
+    o16, lse16 = flash_fwd(*bf[:3])
+    assert all(torch.equal(a, b) for a, b in zip(grads, flash_bwd(bf[4], *bf[:3], o16, lse16)))
+    assert all(g.dtype == torch.bfloat16 for g in (*grads, *hvp))

@@ -59,3 +59,15 @@ def test_autocast_computes_in_the_regions_dtype_as_sdpa_does():
         o64, _ = shared_context_attention(*(t.double() for t in (q, kc, vc, kb, vb)), lens)
     assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32 and o64.dtype == torch.float64
     assert torch.equal(o, shared_context_attention(*(t.bfloat16() for t in (q, kc, vc, kb, vb)), lens)[0])
+
+
+def test_negative_bit_views_are_read_with_their_sign():
+    """A torch._neg_view keeps its sign in a flag; the kernels read the storage (found by review on flash's
+    eager path; shared_context's launches skip the dispatcher the same way)."""
+    q, kc, vc = randn(2, 2, 3, 16), randn(2, 5, 16, seed=1), randn(2, 5, 16, seed=2)
+    kb, vb = randn(2, 2, 4, 16, seed=3), randn(2, 2, 4, 16, seed=4)
+    lens = torch.tensor([4, 1], dtype=torch.int32)
+    neg = torch._neg_view
+    got = shared_context_attention(neg(q), neg(kc), vc, kb, neg(vb), lens)
+    want = shared_context_attention(-q, -kc, vc, kb, -vb, lens)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

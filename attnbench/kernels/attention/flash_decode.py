@@ -205,20 +205,27 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
     heads_kv, n_k = k.shape[1], k.shape[2]
     block_m, row_tiles, splits = decode_plan(batch, heads_q, n_q, heads_kv, n_k, q.device)
     splits = num_splits or splits
-    # the one state is the result, written in place with no merge; several are kept in fp32 (fp64)
-    o_part = new_output((splits, *q.shape), q.dtype if splits == 1 else accumulator_torch_dtype(q.dtype), q.device)
-    l_part = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    # the one state is the result, written in place with no merge (tensors of their own, not views of a
+    # one-split stack: autograd refuses in-place edits of a view a Function returns); several are kept in fp32
+    # (fp64), a split's stride first
+    if splits == 1:
+        o_part, l_part = new_output(q.shape, q.dtype, q.device), new_output(q.shape[:3], lse_dtype(q.dtype), q.device)
+        strides = (0, *o_part.stride()[:3], 0, *l_part.stride()[:2])
+    else:
+        o_part = new_output((splits, *q.shape), accumulator_torch_dtype(q.dtype), q.device)
+        l_part = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+        strides = (*o_part.stride()[:4], *l_part.stride()[:3])
     planned(flash_decode_kernel)[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part,
         *row_strides(q), *row_strides(k),
-        *row_strides(v), *o_part.stride()[:4], *l_part.stride()[:3],
+        *row_strides(v), *strides,
         n_q, n_k, head_dim, heads_kv, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
         *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(n_k, splits)),
         BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m,
     )
     if splits == 1:
-        return o_part[0], l_part[0]
+        return o_part, l_part
     # rows i >= -offset see at least one key (Nk >= 1): an empty merge there is a non-finite input
     see_from = 0 if causal_offset is None else max(0, -int(causal_offset))
     return merge_stack_launch(o_part, l_part, q.dtype, see_from=see_from)
