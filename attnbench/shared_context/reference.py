@@ -37,17 +37,17 @@ def attention(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal: bool, scale: floa
     k, v = per_batch_cache(k_ctx, v_ctx, k_buf, v_buf, batch)  # [B, Hkv, N, D]
     heads_kv = k.shape[1]
     qg = q.unflatten(1, (heads_kv, heads_q // heads_kv))  # [B, Hkv, G, Lq, D]
-    k, v = k.unsqueeze(2), v.unsqueeze(2)  # [B, Hkv, 1, N, D]
-    s = scale * (qg @ k.transpose(-1, -2))  # [B, Hkv, G, Lq, N]
     visible = visibility(batch, seqlen_q, n_ctx, n_buf, buf_lens, causal, q.device)[:, None, None]  # [B, 1, 1, Lq, N]
+    # Keys no row of a sample sees (unused buffer slots) add nothing even if they hold inf or NaN, where
+    # 0 * inf would not: zeroed in V for the output, and in K for the gradient (dQ = dS K, dS = 0 there)
+    used = visible.any(dim=3).unsqueeze(-1)  # [B, 1, 1, N, 1]
+    k, v = k.unsqueeze(2).masked_fill(~used, 0.0), v.unsqueeze(2).masked_fill(~used, 0.0)  # [B, Hkv, 1, N, D]
+    s = scale * (qg @ k.transpose(-1, -2))  # [B, Hkv, G, Lq, N]
     s = s.masked_fill(~visible, float("-inf"))
     blind = ~visible.any(dim=-1)  # rows that see no key
     lse = torch.logsumexp(s.masked_fill(blind.unsqueeze(-1), 0.0), dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))  # exp(-inf) = 0 on masked keys
-    # Keys no row of a sample sees (unused buffer slots) add nothing even if they hold inf or NaN,
-    # where 0 * inf would not: zero them in V.
-    used = visible.any(dim=3).unsqueeze(-1)  # [B, 1, 1, N, 1]
-    o = p @ v.masked_fill(~used, 0.0)
+    o = p @ v
     lse = lse.masked_fill(blind, float("-inf"))
     o = o.masked_fill(blind.unsqueeze(-1), 0.0)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32

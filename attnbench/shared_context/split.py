@@ -61,10 +61,11 @@ def shared_context_fwd(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal: bool, sc
         kb, vb = k_buf.to(cdt).unsqueeze(2), v_buf.to(cdt).unsqueeze(2)  # [B, Hkv, 1, Nbuf, D]
         visible = buffer_visibility(buf_lens, batch, n_buf, seqlen_q, causal, q.device)  # [B, Lq, Nbuf]
         visible = visible.unsqueeze(1).unsqueeze(1)  # [B, 1, 1, Lq, Nbuf]
+        # unused slots may hold anything: kept out of p @ V, and of dQ = dS K (0 * NaN there)
+        used = visible.any(dim=3).unsqueeze(-1)
+        kb, vb = kb.masked_fill(~used, 0.0), vb.masked_fill(~used, 0.0)
         s_buf = (qg @ kb.transpose(-1, -2)) * scale
         s_buf = s_buf.masked_fill(~visible, float("-inf"))
-        used = visible.any(dim=3).unsqueeze(-1)  # unused slots may hold anything: keep them out of p @ V
-        vb = vb.masked_fill(~used, 0.0)
         buf = _state(s_buf, lambda p: p @ vb)
     else:
         buf = empty

@@ -39,8 +39,13 @@ def test_out_dtype_must_be_a_dtype(bad):
             call()
 
 
-@pytest.mark.parametrize("config,words", [("x", "must be a dict"), ({"BLOCK_MM": 16}, "unknown key 'BLOCK_MM'"),
-                                          ({"BLOCK_M": 0}, "positive int")])
+@pytest.mark.parametrize("config,words", [
+    ("x", "must be a dict"), ({"BLOCK_MM": 16}, "unknown key 'BLOCK_MM'"), ({"BLOCK_M": 0}, "positive int"),
+    # these two failed inside the launch (a Triton arange error; a missing positional argument): found by review
+    ({"BLOCK_M": 24, "BLOCK_N": 16, "BLOCK_NB": 16}, "power of two >= 16"),
+    ({"BLOCK_M": 16}, "lacks BLOCK_N, BLOCK_NB"),
+    ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_NB": 16, "num_warps": 3}, "num_warps'] must be a power of two"),
+])
 def test_a_forced_launch_config_is_checked(config, words):
     q, kc = randn(1, 2, 1, 16).float(), randn(2, 8, 16).float()
     with torch.no_grad(), pytest.raises((TypeError, ValueError), match=words):
@@ -70,4 +75,20 @@ def test_negative_bit_views_are_read_with_their_sign():
     neg = torch._neg_view
     got = shared_context_attention(neg(q), neg(kc), vc, kb, neg(vb), lens)
     want = shared_context_attention(-q, -kc, vc, kb, -vb, lens)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_unchecked_int64_lengths_clamp_rather_than_wrap():
+    """check_lengths=False leaves the lengths to the kernels, which clamp them to [0, n_buf]; they cast an int64
+    length to int32 first, so 2**32 + 1 read as 1, a silently shorter buffer (found by review)."""
+    from attnbench.shared_context import buffer_attention, shared_context_attention_composed
+
+    q, kc, vc = randn(2, 2, 3, 16), randn(2, 5, 16, seed=1), randn(2, 5, 16, seed=2)
+    kb, vb = randn(2, 2, 4, 16, seed=3), randn(2, 2, 4, 16, seed=4)
+    huge = torch.tensor([2**32 + 1, -(2**32) + 2], dtype=torch.int64)
+    clamped = torch.tensor([4, 0], dtype=torch.int64)
+    for f in (shared_context_attention, shared_context_attention_composed):
+        got, want = f(q, kc, vc, kb, vb, huge, check_lengths=False), f(q, kc, vc, kb, vb, clamped)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    got, want = buffer_attention(q, kb, vb, huge, check_lengths=False), buffer_attention(q, kb, vb, clamped)
     assert all(torch.equal(a, b) for a, b in zip(got, want))

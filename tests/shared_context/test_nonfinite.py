@@ -79,3 +79,19 @@ def test_a_nan_input_poisons_exactly_the_rows_that_read_it(impl, splits, causal,
     tol = 1e-10 if dtype == torch.float64 else 2e-5
     torch.testing.assert_close(o[~rows].double(), ref_o[~rows], rtol=tol, atol=tol)
     torch.testing.assert_close(lse[~rows].double(), ref_lse[~rows], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("implementation", [reference.attention, shared_context_fwd], ids=["reference", "split"])
+def test_an_unused_slots_nan_stays_out_of_the_gradient(implementation):
+    """The differentiable implementations masked an unused slot's score after Q K^T, so their backward formed
+    dQ = dS K with dS = 0 against the NaN key there: the output was right and dQ NaN (found by review). The
+    unused slots are zeroed in K as in V now; the gradient equals that of a finite slot, which no row reads."""
+    q, kc, vc, kb, vb, lens = inputs(torch.float64)
+    bad = kb.clone()
+    bad[2, 0, 3] = float("nan")  # sample 2 has length 3: slot 3 is unused
+    grads = []
+    for k_buf in (kb, bad):
+        x = q.clone().requires_grad_()
+        o, lse = implementation(x, kc, vc, k_buf, vb, lens, True, 0.25)
+        grads.append(torch.autograd.grad(o.sum() + lse.sum(), x)[0])
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().max() > 0

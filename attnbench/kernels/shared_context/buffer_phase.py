@@ -37,8 +37,9 @@ def _tile_samples(tile, split, R_TOTAL, ROWS_PER_SAMPLE, NUM_SPLITS, BLOCK_M: tl
 @triton.jit
 def _buffer_lengths(LENS, b, mask, N_BUF):
     """Samples b's buffer lengths; values outside [0, N_BUF] (unchecked on the hot path) are
-    clamped, so that they never read out of bounds."""
-    return tl.minimum(tl.maximum(tl.load(LENS + b, mask=mask, other=0).to(tl.int32), 0), N_BUF)
+    clamped, so that they never read out of bounds: in the lengths' own dtype first (an int64 of 2**32 + 1
+    cast to int32 first read as 1)."""
+    return tl.minimum(tl.maximum(tl.load(LENS + b, mask=mask, other=0), 0), N_BUF).to(tl.int32)
 
 
 @triton.jit
