@@ -13,6 +13,11 @@ import triton.language as tl
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+# The online softmax's running max before any key (log2 units): the most negative finite float32. Finite, so
+# that a row with no visible key yet keeps alpha = exp2(m - m) = 1 and p = 0 (-inf - -inf would be NaN); and
+# this low, since a round -1e30 read rows whose scores all lie below it (finite inputs near 1e15) as seeing
+# no key: NaN rows in flash, a dropped "empty" state in shared_context's merge (found by review).
+ROW_MAX_START: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
 
 
 @functools.lru_cache(maxsize=1024)  # host time: two numpy scalar round trips on every launch

@@ -185,3 +185,28 @@ def test_bf16_runs_correctly_in_the_interpreter(causal):
     want_t = torch.func.jvp(lambda a: reference_attention(a, k.double(), v.double(), D ** -0.5, off)[0], (q.double(),),
                             (tq.double(),))[1]
     assert verify.relative_error(o_t, want_t) < verify.BOUNDS[torch.bfloat16]
+
+
+def tiles_variant(q, k, v):  # the pointer tiles (Nq <= 64 takes the split-KV forward by default)
+    from attnbench.kernels.attention.flash_fwd import forward_route
+
+    with forward_route("tiles"):
+        return flash_fwd(q, k, v, causal="bottom_right")
+
+
+@pytest.mark.parametrize("variant", [*forward_variants(), "tiles"])
+@pytest.mark.parametrize("dtype,magnitude", [(torch.float64, 1e17), (torch.float32, 3e15)], ids=["fp64", "fp32"])
+def test_scores_far_below_minus_1e30_are_attended_not_dropped(variant, dtype, magnitude):
+    """Finite inputs whose scores all lie below -1e30: the running max started at -1e30, so every p was 0 and the
+    row came back NaN, as if its scores were -inf (found by review). It starts at the most negative float32 now
+    (kernels/precision.ROW_MAX_START) and the answer matches float64, the blind rows still (0, -inf)."""
+    q, k, v = inputs(dtype)
+    q, k = -q.abs() * magnitude, k.abs() * magnitude  # every score about -magnitude**2 * D**-0.5
+    forward = tiles_variant if variant == "tiles" else forward_variants()[variant]
+    o, lse = forward(q, k, v)
+    ro, rlse = reference(q, k, v)
+    seen = torch.arange(NQ) >= BLIND
+    assert rlse[..., seen].max() < -1e31
+    assert (o.double() - ro).abs().max() < 1e-5
+    assert ((lse[..., seen].double() / rlse[..., seen]) - 1).abs().max() < 1e-6  # relative: |LSE| ~ 1e31
+    assert torch.isneginf(lse[..., ~seen]).all() and (o[..., ~seen, :] == 0).all()

@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from ..outputs import new_output
-from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale, softmax_scale_log2, split_scale
+from ..precision import (ROW_MAX_START, accumulator_dtype, dot_precision, lse_dtype, softmax_scale, softmax_scale_log2,
+                         split_scale)
 from .key_block import key_block_mask
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
 from ..tiling import query_tile, row_strides, visible_keys
@@ -127,7 +128,7 @@ def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
     lse_log2 = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     if LSE_GIVEN:
         lse_log2 = load_lse_log2(LSE_head, offs_m, N_Q)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+    m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     mu_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     mu_o = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)

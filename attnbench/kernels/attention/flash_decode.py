@@ -18,8 +18,8 @@ from .. import interpreting
 from .key_block import attend_key_block
 from ..merge_states import merge_stack_launch
 from ..outputs import new_output
-from ..precision import (accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype, softmax_scale_log2,
-                        split_scale)
+from ..precision import (ROW_MAX_START, accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype,
+                         softmax_scale_log2, split_scale)
 from .softmax_rows import finish_rows_where
 from ..launch import planned
 from ..tiling import row_strides
@@ -116,7 +116,7 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     V_head = V + b * stride_vb + hk * stride_vh
 
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)  # finite: see key_block.attend_key_block
+    m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)  # finite: see key_block.attend_key_block
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     # One head-dim block, padded to a power of two: reading K and V binds here, not the matmuls
     # (a padded D 96 runs near copy bandwidth: docs/measurements/flash.md), so the second block of

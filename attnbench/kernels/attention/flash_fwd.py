@@ -30,7 +30,7 @@ from .head_padding import cut_heads, pad_heads, padded_width
 from .key_block import attend_key_block, attend_key_block_tma, head_columns
 from ..launch import descriptor_scratch, descriptors_apply, planned
 from ..outputs import new_output
-from ..precision import accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
+from ..precision import ROW_MAX_START, accumulator_dtype, dot_precision, lse_dtype, softmax_scale_log2, split_scale
 from .routes import RouteSwitch
 from .softmax_rows import finish_rows
 from ..tiling import query_tile, row_strides, visible_keys, visible_pairs
@@ -102,7 +102,7 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     V_head = V + b * stride_vb + hk * stride_vh
 
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+    m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
@@ -153,7 +153,7 @@ def flash_fwd_tma_kernel(Q, K, V, O, LSE,
         k_desc2, v_desc2 = k_desc, v_desc
 
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+    m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
 
     full_hi, hi = visible_keys(m0, N_K, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)

@@ -35,7 +35,7 @@ import math
 import torch
 
 from ..launch import Tiles, planned
-from ..precision import LN2
+from ..precision import LN2, ROW_MAX_START
 from ..tuning import gpu_property
 
 # Head dims the Gluon forward takes when asked for (forward_route("hopper")): a tile holds head_block(D)
@@ -334,7 +334,7 @@ if GLUON:
 
         q_tile = q_smem._reinterpret(dtype, [BLOCK_M, HEAD_DIM], tile_layout)
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
-        m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_s)
+        m_i = gl.full([BLOCK_M], ROW_MAX_START, gl.float32, layout=row_s)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
         o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
         mbarrier.wait(q_bar, 0)
@@ -388,7 +388,7 @@ if GLUON:
         tma.async_copy_global_to_shared(q_desc, [b, h, row0, 0], q_bars.index(HALF), q_slot)
         full_hi, _ = _visible_keys(row0, N_K, causal_offset, CAUSAL, ROWS, BLOCK_N)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
-        m_i = gl.full([ROWS], -1.0e30, gl.float32, layout=row_s)
+        m_i = gl.full([ROWS], ROW_MAX_START, gl.float32, layout=row_s)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
         o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         q_tile = q_slot._reinterpret(dtype, [ROWS, HEAD_DIM], tile_layout)

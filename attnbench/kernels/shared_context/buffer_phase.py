@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..precision import ROW_MAX_START
 from ..tuning import cdiv, next_pow2
 from .packed_rows import _normalized, _rows, _store_state
 
@@ -78,7 +79,7 @@ def _buffer_keyblocks(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     hk64 = hk.to(tl.int64)
-    m_i = tl.full([BLOCK_R], -1.0e30, dtype=ACC_DTYPE)
+    m_i = tl.full([BLOCK_R], ROW_MAX_START, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_R], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=ACC_DTYPE)
     # One flat loop over (sample group, row chunk, key block), so that the next group's loads are
@@ -110,7 +111,7 @@ def _buffer_keyblocks(Q, KB, VB, LENS, OUT_O, OUT_L, tile, split, hk,
         limit = _visible_keys(len_r, i, valid, N_Q, CAUSAL)
         key_ok = (j_k < mine) & (n_k < len_k)
         fresh = kb == 0
-        m_i = tl.where(fresh, -1.0e30, m_i)
+        m_i = tl.where(fresh, ROW_MAX_START, m_i)
         l_i = tl.where(fresh, 0.0, l_i)
         acc = tl.where(fresh, 0.0, acc)
         q = tl.load(Q + _rows(b_r, h, i, stride_qb, stride_qh, stride_qn)[:, None] + offs_d[None, :],

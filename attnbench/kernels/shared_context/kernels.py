@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..merge_states import merge_finish, merge_init, merge_step
-from ..precision import LOG2E, softmax_scale_log2
+from ..precision import LOG2E, ROW_MAX_START, softmax_scale_log2
 from ..tuning import (ACCUMULATOR_REGISTERS, autotune, cfg, configs, config_list, pruner, registers_per_thread,
                       seq_bucket)
 from .buffer_phase import _buffer_phase
@@ -119,11 +119,11 @@ def shared_context_fused_kernel(
         o_b = tl.load(WB_O + _rows(b, h, i, stride_wbo_b, stride_wbo_h, stride_wbo_n)[:, None] + offs_d[None, :],
                       mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
         seen = lse_b != float("-inf")  # a NaN state (a NaN input) is seeded as it is and poisons the row
-        m_i = tl.where(seen, lse_b * tl.full([], LOG2E, ACC_DTYPE), -1.0e30)
+        m_i = tl.where(seen, lse_b * tl.full([], LOG2E, ACC_DTYPE), ROW_MAX_START)
         l_i = seen.to(ACC_DTYPE)
         acc = tl.where(seen[:, None], o_b.to(ACC_DTYPE), 0.0)
     else:
-        m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+        m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)
         l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
     if HAS_CONTEXT:
@@ -182,7 +182,7 @@ def context_attention_kernel(
     hk = tl.program_id(2)
     q, valid, b, h, i, offs_d = _load_q_tile(Q, pid_m, hk, stride_qb, stride_qh, stride_qn, R_TOTAL,
                                              ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=ACC_DTYPE)
+    m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
     acc, l_i, m_i = _context_phase(acc, l_i, m_i, q, KC, VC, split, hk, stride_kch, stride_kcn, stride_vch,

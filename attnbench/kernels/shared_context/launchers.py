@@ -53,9 +53,9 @@ def _launch(kernel, grid, args, constexprs, config):
     config = dict(config)
     launch = dict(num_warps=config.pop("num_warps", 4), num_stages=config.pop("num_stages", 2))
     names = kernel.fn.arg_names
-    if missing := [n for n in ("BLOCK_M", "BLOCK_N", "BLOCK_NB") if n in names and n not in config and n not in constexprs]:
-        raise ValueError(f"config for {kernel.fn.__name__} lacks {', '.join(missing)} (it takes "
-                         f"{', '.join(n for n in ('BLOCK_M', 'BLOCK_N', 'BLOCK_NB') if n in names and n not in constexprs)})")
+    takes = [n for n in ("BLOCK_M", "BLOCK_N", "BLOCK_NB") if n in names and n not in constexprs]
+    if missing := [n for n in takes if n not in config]:
+        raise ValueError(f"config for {kernel.fn.__name__} lacks {', '.join(missing)} (it takes {', '.join(takes)})")
     config = {k: v for k, v in config.items() if k in names}  # e.g. BLOCK_N means nothing to the buffer kernel
     kwargs = {**constexprs, **config, **launch}
     return kernel.fn, kernel.fn[grid](*args, **kwargs), grid(kwargs), kwargs

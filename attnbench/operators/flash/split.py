@@ -75,7 +75,7 @@ def flash_fwd(q, k, v, scale: float, offset, block_n: int = BLOCK_N):
     qg = grouped(q.to(cdt), heads_kv)
     shape = qg.shape[:-1]
     # Finite start: a row whose keys are all masked so far keeps alpha = 1 and p = 0, not NaN.
-    m = torch.full(shape, -1e30, dtype=cdt, device=q.device)
+    m = torch.full(shape, torch.finfo(cdt).min, dtype=cdt, device=q.device)
     l = torch.zeros(shape, dtype=cdt, device=q.device)
     acc = torch.zeros(qg.shape, dtype=cdt, device=q.device)
     for n0, n1, visible in visible_blocks(seqlen_q, seqlen_k, offset, block_n, q.device):

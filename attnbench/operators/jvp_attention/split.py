@@ -42,7 +42,7 @@ def attention_jvp(q, k, v, tq, tk, tv, scale: float, offset, block_n: int = BLOC
     cdt = compute_dtype(q.dtype)
     qg, tqg = grouped(q.to(cdt), heads_kv), None if tq is None else grouped(tq.to(cdt), heads_kv)
     shape = qg.shape[:-1]
-    m = torch.full(shape, -1e30, dtype=cdt, device=q.device)  # finite: fully masked rows keep p = 0
+    m = torch.full(shape, torch.finfo(cdt).min, dtype=cdt, device=q.device)  # finite: fully masked rows keep p = 0
     l, mu = torch.zeros(shape, dtype=cdt, device=q.device), torch.zeros(shape, dtype=cdt, device=q.device)
     acc, acc_t = torch.zeros_like(qg), torch.zeros_like(qg)
     for n0, n1, visible in visible_blocks(seqlen_q, seqlen_k, offset, block_n, q.device):
