@@ -13,6 +13,8 @@ There is no backward: inputs that require grad under grad mode are refused, neve
 detached. ``reference`` (the per-batch cache, the float64 oracle) and ``split`` (the seed's
 PyTorch: context einsum, buffer matmul, merge) compute the same function in plain PyTorch.
 """
+from typing import Optional
+
 import torch
 
 from ..attention.ops import interpreter_upcasts
@@ -21,6 +23,7 @@ from ..checks import refuse_derivatives, require_tensor
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.launch import readable, tensor_signature
 from ..kernels.offsets import slice_needs_copy
+from ..kernels.precision import lse_dtype
 from ..kernels.shared_context import buffer_launch, composed_launch, context_launch, fused_launch
 from .spec import check_inputs
 
@@ -138,6 +141,13 @@ def shared_context_attention(q, k_ctx, v_ctx, k_buf=None, v_buf=None, buf_lens=N
     """The shipped path: context, buffer and merge in one fused launch. ``num_splits`` forces the
     split-K count (None: measured once per shape on CUDA, else ``choose_splits``; see
     attnbench/kernels/shared_context/split_count.py); ``config`` forces one launch configuration."""
+    if torch.compiler.is_compiling():
+        return _compiled("fused", q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits,
+                         config)
+    return _fused(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config)
+
+
+def _fused(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config):
     num_splits = _num_splits(num_splits)
     _check_config("config", config)
     shapes, (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens), signature = _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens,
@@ -150,6 +160,15 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
                                       scale=None, check_lengths=True, num_splits=None, context_config=None,
                                       buffer_config=None):
     """Path (a): the context kernel (and its split reduction), the buffer kernel, then merge_states."""
+    if torch.compiler.is_compiling():
+        return _compiled("composed", q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits,
+                         context_config, buffer_config)
+    return _composed(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, context_config,
+                     buffer_config)
+
+
+def _composed(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, context_config,
+              buffer_config):
     num_splits = _num_splits(num_splits)
     _check_config("context_config", context_config)
     _check_config("buffer_config", buffer_config)
@@ -162,6 +181,12 @@ def shared_context_attention_composed(q, k_ctx, v_ctx, k_buf=None, v_buf=None, b
 
 def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=None):
     """Every sample's queries against the shared context alone (e.g. batched point prediction)."""
+    if torch.compiler.is_compiling():
+        return _compiled("context", q, k_ctx, v_ctx, None, None, None, False, scale, False, num_splits, config)
+    return _context(q, k_ctx, v_ctx, scale, num_splits, config)
+
+
+def _context(q, k_ctx, v_ctx, scale, num_splits, config):
     num_splits = _num_splits(num_splits)
     _check_config("config", config)
     shapes, (q, k_ctx, v_ctx, *_), _ = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
@@ -172,6 +197,12 @@ def context_attention(q, k_ctx, v_ctx, *, scale=None, num_splits=None, config=No
 
 def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None, check_lengths=True, config=None):
     """Each sample's queries against its own buffer alone."""
+    if torch.compiler.is_compiling():
+        return _compiled("buffer", q, None, None, k_buf, v_buf, buf_lens, causal, scale, check_lengths, None, config)
+    return _buffer(q, k_buf, v_buf, buf_lens, causal, scale, check_lengths, config)
+
+
+def _buffer(q, k_buf, v_buf, buf_lens, causal, scale, check_lengths, config):
     _check_config("config", config)
     require_tensor("k_buf", k_buf)
     if k_buf.dim() != 4:
@@ -181,3 +212,62 @@ def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None
     shapes, (q, _, _, k_buf, v_buf, buf_lens), _ = _checked(q, empty_ctx, empty_ctx, k_buf, v_buf, buf_lens, causal,
                                                             scale, check_lengths)
     return _in_dtype(buffer_launch(q, k_buf, v_buf, buf_lens, shapes.causal, shapes.scale, config=config), shapes)
+
+
+# ----------------------------------------------------------------------------- torch.compile
+
+def _compiled(path, q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config,
+              config2=None):
+    """A call under torch.compile: one custom op (attnbench::shared_context), which runs the eager path, every
+    check included, when the compiled code runs. Dynamo cannot trace that path (functorch queries, data
+    pointers, launch plans) and Inductor must not see inside it. The checks that read no tensor data run
+    here too, so that a bad call fails while compiling, with the eager message."""
+    q, k_ctx, v_ctx, k_buf, v_buf = autocast_inputs(q, k_ctx, v_ctx, k_buf, v_buf)
+    _num_splits(num_splits)
+    for name, c in (("config", config), ("buffer_config", config2)):
+        _check_config(name, c)
+    tensors = [t for t in (q, k_ctx, v_ctx, k_buf, v_buf) if isinstance(t, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError("shared_context's Triton kernels: no backward (inputs that require grad are refused, not "
+                           "detached); call it under torch.no_grad(), or use the reference or split implementation "
+                           "(attnbench.shared_context.reference, .split) for derivatives")
+    if path != "buffer":
+        check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale, check_lengths=False)
+    if path == "context" and k_ctx.shape[1] == 0:
+        raise ValueError("context_attention needs n_ctx >= 1")
+    if scale is not None and not isinstance(scale, (int, float)):
+        scale = float(scale)  # a numpy scalar: the op's schema takes a float
+    return _shared_context_op(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, path, causal, scale, check_lengths,
+                              num_splits, _config_list(config), _config_list(config2))
+
+
+def _config_list(config):
+    return None if config is None else [config.get(key, 0) for key in CONFIG_KEYS]
+
+
+def _config_dict(values):
+    return None if values is None else {key: v for key, v in zip(CONFIG_KEYS, values) if v}
+
+
+@torch.library.custom_op("attnbench::shared_context", mutates_args=())
+def _shared_context_op(q: torch.Tensor, k_ctx: Optional[torch.Tensor], v_ctx: Optional[torch.Tensor],
+                       k_buf: Optional[torch.Tensor], v_buf: Optional[torch.Tensor], buf_lens: Optional[torch.Tensor],
+                       path: str, causal: bool, scale: Optional[float], check_lengths: bool, num_splits: Optional[int],
+                       config: Optional[list[int]], config2: Optional[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    config, config2 = _config_dict(config), _config_dict(config2)
+    if path == "fused":
+        o, lse = _fused(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config)
+    elif path == "composed":
+        o, lse = _composed(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config,
+                           config2)
+    elif path == "context":
+        o, lse = _context(q, k_ctx, v_ctx, scale, num_splits, config)
+    else:
+        o, lse = _buffer(q, k_buf, v_buf, buf_lens, causal, scale, check_lengths, config)
+    # a custom op's outputs may alias no input and not each other; a one-split result is a view of its stack
+    return (o if o._base is None else o.clone()), (lse if lse._base is None else lse.clone())
+
+
+@_shared_context_op.register_fake
+def _(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, path, causal, scale, check_lengths, num_splits, config, config2):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=lse_dtype(q.dtype))
