@@ -6,13 +6,17 @@ training or inference loop keeps its dtypes (the kernels had run in float32 ther
 """
 import torch
 
+AUTOCAST_DEVICES = ("cpu", "cuda")  # where the kernels run (the interpreter, a GPU)
+
 
 def autocast_inputs(*tensors):
     """``tensors`` as an autocast region on the first one's device hands them to SDPA: floating
     tensors other than float64 cast to the region's dtype (differentiably: gradients come back in
     the caller's dtype). Outside a region, and non-tensors (left for the checks to refuse), as given."""
     first = tensors[0]
-    if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
+    # (autocast knows no 'meta' device, where is_autocast_enabled raises; the device checks refuse it by name)
+    if not isinstance(first, torch.Tensor) or first.device.type not in AUTOCAST_DEVICES \
+            or not torch.is_autocast_enabled(first.device.type):
         return tensors
     dtype = torch.get_autocast_dtype(first.device.type)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()

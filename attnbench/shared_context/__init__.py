@@ -76,6 +76,9 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     key = None if reads_values else _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale)
     known = _CHECKED.get(key) if key is not None else None
     if known is None:
+        require_tensor("q", q)
+        if reason := unavailable_reason(q.device):  # before check_inputs reads the lengths (a meta tensor has none)
+            raise ValueError(reason)
         shapes = check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale,
                               check_lengths=check_lengths)
         if q.device.type == "cuda" and (reason := unsupported_on_cuda(q.dtype, shapes.head_dim)):

@@ -111,3 +111,11 @@ def test_a_sparse_input_is_refused_after_a_dense_call_of_its_shapes(monkeypatch)
     flash_attention(q, k, v)
     with pytest.raises(TypeError, match=r"q must be a dense \(strided\) tensor"):
         flash_attention(q.to_sparse(), k, v)
+
+
+def test_meta_tensors_are_refused_by_device():
+    """Meta tensors (shape-only) reached torch.autocast's query, which knows no 'meta' device and raised its own
+    error (found by review): the device check names them."""
+    q = torch.randn(1, 2, 8, 16, device="meta")
+    with pytest.raises(ValueError, match="need CUDA tensors .* got meta"):
+        flash_attention(q, q, q)

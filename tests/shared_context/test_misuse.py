@@ -92,3 +92,12 @@ def test_unchecked_int64_lengths_clamp_rather_than_wrap():
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     got, want = buffer_attention(q, kb, vb, huge, check_lengths=False), buffer_attention(q, kb, vb, clamped)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_meta_tensors_are_refused_by_device():
+    """All-meta inputs failed inside autocast's device query or on reading the lengths' values (found by review):
+    the device check comes first and names them."""
+    meta = dict(device="meta")
+    q, kc, kb = torch.randn(2, 2, 3, 16, **meta), torch.randn(2, 5, 16, **meta), torch.randn(2, 2, 4, 16, **meta)
+    with pytest.raises(ValueError, match="need CUDA tensors .* got meta"):
+        shared_context_attention(q, kc, kc, kb, kb, torch.tensor([1, 2], **meta))
