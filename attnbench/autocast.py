@@ -13,6 +13,9 @@ def autocast_inputs(*tensors):
     """``tensors`` as an autocast region on the first one's device hands them to SDPA: floating
     tensors other than float64 cast to the region's dtype (differentiably: gradients come back in
     the caller's dtype). Outside a region, and non-tensors (left for the checks to refuse), as given."""
+    # one argument-free query first: outside every region (the usual call) nothing else is read (host time)
+    if not torch._C._is_any_autocast_enabled():
+        return tensors
     first = tensors[0]
     # (autocast knows no 'meta' device, where is_autocast_enabled raises; the device checks refuse it by name)
     if not isinstance(first, torch.Tensor) or first.device.type not in AUTOCAST_DEVICES \
