@@ -151,6 +151,35 @@ def test_blind_rows_ignore_their_queries_in_every_derivative_on_the_gpu(route):
         assert torch.isfinite(got).all() and torch.equal(got, want), name
 
 
+@pytest.mark.parametrize("route,n_q,d", [(None, 300, 64), (None, 300, 72), ("tiles", 300, 64), (None, 9, 64),
+                                         ("decode", 300, 128)],
+                         ids=["default-d64", "default-d72", "tiles", "split-kv", "split-kv-forced"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_scores_far_below_minus_1e30_are_attended_on_the_gpu(route, n_q, d, dtype):
+    """The compiled twin of the interpreter test: finite scores all below -1e30 gave NaN rows while the running max
+    started at -1e30 (kernels/precision.ROW_MAX_START); the default bf16 routes at D 64 and 72 on sm_90 are the
+    Gluon forward. The forward, the fused JVP kernel, and the forward's output, which is no view (in-place edits)."""
+    from attnbench.kernels.attention.flash_fwd import forward_route
+    from attnbench.operators.flash.reference import attention as reference
+
+    g = torch.Generator().manual_seed(2)
+    huge = 3e15 if dtype == torch.float32 else 1e15
+    q = -(torch.randn(2, 4, n_q, d, generator=g).abs() * huge).to("cuda", dtype)
+    k = (torch.randn(2, 2, 200, d, generator=g).abs() * huge).to("cuda", dtype)
+    v, tq = (torch.randn(*shape, generator=g).to("cuda", dtype) for shape in ((2, 2, 200, d), (2, 4, n_q, d)))
+    o_ref, lse_ref = reference(q.double(), k.double(), v.double(), d ** -0.5, 200 - n_q)
+    seen = torch.isfinite(lse_ref)  # with Nq 300 > Nk 200 bottom-right, rows 0..99 see no key
+    assert lse_ref[seen].max() < -1e30
+    with forward_route(route):
+        o, lse = flash_fwd(q, k, v, causal="bottom_right")
+        o2, lse2, o_t, _ = attention_jvp(q, k, v, tq, causal="bottom_right")
+    for got, got_lse in ((o, lse), (o2, lse2)):
+        assert verify.relative_error(got, o_ref) < verify.BOUNDS[dtype]
+        assert ((got_lse[seen].double() / lse_ref[seen]) - 1).abs().max() < 1e-3
+        assert torch.isneginf(got_lse[~seen]).all()
+    assert torch.isfinite(o_t).all() and not o._is_view()
+
+
 def test_torch_compile_and_func_on_the_gpu():
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 64, device="cuda", dtype=torch.bfloat16)

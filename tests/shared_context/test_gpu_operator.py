@@ -165,3 +165,38 @@ def tuned_shared_context():
         for tuner in sc.autotuners():
             tuner.cache.clear()
         sc.clear_split_picks()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_nan_poisons_its_rows_and_extreme_scores_are_attended_on_gpu(dtype):
+    """The compiled twins of tests/shared_context/test_nonfinite.py: a NaN in a visible context key makes every row
+    NaN, one in a sample's visible buffer key that sample's rows, one in an unused slot nothing (fused and composed,
+    1 and 8 splits); finite scores far below -1e30 are attended, not read as 'no key' (kernels/precision.py)."""
+    from attnbench.shared_context import reference
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    batch, hq, hkv, n_q, n_ctx, n_buf, d = 6, 8, 2, 2, 700, 96, 64
+    q = torch.randn(batch, hq, n_q, d, device="cuda", generator=gen).to(dtype)
+    kc, vc = (torch.randn(hkv, n_ctx, d, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    kb, vb = (torch.randn(batch, hkv, n_buf, d, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    lens = torch.tensor([96, 5, 0, 40, 1, 77], device="cuda", dtype=torch.int32)
+    bad_buf, bad_slot = kb.clone(), kb.clone()
+    bad_buf[1, 0, 2, 3] = float("nan")  # sample 1 (length 5) sees slot 2
+    bad_slot[3, 1, 50, 0] = float("nan")  # sample 3 has length 40: slot 50 is unused
+    for api in (shared_context_attention, shared_context_attention_composed):
+        for splits in (1, 8):
+            clean = api(q, kc, vc, kb, vb, lens, num_splits=splits)
+            o, lse = api(q, kc, vc, bad_buf, vb, lens, num_splits=splits)
+            rows = torch.zeros(batch, dtype=torch.bool, device="cuda")
+            rows[1] = True
+            assert torch.isnan(lse[1, :2]).all() and torch.isfinite(lse[~rows]).all(), (api.__name__, splits)
+            assert torch.equal(o[~rows], clean[0][~rows])
+            assert all(torch.equal(a, b) for a, b in zip(api(q, kc, vc, bad_slot, vb, lens, num_splits=splits), clean))
+    huge = 3e15 if dtype == torch.float32 else 1e15
+    qx, kcx, kbx = -q.abs() * huge, kc.abs() * huge, kb.abs() * huge
+    o_ref, lse_ref = reference.attention(*(t.double() for t in (qx, kcx, vc, kbx, vb)), lens, False, d ** -0.5)
+    assert lse_ref.max() < -1e30
+    for api in (shared_context_attention, shared_context_attention_composed):
+        o, lse = api(qx, kcx, vc, kbx, vb, lens)
+        assert verify.relative_error(o, o_ref) < verify.BOUNDS[dtype], api.__name__
+        assert ((lse.double() / lse_ref) - 1).abs().max() < 1e-3, api.__name__  # bf16 inputs: relative to |LSE|
