@@ -1,0 +1,150 @@
+"""Where an eager attention call's host time goes, route by route (issue 37: "measure where each microsecond
+goes before cutting").
+
+    .venv/bin/python scripts/host_profile.py [--device cuda] [--shape 1 2 128 64] [--calls 1500]
+
+For each differentiation route (forward, forward + backward, torch.func.jvp, the three HVP routes) it times one
+eager call, back to back, at up to four levels:
+
+    real       the call as a user makes it (GPU only: the interpreter's time says nothing about a GPU's)
+    launches   every kernel launch made through kernels.launch.planned returns at once: our Python, the
+               launchers' included (routes, output allocation, strides), without Triton's launch and the GPU
+    ops        the five eager op bodies (attention/ops.py) return empty outputs at once: our Functions,
+               checks and torch's autograd / functorch machinery, without the launchers
+    floor      the same route over a function of two elementwise ops (o = q * q + v): what PyTorch itself
+               costs for a differentiable call with that many inputs and outputs
+
+real - launches is the launch path and the GPU; launches - ops our launchers' Python; ops - floor our
+Functions and checks above PyTorch's own. The stubbed levels compute garbage (empty outputs) and are
+for timing only. Each number is the best of 5 rounds' mean per call, in microseconds.
+"""
+import argparse
+import time
+
+import torch
+import torch.autograd.forward_ad as fwAD
+
+import attnbench  # noqa: F401  first: it sets Triton's interpreter switch on a CPU machine
+import attnbench.attention as api
+from attnbench.attention import autograd as functions
+from attnbench.attention import ops
+from attnbench.kernels import launch
+
+ROUTES = ("fwd", "fwd_bwd", "func_jvp", "hvp_fwd_rev", "hvp_rev_rev", "hvp_func")
+
+
+def routes(f, q, k, v, u):
+    """Each route as a no-argument call over f(q, k, v) -> o."""
+    def fwd():
+        with torch.no_grad():
+            f(q, k, v)
+
+    def fwd_bwd():
+        x, y, z = (t.detach().requires_grad_() for t in (q, k, v))
+        f(x, y, z).backward(u)
+
+    def func_jvp():
+        torch.func.jvp(f, (q, k, v), (u, u, u))
+
+    def hvp_fwd_rev():  # forward over reverse through autograd: a dual input, then grad
+        x = q.detach().requires_grad_()
+        with fwAD.dual_level():
+            (g,) = torch.autograd.grad((f(fwAD.make_dual(x, u), k, v) * u).sum(), x)
+            fwAD.unpack_dual(g)
+
+    def hvp_rev_rev():  # double backward
+        x = q.detach().requires_grad_()
+        (g,) = torch.autograd.grad((f(x, k, v) * u).sum(), x, create_graph=True)
+        torch.autograd.grad(g, x, u)
+
+    def hvp_func():
+        torch.func.jvp(torch.func.grad(lambda a: (f(a, k, v) * u).sum()), (q,), (u,))
+
+    return dict(zip(ROUTES, (fwd, fwd_bwd, func_jvp, hvp_fwd_rev, hvp_rev_rev, hvp_func)))
+
+
+def per_call_us(call, device, calls):
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    for _ in range(max(20, calls // 20)):
+        call()
+    best = float("inf")
+    for _ in range(5):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+class Stubbed:
+    """Inside the block, a level's stubs replace the code they stand in for (put back on exit)."""
+
+    def __init__(self, level):
+        self.level, self.saved = level, []
+
+    def _set(self, owner, name, value):
+        self.saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def __enter__(self):
+        if self.level == "launches":
+            self._set(launch._Planned, "_launch", lambda self, grid, args, kwargs: None)
+        elif self.level == "ops":
+            def rows(q):
+                return q.new_empty(q.shape[:3], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+            e = torch.empty_like
+            stubs = dict(
+                attention_fwd=lambda q, k, v, *_: (e(q), rows(q)),
+                attention_fwd_jvp=lambda q, k, v, *_: (e(q), rows(q), e(q), rows(q)),
+                _attention_fwd_jvp=lambda q, k, v, *_: (e(q), rows(q), e(q), rows(q)),
+                attention_jvp=lambda q, *_: (e(q), rows(q)),
+                attention_bwd=lambda q, k, v, *_: (e(q), e(k), e(v)),
+                attention_bwd_jvp=lambda q, k, v, *_: (e(q), e(k), e(v)),
+            )
+            for owner in (api, functions, ops):
+                for name, stub in stubs.items():
+                    if hasattr(owner, name):
+                        self._set(owner, name, stub)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, value in reversed(self.saved):
+            setattr(owner, name, value)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--shape", type=int, nargs=4, default=[1, 2, 128, 64], metavar=("B", "H", "N", "D"))
+    parser.add_argument("--calls", type=int, default=1500, help="calls per timed round")
+    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    # the interpreter runs bf16 as a float32 upcast (extra copies that a GPU does not make): time float32 there
+    dtype = getattr(torch, args.dtype) if device.type == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(0)
+    q, k, v, u = (torch.randn(*args.shape, generator=g).to(device, dtype) for _ in range(4))
+    ours = routes(lambda q, k, v: api.flash_attention(q, k, v), q, k, v, u)
+    floor = routes(lambda q, k, v: q * q + v, q, k, v, u)
+    levels = (["real"] if device.type == "cuda" else []) + ["launches", "ops", "floor"]
+    print(f"host time per eager call (us), {device} {dtype} B{args.shape[0]} H{args.shape[1]} N{args.shape[2]} "
+          f"D{args.shape[3]}, best of 5 rounds of {args.calls}")
+    print(f"{'route':12s}" + "".join(f"{level:>10s}" for level in levels))
+    for route in args.routes:
+        cells = []
+        for level in levels:
+            if level == "floor":
+                cells.append(per_call_us(floor[route], device, args.calls))
+            else:
+                with Stubbed(level):
+                    cells.append(per_call_us(ours[route], device, args.calls))
+        print(f"{route:12s}" + "".join(f"{c:10.1f}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
