@@ -65,11 +65,14 @@ def variant_kinds(op_name) -> dict:
 
 def peer_candidates(op_name, rows, declared) -> list:
     """The variants a table may set beside the subject: the declared ratio peers first, then every other variant
-    of kind "peer" with a row here, in the order they ran. A candidate gets a column only where it was measured
-    on the subject's clock (``_subject_table``)."""
+    of kind "peer" with a row here, then our other Triton variants and forced routes (``triton@tma``,
+    ``triton_fused``: a route timed beside the default is what such a run is for; they had no column and no
+    mention), in the order they ran. A candidate gets a column only where it was measured on the subject's clock
+    (``_subject_table``)."""
     kinds = variant_kinds(op_name)
     ran = [r["variant"] for r in rows]
-    return list(dict.fromkeys([*declared, *(v for v in ran if kinds.get(v) == "peer")]))
+    return list(dict.fromkeys([*declared, *(v for v in ran if kinds.get(v) == "peer"),
+                               *(v for v in ran if kinds.get(v) == "triton" or "@" in v)]))
 
 
 def _gpu_time(row, machine) -> bool:
@@ -122,7 +125,8 @@ def _subject_table(by_key, subject, candidates, machine):
         variants = by_key[case, mode]
         cells = [case, mode, f"{r['timing']['median_ms']:.3f}"]
         if show_tflops:
-            cells.append(_num(r.get("tflops") if _gpu_time(r, machine) else None, ".0f"))
+            # three figures: a decode row's 0.52 TF/s read "0" at .0f
+            cells.append(_num(r.get("tflops") if _gpu_time(r, machine) else None, ".3g"))
         for p in vs:
             x = _ratio(variants.get(p), r, "timing")
             cells.append("n/a" if x is None else f"{x:.2f}x")
@@ -139,6 +143,16 @@ def _subject_table(by_key, subject, candidates, machine):
             cells.append("unverified" if r.get("unverified") else _num(r.get("max_error"), ".1e"))
         lines.append("| " + " | ".join(cells) + " |")
     return lines, vs, vs_eager, [p for p in candidates if p not in vs and p not in vs_eager], show_eager
+
+
+def _untimed_lines(report, op, subject):
+    """The subject's rows of ``op`` that have no timing (skipped: out of memory, a declined case; or failed), each
+    with its reason: a table of timed rows alone had dropped them without a word."""
+    untimed = [r for r in report.get("bench", []) if r["op"] == op and r["variant"] == subject and not r.get("timing")]
+    if not untimed:
+        return []
+    return ["", f"Not timed ({subject}, {len(untimed)} rows):",
+            *(f"- {r['case']} {r['mode']}: {r.get('skipped') or 'no timing'}" for r in untimed)]
 
 
 def markdown(report, subject=None, peers=None) -> str:
@@ -184,12 +198,14 @@ def markdown(report, subject=None, peers=None) -> str:
         table, vs, vs_eager, left_out, eager = _subject_table(by_key, op_subject, candidates, machine)
         if not table:
             lines.append(f"\n(no timed {op_subject} row for {op})")
+            lines += _untimed_lines(report, op, op_subject)
             continue
         any_vs, any_eager = any_vs or bool(vs or vs_eager), any_eager or eager
         subject_clocks |= {clock(r, machine) for r in op_rows if r["variant"] == op_subject}
         lines += ["", *table]
         if left_out:
             lines += ["", f"No column for {', '.join(left_out)}: not timed on {op_subject}'s clock in this file."]
+        lines += _untimed_lines(report, op, op_subject)
     named = " / ".join(dict.fromkeys(subject or _claim(report, op)[0] for op in ops)) or "the subject"
     notes = []
     if any_vs:
@@ -197,7 +213,10 @@ def markdown(report, subject=None, peers=None) -> str:
                      f"clock: above 1 means {named} is faster; n/a: the peer did not run that case, or on another "
                      "clock.")
     if subject_clocks == {"gpu_time"} and (any_vs or any_eager):
-        notes.append("ms and 'vs peer' are GPU time (CUDA events, L2 flushed: the kernels' cost)"
+        graphs = any((r.get("timing") or {}).get("method") == "cuda-graph" for r in rows)
+        notes.append("ms and 'vs peer' are GPU time ("
+                     + ("CUDA-graph replays, back to back, L2 not flushed" if graphs else "CUDA events, L2 flushed")
+                     + ": the kernels' cost)"
                      + ("; 'eager' columns are eager latency (wall time per call back to back, host included: what "
                         "a Python caller pays)." if any_eager else "."))
     elif subject_clocks - {"gpu_time"}:

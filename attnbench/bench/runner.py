@@ -178,6 +178,7 @@ class BenchRow:
     peak_mem_bytes: int | None = None
     skipped: str = ""
     unverified: str = ""  # timed, but its outputs were not compared with the oracle: why
+    failed: str = ""  # the variant raised (or gave outputs of the wrong shape): the error; skipped says so too
 
     def as_dict(self):
         d = {k: v for k, v in self.__dict__.items() if k not in CLOCKS}
@@ -277,6 +278,9 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                 except OUT_OF_MEMORY as error:
                     _raise_unless_out_of_memory(error)
                     row.skipped = "out of memory"
+                except Exception as exc:  # recorded, not fatal: the other variants and cases still run
+                    row.failed = verify.raised(exc)
+                    row.skipped, row.timing, row.eager, row.host = f"failed: {row.failed}", None, None, None
                 fn = None
                 _release(device)
                 mode_rows.append(row)
@@ -288,7 +292,8 @@ def bench(op, cases, device, variants=None, modes=None, seed=0, baseline=None, c
                     _set_speedup(row, base_row)
                 if on_row is not None:
                     on_row(row)
-                shown = f"{row.timing.median_ms:.3f} ms" if row.timing else f"skipped: {row.skipped}"
+                shown = f"{row.timing.median_ms:.3f} ms" if row.timing else \
+                    f"FAILED: {row.failed}" if row.failed else f"skipped: {row.skipped}"
                 if row.eager:
                     shown += f", eager {row.eager.median_ms:.3f} ms"
                 bar.step(f"bench {op.name} {name:14s} {mode:7s} {case.label}  {shown}")

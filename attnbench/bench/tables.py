@@ -182,7 +182,9 @@ def summary_line(checks=None, bench_rows=None, unavailable: int = 0) -> str:
         timed = [r for r in bench_rows if r.timing]
         noisy = sum(1 for r in timed if r.timing.noisy)
         unverified = sum(1 for r in timed if getattr(r, "unverified", ""))  # rows of other sources may lack it
-        parts.append(f"bench {len(timed)} timed, {len(bench_rows) - len(timed)} skipped"
+        failed = sum(1 for r in bench_rows if getattr(r, "failed", ""))  # the variant raised
+        parts.append(f"bench {len(timed)} timed" + (f", {failed} failed" if failed else "")
+                     + f", {len(bench_rows) - len(timed) - failed} skipped"
                      + (f", {noisy} noisy" if noisy else "") + (f", {unverified} unverified" if unverified else ""))
     if unavailable:
         parts.append(f"{unavailable} variant{'s' if unavailable > 1 else ''} unavailable")

@@ -187,7 +187,10 @@ def check_outputs(op, variant, case, mode, outputs, oracle, reference_lowp) -> C
     for name in op.case_outputs(case, mode):
         if name in outputs:
             lowp = reference_lowp.get(name) if reference_lowp else None
-            result.outputs.append(judge(name, outputs[name], oracle[name], lowp, bounded=kind != "reference"))
+            try:
+                result.outputs.append(judge(name, outputs[name], oracle[name], lowp, bounded=kind != "reference"))
+            except ValueError as exc:  # a shape that is not the oracle's: a wrong answer, named, not a crash
+                result.outputs.append(OutputCheck(name, math.inf, math.nan, BOUNDS[case.torch_dtype], False, str(exc)))
         elif kind != "peer":
             result.outputs.append(OutputCheck(name, math.inf, math.nan, BOUNDS[case.torch_dtype], False,
                                               "output missing"))
@@ -208,7 +211,24 @@ def check_variant(op, variant_name, case, mode, inputs, oracle, reference_lowp) 
         outputs = run_poisoned(op, variant_name, case, inputs, mode)
     except Unsupported as exc:
         return CheckResult(op.name, variant_name, case.label, mode, skipped=str(exc))
+    except Exception as exc:
+        if isinstance(exc, DEVICE_ERRORS):  # out of memory (the caller skips the case) or a broken CUDA context
+            raise
+        # a variant that raises is a failed check that names the error, and the run goes on to the others
+        return CheckResult(op.name, variant_name, case.label, mode, outputs=[OutputCheck(
+            "(call)", math.inf, math.nan, BOUNDS[case.torch_dtype], False, raised(exc))])
     return check_outputs(op, variant_name, case, mode, outputs, oracle, reference_lowp)
+
+
+# What check_variant and bench let through rather than record: the device's own errors (torch's
+# OutOfMemoryError is one: the runners skip that case; any other leaves the CUDA context unusable)
+DEVICE_ERRORS = (torch.OutOfMemoryError, torch.AcceleratorError)
+
+
+def raised(exc) -> str:
+    """One line naming an exception a variant raised."""
+    text = " ".join(str(exc).split())
+    return f"raised {type(exc).__name__}: {text[:300]}"
 
 
 def bitwise_equal_runs(fn, runs: int = 2) -> bool:

@@ -125,10 +125,11 @@ def _check_config(name, config):
             raise ValueError(f"{name}: unknown key {key!r}; known: {', '.join(CONFIG_KEYS)}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}[{key!r}] must be a positive int, got {value!r}")
-        # blocks are tl.arange extents and tl.dot operands (powers of two, at least 16; the merge tickets
-        # are sized for BLOCK_M >= 16); Triton takes warps in powers of two
-        if key.startswith("BLOCK_") and (value < 16 or value & (value - 1)):
-            raise ValueError(f"{name}[{key!r}] must be a power of two >= 16, got {value}")
+        # blocks are tl.arange extents (powers of two) and tl.dot operands (16 on a GPU; the interpreter's buffer
+        # config takes 8 keys); the merge tickets are sized for BLOCK_M >= 16; Triton takes warps in powers of two
+        least = 16 if key == "BLOCK_M" else 8
+        if key.startswith("BLOCK_") and (value < least or value & (value - 1)):
+            raise ValueError(f"{name}[{key!r}] must be a power of two >= {least}, got {value}")
         if key == "num_warps" and value & (value - 1):
             raise ValueError(f"{name}['num_warps'] must be a power of two, got {value}")
 

@@ -136,3 +136,33 @@ def test_version(capsys):
 
     proc = subprocess.run([sys.executable, "-m", "attnbench", "--version"], cwd=ROOT, text=True, capture_output=True)
     assert proc.returncode == 0 and proc.stdout.strip() == f"attnbench {attnbench.__version__}", proc.stderr
+
+
+def test_ctrl_c_without_a_json_file_prints_the_finished_rows(monkeypatch, capsys):
+    """Without --json a Ctrl-C said 'N finished row(s) kept' while printing none of them: the tables were printed
+    only at the end of each operator (found by review). The finished rows are printed now."""
+    from attnbench import cli
+
+    real_bench = cli.bench
+
+    def bench_then_interrupt(*args, on_row=None, **kwargs):
+        seen = []
+
+        def row_then_stop(row):
+            on_row(row)
+            seen.append(row)
+            if len(seen) == 3:
+                raise KeyboardInterrupt
+
+        return real_bench(*args, on_row=row_then_stop, **kwargs)
+
+    monkeypatch.setattr(cli, "bench", bench_then_interrupt)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert main(["bench", "--op", "flash", "--mode", "fwd", "--variant", "split", "--quiet"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, before)
+    captured = capsys.readouterr()
+    assert "## bench (finished before the interrupt)" in captured.out
+    assert sum(" split " in line for line in captured.out.splitlines()) == 3
+    assert "3 finished row(s) kept in the tables above" in captured.err

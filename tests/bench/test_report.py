@@ -177,3 +177,25 @@ def test_a_random_set_plots_the_speedup_per_shape_on_both_clocks(tmp_path):
     titles = report.plot(data, png)  # 30 shapes: the per-shape figure, not bars
     assert titles == ["flash fwd, GPU time (CUDA events, L2 flushed)", "flash fwd, eager latency (wall per call)"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_routes_get_columns_and_untimed_subject_rows_are_listed(tmp_path, capsys):
+    """Found by review: a forced route timed beside the default (triton@dq-split, the point of such a run) had no
+    column and no mention; a subject row skipped for memory vanished from the table without a word; CUDA-graph
+    rows were labelled 'CUDA events, L2 flushed'; and a decode row's 0.52 TF/s read '0'."""
+    def row(case, variant, ms, method="cuda-graph", **extra):
+        return {"op": "flash", "case": case, "mode": "bwd", "variant": variant, "tflops": 0.52,
+                "timing": {"median_ms": ms, "method": method}, **extra}
+
+    data = {"machine": {"device_name": "Test GPU", "device": "cuda"},
+            "bench": [row("c1", "triton", 1.0), row("c1", "triton@dq-split", 0.5), row("c1", "sdpa_flash", 2.0),
+                      {"op": "flash", "case": "c2", "mode": "bwd", "variant": "triton", "timing": None,
+                       "skipped": "out of memory"}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| case | mode | triton ms | triton TF/s | vs sdpa_flash | vs triton@dq-split |" in out
+    assert "| c1 | bwd | 1.000 | 0.52 | 2.00x | 0.50x |" in out
+    assert "Not timed (triton, 1 rows):\n- c2 bwd: out of memory" in out
+    assert "GPU time (CUDA-graph replays, back to back, L2 not flushed" in out and "CUDA events" not in out

@@ -42,7 +42,8 @@ def test_out_dtype_must_be_a_dtype(bad):
 @pytest.mark.parametrize("config,words", [
     ("x", "must be a dict"), ({"BLOCK_MM": 16}, "unknown key 'BLOCK_MM'"), ({"BLOCK_M": 0}, "positive int"),
     # these two failed inside the launch (a Triton arange error; a missing positional argument): found by review
-    ({"BLOCK_M": 24, "BLOCK_N": 16, "BLOCK_NB": 16}, "power of two >= 16"),
+    ({"BLOCK_M": 24, "BLOCK_N": 16, "BLOCK_NB": 16}, "BLOCK_M'] must be a power of two >= 16"),
+    ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_NB": 4}, "BLOCK_NB'] must be a power of two >= 8"),
     ({"BLOCK_M": 16}, "lacks BLOCK_N, BLOCK_NB"),
     ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_NB": 16, "num_warps": 3}, "num_warps'] must be a power of two"),
 ])
