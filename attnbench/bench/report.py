@@ -172,6 +172,8 @@ def markdown(report, subject=None, peers=None) -> str:
     if status != "complete":
         lines.append(f"**Partial run** (status: {status}): {len(report.get('bench', []))} bench and "
                      f"{len(report.get('checks', []))} check rows finished; the rest never ran.")
+    for kind, count in (report.get("replaced_rows") or {}).items():
+        lines.append(f"{count} {kind} rows were in more than one part: the later part's are shown.")
     if machine.get("device") == "cpu":
         lines.append("CPU run: Triton timings come from the interpreter; they show that code runs, not how fast.")
     if ceil:

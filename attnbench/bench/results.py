@@ -184,11 +184,14 @@ def read_json(path: str):
 def merge(parts: list, paths: list, kinds=("checks", "bench")) -> dict:
     """One document of a run split over several files (e.g. with ``--match``): the rows of each list in ``kinds``
     concatenated in order (a traffic file's: ``("traffic",)``), operators' claims combined; the status is
-    "complete" only if every part is. Parts must
-    come from one machine and software stack, and no row may appear in two parts: a table whose
-    ratios divide one part's numbers by another's would read as one run's."""
+    "complete" only if every part is. Parts must come from one machine and software stack. A row in two parts
+    (the second-order checks every --match part of jvp_attention runs; a case a resumed run timed again) is
+    taken from the later part, and ``replaced_rows`` counts them per kind so that the report says so: refusing
+    them had left such parts unreadable together."""
     if len(parts) == 1:
         return parts[0]
+    if len({os.path.realpath(p) for p in paths}) < len(paths):
+        raise BadResultFile(f"{', '.join(paths)}: a file is given twice (its rows would be read as two parts)")
     stack = ("device_name", "torch", "triton", "cuda")
     stacks = {tuple((d.get("machine") or {}).get(k) for k in stack) for d in parts}
     if len(stacks) > 1:
@@ -198,14 +201,11 @@ def merge(parts: list, paths: list, kinds=("checks", "bench")) -> dict:
     for kind in kinds:
         if any(kind in d for d in parts):
             rows = [row for d in parts for row in d.get(kind, [])]
-            seen = set()
-            for row in rows:
-                key = tuple(row.get(k) for k in _ROW_KEYS)
-                if key in seen:
-                    raise BadResultFile(f"{', '.join(paths)}: the {kind} row {' / '.join(map(str, key))} "
-                                        "is in two parts")
-                seen.add(key)
-            doc[kind] = rows
+            last = {tuple(row.get(k) for k in _ROW_KEYS): i for i, row in enumerate(rows)}
+            kept = [row for i, row in enumerate(rows) if last[tuple(row.get(k) for k in _ROW_KEYS)] == i]
+            if len(kept) < len(rows):
+                doc.setdefault("replaced_rows", {})[kind] = len(rows) - len(kept)
+            doc[kind] = kept
     doc["operators"] = {}
     for d in parts:
         for name, claim in (d.get("operators") or {}).items():

@@ -120,9 +120,24 @@ def test_parts_of_one_run_read_as_one_and_other_devices_refused(tmp_path, capsys
         second.write_text(json.dumps(other))
         assert main(["report", str(first), str(second)]) == 2
         assert "parts from different devices or versions" in capsys.readouterr().err
-    # the same file twice, or parts that overlap, would divide one part's numbers by another's
+    # the same file twice is a mistake, not two parts
     assert main(["report", str(first), str(first)]) == 2
-    assert "is in two parts" in capsys.readouterr().err
+    assert "a file is given twice" in capsys.readouterr().err
+
+
+def test_rows_in_two_parts_are_taken_from_the_later_and_said(tmp_path, capsys):
+    """Parts that repeat rows (jvp_attention's second-order checks run in every --match part; a resumed run times
+    its cut case again) were refused as 'in two parts', so such parts could never be reported together (found
+    by review): the later part's row is shown, and a line says how many were replaced."""
+    first = _report(tmp_path)
+    data = json.loads(first.read_text())
+    data["bench"] = [dict(r, timing={"median_ms": 2.0}) if r["variant"] == "triton" else r for r in data["bench"]]
+    second = tmp_path / "resumed.json"
+    second.write_text(json.dumps(data))
+    assert main(["report", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "4 bench rows were in more than one part: the later part's are shown." in out
+    assert "| B1 H1 N64 D64 bf16 | fwd | 2.000 |" in out and "| B1 H1 N64 D64 bf16 | fwd | 1.000 |" not in out
 
 
 def test_parts_measured_on_different_code_say_so(tmp_path, capsys):

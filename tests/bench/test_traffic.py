@@ -239,7 +239,7 @@ def test_parts_of_a_traffic_run_merge_and_refuse_a_row_twice(tmp_path, capsys, f
     two.write_text(json.dumps(doc))
     merged = traffic.merge([traffic.load(str(one)), traffic.load(str(two))], [str(one), str(two)])
     assert len(merged["traffic"]) == 6
-    with pytest.raises(Exception, match="is in two parts"):
+    with pytest.raises(Exception, match="a file is given twice"):
         traffic.merge([traffic.load(str(one))] * 2, [str(one)] * 2)
 
 
