@@ -642,6 +642,8 @@ def cmd_traffic(args):
         return EXIT_OK
     if args.calls_per_process < 1:
         raise UsageError(f"--calls-per-process {args.calls_per_process}: at least 1")
+    if args.budget is not None and not args.budget > 0:  # 0 profiled nothing and exited 0
+        raise UsageError(f"--budget {args.budget:g}: a positive number of seconds")
     ops = _ops(args.op)
     _known(args.variant, ops, lambda op: op.variant_names(), "--variant")
     _known(args.mode, ops, lambda op: op.modes, "--mode")
@@ -714,7 +716,7 @@ def build_parser():
         p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
         if cases:
             p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, odd (odd shapes, every operator), "
-                                           "decode, random, host (flash; random and host for jvp_attention too), "
+                                           "decode, random, host (flash; host for jvp_attention too), "
                                            "tabpfn (shared_context) (default: tiny on CPU; on CUDA check: gpu, bench "
                                            "and run: anchor)")
             p.add_argument("--match", type=label_pattern, metavar="REGEX",

@@ -133,11 +133,17 @@ def ceilings(device, refresh: bool = False) -> Ceilings | None:
     info = machine_info(device)
     key = f"{info['device_name']}|torch {info['torch']}|triton {info['triton']}"
     path = _cache_path()
-    cache = json.loads(path.read_text()) if path.exists() else {}
+    try:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):  # unreadable (two runs wrote it at once, a full disk): measured again
+        cache = {}
     if refresh or key not in cache:
         cache[key] = asdict(calibrate(device))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cache, indent=2))
+        # whole or not at all: a reader never sees half a file (a temporary beside it, then one rename)
+        scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(cache, indent=2))
+        os.replace(scratch, path)
     return Ceilings(**cache[key])
 
 

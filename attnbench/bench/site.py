@@ -728,7 +728,10 @@ def write(root, out) -> list:
     holds anything but an earlier site is refused (``SiteError``), so a wrong --out cannot lose files."""
     if not os.path.isdir(root):
         raise SiteError(f"--site {root}: not a directory")
-    os.makedirs(out, exist_ok=True)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:  # a file of that name, a folder that cannot be made: one line, exit status 2
+        raise SiteError(f"--out {out}: cannot be the site's folder ({exc.strerror or exc})") from None
     existing = sorted(os.listdir(out))
     if existing:
         index = os.path.join(out, "README.md")

@@ -232,6 +232,9 @@ def test_spec_roofline_is_labelled_and_out_folder_is_guarded(tmp_path, capsys):
     assert main(["report", "--site", str(root), "--out", str(other)]) == 2
     assert "holds files this command did not write" in capsys.readouterr().err
     assert (other / "notes.txt").read_text() == "mine"
+    # an --out that names a file had raised FileExistsError with a traceback (found by review)
+    assert main(["report", "--site", str(root), "--out", str(other / "notes.txt")]) == 2
+    assert "cannot be the site's folder" in capsys.readouterr().err
     assert main(["report", "--site", str(root), "--index"]) == 2
     assert "--site renders every result under its folder: give no --index" in capsys.readouterr().err
     assert main(["report", "--out", str(out)]) == 2

@@ -222,6 +222,7 @@ def test_a_bad_kept_csv_is_one_line_and_exit_2(tmp_path, capsys, flash):
     (["traffic", "--rebuild", "R", "--op", "flash", "--json", "T"], "--rebuild reads what a run kept: give no --op"),
     (["traffic", "--rebuild", "nosuch", "--json", "T"], "--rebuild nosuch: not a directory"),
     (["traffic", "--op", "flash", "--mode", "double_bwd", "--json", "T"], "--mode double_bwd: not a mode of flash"),
+    (["traffic", "--op", "flash", "--budget", "0", "--json", "T"], "--budget 0: a positive number of seconds"),
 ])
 def test_traffic_usage_errors(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
