@@ -214,3 +214,23 @@ def test_routes_get_columns_and_untimed_subject_rows_are_listed(tmp_path, capsys
     assert "| c1 | bwd | 1.000 | 0.52 | 2.00x | 0.50x |" in out
     assert "Not timed (triton, 1 rows):\n- c2 bwd: out of memory" in out
     assert "GPU time (CUDA-graph replays, back to back, L2 not flushed" in out and "CUDA events" not in out
+
+
+def test_the_tf_s_plot_leaves_interpreter_rows_out(tmp_path):
+    """A CPU run's plot set the interpreter's TF/s beside the reference's wall-clock TF/s on one axis, the
+    comparison the tables refuse (found by review): interpreter rows are not drawn."""
+    from attnbench.bench import report
+
+    def row(variant, method, tflops):
+        return {"op": "toy", "case": "c1", "mode": "fwd", "variant": variant, "tflops": tflops,
+                "timing": {"median_ms": 1.0, "method": method}}
+
+    data = {"machine": {"device": "cpu", "device_name": "cpu"},
+            "bench": [row("triton", "interpreter", 0.001), row("reference", "cpu-wall", 1.0),
+                      row("split", "cpu-wall", 2.0)]}
+    assert report.plot(data, tmp_path / "p.png") == ["linear"]  # the wall-clock rows alone: a 2x span
+    data["bench"] = data["bench"][:1]
+    import pytest
+
+    with pytest.raises(Exception, match="interpreter rows are not drawn"):
+        report.plot(data, tmp_path / "q.png")
