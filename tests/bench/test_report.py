@@ -20,6 +20,14 @@ def _report(tmp_path):
     return path
 
 
+def _markdown(tmp_path, capsys, data):
+    """report's markdown of the result document ``data`` (written to a file first, as a run writes it)."""
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path)]) == 0
+    return capsys.readouterr().out
+
+
 def test_markdown_ratios_and_plot(tmp_path, capsys):
     path = _report(tmp_path)
     png = tmp_path / "r.png"
@@ -60,10 +68,7 @@ def test_partial_cpu_run_states_what_it_is(tmp_path, capsys):
     data = {"status": "interrupted", "machine": {"device": "cpu", "device_name": "cpu"},
             "operators": {"toy": {"ratio_subject": "fast", "ratio_peers": ["eager", "slow"]}},
             "bench": [row("fast", 100.0, "interpreter"), row("eager", 0.5, "cpu-wall"), row("slow", 300.0, "interpreter")]}
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(data))
-    assert main(["report", str(path)]) == 0
-    out = capsys.readouterr().out
+    out = _markdown(tmp_path, capsys, data)
     assert "**Partial run** (status: interrupted): 3 bench and 0 check rows" in out
     assert "CPU run" in out
     # only what a CPU run measured: no TF/s, no % roofline, and no ratio of the interpreter's clock to another
@@ -206,10 +211,7 @@ def test_routes_get_columns_and_untimed_subject_rows_are_listed(tmp_path, capsys
             "bench": [row("c1", "triton", 1.0), row("c1", "triton@dq-split", 0.5), row("c1", "sdpa_flash", 2.0),
                       {"op": "flash", "case": "c2", "mode": "bwd", "variant": "triton", "timing": None,
                        "skipped": "out of memory"}]}
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps(data))
-    assert main(["report", str(path)]) == 0
-    out = capsys.readouterr().out
+    out = _markdown(tmp_path, capsys, data)
     assert "| case | mode | triton ms | triton TF/s | vs sdpa_flash | vs triton@dq-split |" in out
     assert "| c1 | bwd | 1.000 | 0.52 | 2.00x | 0.50x |" in out
     assert "Not timed (triton, 1 rows):\n- c2 bwd: out of memory" in out
