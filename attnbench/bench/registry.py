@@ -48,6 +48,23 @@ class Variant:
     def __post_init__(self):
         if self.kind not in VARIANT_KINDS:
             raise ValueError(f"variant kind must be one of {VARIANT_KINDS}, got {self.kind!r}")
+        # a mode the variant lacks is refused by name: flash's prepare ran fwd_bwd for any other mode (timing the
+        # wrong work under the asked name) and others raised a bare KeyError (found by review)
+        object.__setattr__(self, "prepare", _mode_checked(self.prepare, self.name, tuple(self.modes)))
+
+
+def _mode_checked(prepare, name, modes):
+    """``prepare`` refusing the modes not in ``modes`` (a Variant copied by dataclasses.replace wraps the original
+    again, with its own name and modes)."""
+    prepare = getattr(prepare, "unchecked", prepare)
+
+    def checked(case, inputs, mode):
+        if mode not in modes:
+            raise Unsupported(f"{name} does not implement mode {mode!r} (its modes: {', '.join(modes)})")
+        return prepare(case, inputs, mode)
+
+    checked.unchecked = prepare
+    return checked
 
 
 class Operator:

@@ -83,3 +83,16 @@ def test_a_refusal_shows_the_first_line_of_its_message_even_an_empty_one():
     assert first_line(RuntimeError("\n  head dim 72 unsupported \nsee docs")) == "head dim 72 unsupported"
     assert first_line(RuntimeError()) == ""
     assert first_line("x" * 300, 200) == "x" * 200
+
+
+def test_a_mode_the_variant_lacks_is_refused_by_name():
+    """Found by review: flash's prepare ran fwd_bwd for any mode it did not know (timing the wrong work under the
+    asked name) and jvp_attention's raised a bare KeyError. Every variant refuses a mode it lacks, naming its own."""
+    from attnbench.bench.registry import Unsupported
+
+    for op_name, variant, mode in (("flash", "triton", "fwd_jvp"), ("jvp_attention", "split", "bwd"),
+                                   ("sparse", "split", "fwd_bwd")):
+        op = attnbench.get(op_name)
+        case = op.cases("tiny")[0]
+        with pytest.raises(Unsupported, match=f"{variant} does not implement mode '{mode}' \\(its modes: "):
+            op.variant(variant).prepare(case, op.make_inputs(case, "cpu"), mode)

@@ -437,3 +437,24 @@ def test_an_allocation_error_without_the_caching_allocator_counts_as_out_of_memo
     other = op_raising(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"))
     with pytest.raises(torch.AcceleratorError, match="illegal memory access"):
         runner._case_inputs(other, None, "cpu", 0, lambda x: x)
+
+
+def test_an_output_coarser_than_the_case_fails():
+    """Found by review: outputs were judged by their own dtype's bound, so a variant that returned bf16 on an fp32
+    case (computing in bf16, or leaking autocast) passed at 1.7e-3 against fp32's 1e-5. A coarser output fails,
+    named; a finer one (fp32 on a bf16 case) is judged as before."""
+    import attnbench
+
+    op = attnbench.get("flash")
+    for dtype in ("float32", "float64"):
+        case = FlashCase(1, 2, 2, 37, 29, 24, None, dtype)
+        x = op.make_inputs(case, "cpu", 0)
+        oracle, lowp = op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype)
+        coarse = {name: t.to(torch.bfloat16) for name, t in oracle.items()}
+        result = verify.check_outputs(op, "split", case, "fwd", coarse, oracle, lowp)
+        assert not result.passed and all("coarser than the case's" in o.detail for o in result.outputs)
+    case = FlashCase(1, 2, 2, 37, 29, 24, None, "bfloat16")
+    x = op.make_inputs(case, "cpu", 0)
+    oracle, lowp = op.oracle(case, x), op.oracle(case, x, dtype=case.torch_dtype)
+    assert verify.check_outputs(op, "split", case, "fwd", {k: t.float() for k, t in oracle.items()}, oracle,
+                                lowp).passed
