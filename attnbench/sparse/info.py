@@ -100,7 +100,10 @@ class _TermVersions:
     TERM_FIELDS = ()
 
     def _record_versions(self):
-        versions = tuple(None if getattr(self, f) is None else getattr(self, f)._version for f in self.TERM_FIELDS)
+        # inference tensors (made under torch.inference_mode) have no version counter: untracked, as None fields
+        # are (building an info under inference_mode had raised "do not track version counter"; found by review)
+        versions = tuple(None if (t := getattr(self, f)) is None or t.is_inference() else t._version
+                         for f in self.TERM_FIELDS)
         object.__setattr__(self, "versions", versions)
 
     def changed_in_place(self) -> Optional[str]:

@@ -254,13 +254,21 @@ class ToyPotential(nn.Module):
         return out.sum()
 
     def energy_and_forces(self, positions, species, src, dst, *, create_graph=True):
-        """(E, F = -dE/dpos [A, 3]); with ``create_graph`` F is differentiable (a force loss can be trained)."""
+        """(E, F = -dE/dpos [A, 3]); with ``create_graph`` F is differentiable (a force loss can be trained). The
+        forces are a gradient, so they are formed with grad mode on even inside torch.no_grad() (molecular
+        dynamics' usual setting, where this had raised "element 0 of tensors does not require grad"); there
+        the results carry no graph."""
         _check_atoms(positions, species, src, dst)
-        if not positions.requires_grad:
-            positions = positions.detach().requires_grad_()  # a fresh leaf: the caller's tensor is left alone
-        energy = self(positions, species, src, dst)
-        (grad,) = torch.autograd.grad(energy, positions, create_graph=create_graph)
-        return energy, -grad
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError("energy_and_forces: the forces are a gradient, which torch.inference_mode() cannot "
+                               "form; call it under torch.no_grad() instead")
+        outer_grad = torch.is_grad_enabled()
+        with torch.enable_grad():
+            if not positions.requires_grad:
+                positions = positions.detach().requires_grad_()  # a fresh leaf: the caller's tensor is left alone
+            energy = self(positions, species, src, dst)
+            (grad,) = torch.autograd.grad(energy, positions, create_graph=create_graph and outer_grad)
+        return (energy, -grad) if outer_grad else (energy.detach(), -grad.detach())
 
     def force_loss(self, positions, species, src, dst, target_forces):
         """sum (F - target)^2: its gradient w.r.t. the parameters is a derivative of a gradient."""

@@ -328,3 +328,22 @@ def test_layer_and_potential_edge_cases_get_clear_answers():
     layer = FullyConnectedTensorProduct(1, 1, 1, 2, 2)
     with pytest.raises(TypeError, match="layer's weight"):
         layer(torch.randn(3, 4, 2), torch.randn(3, 4))
+
+
+def test_forces_under_no_grad_and_infos_under_inference_mode():
+    """Found by review: energy_and_forces under torch.no_grad() (molecular dynamics' usual setting) raised 'element 0
+    of tensors does not require grad', and a layer's infos could not be built under torch.inference_mode() (no
+    version counter on inference tensors). Under no_grad the forces are those of grad mode, without a graph."""
+    potential = ToyPotential(channels=3, l_hidden=2, l_sh=2, seed=4)
+    positions, species, src, dst = tiny_system(4, seed=5)
+    energy, forces = potential.energy_and_forces(positions, species, src, dst, create_graph=False)
+    with torch.no_grad():
+        energy_ng, forces_ng = potential.energy_and_forces(positions, species, src, dst)
+    assert torch.equal(energy_ng, energy.detach()) and torch.equal(forces_ng, forces)
+    assert not forces_ng.requires_grad and energy_ng.grad_fn is None
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="call it under torch.no_grad"):
+        potential.energy_and_forces(positions, species, src, dst)
+    x, y = randn(4, 4, 3, seed=6), randn(4, 4, seed=7)
+    z = FullyConnectedTensorProduct(1, 1, 1, 3, 2, seed=0)(x, y)
+    with torch.inference_mode():
+        assert torch.equal(FullyConnectedTensorProduct(1, 1, 1, 3, 2, seed=0)(x, y), z)
