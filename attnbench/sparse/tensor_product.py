@@ -240,6 +240,11 @@ class ToyPotential(nn.Module):
         num_atoms = positions.shape[0]
         if num_atoms == 0:
             raise ValueError("ToyPotential: positions hold no atom")
+        # an edge from an atom to itself has r = 0, whose direction (the spherical harmonics) is 0/0: NaN energy and
+        # forces with no error (found by review); the edge infos read the indices' values anyway
+        if src.numel() and bool((src == dst).any()):
+            raise ValueError(f"ToyPotential: edge {int((src == dst).nonzero()[0, 0])} goes from an atom to itself "
+                             "(r = 0 has no direction); leave self-loops out of the neighbor list")
         neighbors = src.numel() / num_atoms  # messages are scaled by 1/sqrt(mean neighbors); no edge: no messages
         scale = 1 / math.sqrt(neighbors) if neighbors else 1.0
         gather, scatter = edge_infos(src, dst, num_atoms, aggregate_scale=scale)

@@ -347,3 +347,13 @@ def test_forces_under_no_grad_and_infos_under_inference_mode():
     z = FullyConnectedTensorProduct(1, 1, 1, 3, 2, seed=0)(x, y)
     with torch.inference_mode():
         assert torch.equal(FullyConnectedTensorProduct(1, 1, 1, 3, 2, seed=0)(x, y), z)
+
+
+def test_a_self_loop_edge_is_refused_by_name():
+    """An edge from an atom to itself (r = 0, no direction) gave NaN energy and forces without an error (found by
+    review)."""
+    potential = ToyPotential(channels=3, l_hidden=2, l_sh=2, seed=4)
+    positions, species, src, dst = tiny_system(4, seed=5)
+    src, dst = torch.cat([src, torch.tensor([2])]), torch.cat([dst, torch.tensor([2])])
+    with pytest.raises(ValueError, match=f"edge {src.numel() - 1} goes from an atom to itself"):
+        potential(positions, species, src, dst)
