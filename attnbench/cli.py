@@ -506,6 +506,13 @@ def cmd_capabilities(args):
     matrix = capabilities.compute(device, args.impl, progress)
     capabilities.write(matrix, args.json, args.markdown)
     console.print(matrix.markdown().rstrip("\n"))
+    # our implementation's silent wrong answer fails the command, as a failed check does (it had exited 0 whatever
+    # the matrix said: found by review); the peers' cells are reported only
+    ours = capabilities.OURS
+    wrong = [(s, c) for s, cols in matrix.cells.get(ours, {}).items() for c, v in cols.items() if v.startswith("wrong")]
+    if wrong:
+        print(f"attnbench: {ours} answered wrong without an error in {len(wrong)} cell(s)", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -47,3 +47,18 @@ def test_capabilities_command_writes_json_and_markdown(tmp_path, capsys):
 def test_capabilities_rejects_an_unknown_implementation(capsys):
     assert main(["capabilities", "--impl", "nosuch"]) == 2
     assert "--impl nosuch: not an implementation" in capsys.readouterr().err
+
+
+def test_a_wrong_cell_of_ours_fails_the_command(monkeypatch, capsys):
+    """The command exited 0 whatever the matrix said (found by review): a silent wrong answer of ours now exits 1,
+    naming how many cells; a peer's wrong cell is reported in the table only."""
+    def matrix(cells):
+        return capabilities.Matrix({"device": "cpu"}, [("small", "B1 H2 N9x11 D16")], cells)
+
+    shape = "small"
+    verdicts = dict.fromkeys(capabilities.COLUMNS, "verified")
+    for impl, want in ((capabilities.OURS, 1), ("sdpa_math", 0)):
+        cells = {impl: {shape: dict(verdicts, jvp="wrong: rel. err 0.5")}}
+        monkeypatch.setattr(capabilities, "compute", lambda device, impls, progress, cells=cells: matrix(cells))
+        assert main(["capabilities", "--quiet"]) == want
+    assert "attnbench triton answered wrong without an error in 1 cell(s)" in capsys.readouterr().err
