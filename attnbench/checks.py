@@ -59,7 +59,8 @@ def refuse_derivatives(what: str, tensors, alternative: str) -> None:
     forward-AD tangent would vanish silently, a gradient would be zero) or fail inside a launch
     (torch.func's wrapped tensors have no storage). Non-tensors are left to the argument checks."""
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+    # (Dynamo cannot trace the functorch query; a compiled region's torch.func transforms meet the op's own refusal)
+    if not torch.compiler.is_compiling() and any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
         raise NotImplementedError(f"{what}: no derivatives and no batching rule, so not under torch.func transforms "
                                   f"(grad, jvp, vmap, ...); {alternative}")
     if fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in tensors):

@@ -542,12 +542,18 @@ def main(argv=None):
             subprocess.run([args.python, "-m", "asv", "--config", str(conf), "machine", "--yes", "--machine", machine],
                            check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         log(f"{len(shas)} commit(s), parts {' '.join(parts)}, machine {machine}, results in {results_dir}")
+
+        def parts_left(sha):
+            """(the parts left to run at sha, those of them an earlier call stopped: not run again without --force)"""
+            have = recorded(results_dir, machine, sha)
+            todo = [p for p in parts if wanted[p] and (args.force or left_of(wanted[p], have))]
+            return todo, [p for p in todo if not args.force and stop_mark(args, sha, p).exists()]
+
         if args.prewarm and not args.list:
             jobs = []
             for sha in shas:  # the next --prewarm commits with parts left, as the loop below finds them
-                have = recorded(results_dir, machine, sha)
-                todo = [p for p in parts if wanted[p] and (args.force or (left_of(wanted[p], have)
-                                                                          and not stop_mark(args, sha, p).exists()))]
+                todo, stopped = parts_left(sha)
+                todo = [p for p in todo if p not in stopped]
                 if todo and len(jobs) < args.prewarm:
                     jobs.append((sha, worktree(repo, args.work, sha), todo))
             seconds = min(args.prewarm_timeout, left() - RESERVE_S - args.min_part)
@@ -559,10 +565,8 @@ def main(argv=None):
                     + ", ".join(f"{sha[:8]} {'ok' if warmed[sha] == 0 else warmed[sha]}" for sha, _, _ in jobs))
         estimate = {}
         for sha in shas:
-            have = recorded(results_dir, machine, sha)
-            todo = [p for p in parts if wanted[p] and (args.force or left_of(wanted[p], have))]
+            todo, stopped = parts_left(sha)
             head = f"{sha[:8]} {subject(repo, sha)[:70]}"
-            stopped = [p for p in todo if not args.force and stop_mark(args, sha, p).exists()]
             if stopped:  # a part that outlasted its timeout would again: narrow it, or --force
                 why = stop_mark(args, sha, stopped[0]).read_text().strip()
                 log(f"{head}: {' '.join(stopped)} not run again ({why} in an earlier call; --force runs it)")

@@ -29,6 +29,7 @@ import attnbench.attention as api
 from attnbench.attention import autograd as functions
 from attnbench.attention import ops
 from attnbench.kernels import launch
+from attnbench.kernels.precision import lse_dtype
 
 ROUTES = ("fwd", "fwd_bwd", "func_jvp", "hvp_fwd_rev", "hvp_rev_rev", "hvp_func")
 
@@ -95,7 +96,7 @@ class Stubbed:
             self._set(launch._Planned, "_launch", lambda self, grid, args, kwargs: None)
         elif self.level == "ops":
             def rows(q):
-                return q.new_empty(q.shape[:3], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+                return q.new_empty(q.shape[:3], dtype=lse_dtype(q.dtype))
             e = torch.empty_like
             stubs = dict(
                 attention_fwd=lambda q, k, v, *_: (e(q), rows(q)),

@@ -57,8 +57,9 @@ def _release(device):
 
 
 # torch's OutOfMemoryError, and the AcceleratorError cudaMalloc raises when torch's caching allocator is off (as under
-# compute-sanitizer): either ends a case or a row as "out of memory", and the run goes on
-OUT_OF_MEMORY = (torch.OutOfMemoryError, torch.AcceleratorError)
+# compute-sanitizer): either ends a case or a row as "out of memory", and the run goes on (the device errors that
+# verify.check_variant lets through to here)
+OUT_OF_MEMORY = verify.DEVICE_ERRORS
 
 
 def is_out_of_memory(error) -> bool:

@@ -232,8 +232,8 @@ def check_variant(op, variant_name, case, mode, inputs, oracle, reference_lowp) 
     return check_outputs(op, variant_name, case, mode, outputs, oracle, reference_lowp)
 
 
-# What check_variant and bench let through rather than record: the device's own errors (torch's
-# OutOfMemoryError is one: the runners skip that case; any other leaves the CUDA context unusable)
+# What check_variant and bench let through rather than record: the device's own errors (out of memory, which the
+# runners catch as runner.OUT_OF_MEMORY and skip; any other leaves the CUDA context unusable)
 DEVICE_ERRORS = (torch.OutOfMemoryError, torch.AcceleratorError)
 
 

@@ -50,6 +50,9 @@ def _unit_stride(name, t):
     return t.contiguous() if _needs_copy(name, t) else t
 
 
+NO_DERIVATIVES = "shared_context's Triton kernels"
+DERIVATIVES_ELSEWHERE = ("use the reference or split implementation (attnbench.shared_context.reference, .split) for "
+                         "derivatives")
 _CHECKED = {}  # call signature -> (Shapes, which tensors to copy to unit stride): see _checked
 MAX_REMEMBERED = 4096  # signatures; past this the memo starts over (a sweep of shapes, not a decode loop)
 
@@ -70,8 +73,7 @@ def _checked(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengt
     it once and are not repeated (host time is the decode step's bound at small sizes). Inside
     torch.autocast the inputs are cast as SDPA's are (attnbench/autocast.py)."""
     q, k_ctx, v_ctx, k_buf, v_buf = autocast_inputs(q, k_ctx, v_ctx, k_buf, v_buf)
-    refuse_derivatives("shared_context's Triton kernels", (q, k_ctx, v_ctx, k_buf, v_buf),
-                       "use the reference or split implementation (attnbench.shared_context.reference, .split) for derivatives")
+    refuse_derivatives(NO_DERIVATIVES, (q, k_ctx, v_ctx, k_buf, v_buf), DERIVATIVES_ELSEWHERE)
     reads_values = check_lengths and buf_lens is not None
     key = None if reads_values else _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale)
     known = _CHECKED.get(key) if key is not None else None
@@ -194,8 +196,7 @@ def _context(q, k_ctx, v_ctx, scale, num_splits, config):
     num_splits = _num_splits(num_splits)
     _check_config("config", config)
     shapes, (q, k_ctx, v_ctx, *_), _ = _checked(q, k_ctx, v_ctx, None, None, None, False, scale, False)
-    if shapes.n_ctx == 0:
-        raise ValueError("context_attention needs n_ctx >= 1")
+    _require_context(shapes)
     return _in_dtype(context_launch(q, k_ctx, v_ctx, shapes.scale, num_splits=num_splits, config=config), shapes)
 
 
@@ -204,6 +205,11 @@ def buffer_attention(q, k_buf, v_buf, buf_lens=None, *, causal=False, scale=None
     if torch.compiler.is_compiling():
         return _compiled("buffer", q, None, None, k_buf, v_buf, buf_lens, causal, scale, check_lengths, None, config)
     return _buffer(q, k_buf, v_buf, buf_lens, causal, scale, check_lengths, config)
+
+
+def _require_context(shapes):
+    if shapes.n_ctx == 0:
+        raise ValueError("context_attention needs n_ctx >= 1")
 
 
 def _buffer(q, k_buf, v_buf, buf_lens, causal, scale, check_lengths, config):
@@ -230,15 +236,11 @@ def _compiled(path, q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, chec
     _num_splits(num_splits)
     for name, c in (("config", config), ("buffer_config", config2)):
         _check_config(name, c)
-    tensors = [t for t in (q, k_ctx, v_ctx, k_buf, v_buf) if isinstance(t, torch.Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise RuntimeError("shared_context's Triton kernels: no backward (inputs that require grad are refused, not "
-                           "detached); call it under torch.no_grad(), or use the reference or split implementation "
-                           "(attnbench.shared_context.reference, .split) for derivatives")
+    refuse_derivatives(NO_DERIVATIVES, (q, k_ctx, v_ctx, k_buf, v_buf), DERIVATIVES_ELSEWHERE)
     if path != "buffer":
-        check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale, check_lengths=False)
-    if path == "context" and k_ctx.shape[1] == 0:
-        raise ValueError("context_attention needs n_ctx >= 1")
+        shapes = check_inputs(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal=causal, scale=scale, check_lengths=False)
+        if path == "context":
+            _require_context(shapes)
     if scale is not None and not isinstance(scale, (int, float)):
         scale = float(scale)  # a numpy scalar: the op's schema takes a float
     return _shared_context_op(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, path, causal, scale, check_lengths,
@@ -260,16 +262,13 @@ def _shared_context_op(q: torch.Tensor, k_ctx: Optional[torch.Tensor], v_ctx: Op
                        config: Optional[list[int]], config2: Optional[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     config, config2 = _config_dict(config), _config_dict(config2)
     if path == "fused":
-        o, lse = _fused(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config)
-    elif path == "composed":
-        o, lse = _composed(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config,
-                           config2)
-    elif path == "context":
-        o, lse = _context(q, k_ctx, v_ctx, scale, num_splits, config)
-    else:
-        o, lse = _buffer(q, k_buf, v_buf, buf_lens, causal, scale, check_lengths, config)
-    # a custom op's outputs may alias no input and not each other; a one-split result is a view of its stack
-    return (o if o._base is None else o.clone()), (lse if lse._base is None else lse.clone())
+        return _fused(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config)
+    if path == "composed":
+        return _composed(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale, check_lengths, num_splits, config,
+                         config2)
+    if path == "context":
+        return _context(q, k_ctx, v_ctx, scale, num_splits, config)
+    return _buffer(q, k_buf, v_buf, buf_lens, causal, scale, check_lengths, config)
 
 
 @_shared_context_op.register_fake
