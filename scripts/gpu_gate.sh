@@ -72,8 +72,9 @@ if has tests; then
     python3 -m pytest -m "${TESTS_MARK:-gpu}" --co -q -p no:cacheprovider ${TESTS:-} | grep "::" >"$ART/gpu-test-ids.txt"
     pids=()
     for ((i = 0; i < procs; i++)); do
-      # shellcheck disable=SC2046
-      run_tests "-$i" $(awk -v n="$procs" -v i="$i" 'NR % n == i' "$ART/gpu-test-ids.txt") &
+      # one id a line: ids hold spaces (parametrize ids such as "B2 H8 N64 D32")
+      mapfile -t ids < <(awk -v n="$procs" -v i="$i" 'NR % n == i' "$ART/gpu-test-ids.txt")
+      run_tests "-$i" "${ids[@]}" &
       pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || status=1; done

@@ -10,7 +10,8 @@ views (a [B, N, H, D] tensor seen as [B, H, N, D], a batch-folded output seen pe
 without a copy. The head dimension must be contiguous. Merging runs in fp32 (fp64 for fp64) in
 natural-log units (so merging a state with an empty one returns it bit for bit): a state with
 LSE = -inf adds nothing, whatever its O holds; a row whose states are all
--inf gets O = 0 and LSE = -inf.
+-inf gets O = 0 and LSE = -inf. LSEs are read, compared and subtracted in float64
+(precision.STATE_LSE_DTYPE says why); the exponentials and O run in the accumulator dtype.
 """
 import torch
 import triton
@@ -23,8 +24,8 @@ from .tuning import cdiv, multiprocessors, next_pow2
 
 @triton.jit
 def merge_init(BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    """(running max of LSE, running sum of exp(lse - max), running weighted sum of O)."""
-    m = tl.full([BLOCK_R], float("-inf"), dtype=ACC_DTYPE)
+    """(running max of LSE in float64, running sum of exp(lse - max), running weighted sum of O)."""
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float64)
     s = tl.zeros([BLOCK_R], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=ACC_DTYPE)
     return m, s, acc
@@ -32,11 +33,13 @@ def merge_init(BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.const
 
 @triton.jit
 def merge_step(m, s, acc, lse, o):
-    """Fold one state in: ``lse`` its LSE ([BLOCK_R], natural log), ``o`` its O ([BLOCK_R, BLOCK_D])."""
+    """Fold one state in: ``lse`` its LSE ([BLOCK_R], natural log; float32 is widened), ``o`` its O
+    ([BLOCK_R, BLOCK_D])."""
+    lse = lse.to(tl.float64)
     m_new = tl.maximum(m, lse)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: no (-inf) - (-inf)
-    alpha = tl.exp(m - m_safe)
-    beta = tl.exp(lse - m_safe)
+    alpha = tl.exp((m - m_safe).to(s.dtype))  # distances in float64, exponentials in the accumulator dtype
+    beta = tl.exp((lse - m_safe).to(s.dtype))
     s = s * alpha + beta
     # beta == 0 (a state that saw no key) must add nothing even when its O is NaN
     acc = acc * alpha[:, None] + tl.where(beta[:, None] > 0, beta[:, None] * o, 0.0)
@@ -45,7 +48,7 @@ def merge_step(m, s, acc, lse, o):
 
 @triton.jit
 def merge_finish(m, s, acc):
-    """(O, LSE in natural-log units) of the merged state. A NaN state (a non-finite input) makes
+    """(O, LSE in natural-log units, float64) of the merged state. A NaN state (a non-finite input) makes
     its row's sum NaN, and the row comes out NaN: never disguised as one that saw no key."""
     return merge_finish_where(m, s, acc, s < 0.0)  # s >= 0 or NaN: no row is known to see a key
 
@@ -57,7 +60,7 @@ def merge_finish_where(m, s, acc, sees_keys):
     empty = s == 0.0
     s_safe = tl.where(empty, 1.0, s)
     o = tl.where(empty[:, None], 0.0, acc / s_safe[:, None])
-    lse = tl.where(empty, float("-inf"), m + tl.log(s_safe))
+    lse = tl.where(empty, float("-inf"), m + tl.log(s_safe).to(tl.float64))
     poisoned = empty & sees_keys
     return tl.where(poisoned[:, None], float("nan"), o), tl.where(poisoned, float("nan"), lse)
 
@@ -90,7 +93,7 @@ def _store_state(O, L, o, lse, rows, offs_d, row_mask, d_mask, DIM_Y, DIM_Z, s_o
 
 @triton.jit
 def _load_state(O, L, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE: tl.constexpr):
-    lse = tl.load(L + l_rows, mask=row_mask, other=float("-inf")).to(ACC_DTYPE)
+    lse = tl.load(L + l_rows, mask=row_mask, other=float("-inf")).to(tl.float64)
     o = tl.load(O + o_rows[:, None] + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     return lse, o.to(ACC_DTYPE)
 
@@ -130,6 +133,7 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
 
 
 def _acc_dtype(*dtypes):
+    """By the O dtypes: an LSE in float64 (precision.STATE_LSE_DTYPE) is no float64 mode."""
     return tl.float64 if torch.float64 in dtypes else tl.float32
 
 
@@ -159,13 +163,14 @@ def _block_sizes(head_dim, device, n_rows, fewest=1):
     return max(fewest, min(most, next_pow2(cdiv(n_rows, 2 * multiprocessors(device))))), block_d
 
 
-def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype):
-    """Merge two checked states of one shape. Returns (O in out_dtype, LSE in LSE's dtype), contiguous."""
+def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype, out_lse_dtype=None):
+    """Merge two checked states of one shape. Returns (O in out_dtype, LSE in ``out_lse_dtype``, by default
+    lse_a's), contiguous."""
     lead = lse_a.dim()
     shape = tuple(o_a.shape)
     head_dim = shape[-1]
     o = new_output(shape, out_dtype, o_a.device)
-    lse = new_output(tuple(lse_a.shape), lse_a.dtype, o_a.device)
+    lse = new_output(tuple(lse_a.shape), out_lse_dtype or lse_a.dtype, o_a.device)
     n_rows = lse.numel()
     if n_rows == 0:
         return o, lse
@@ -178,18 +183,19 @@ def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype):
         merge_two_kernel[(cdiv(n_rows, block_r),)](
             oa, la, ob, lb, ov, lv, n_rows, ov.shape[1], ov.shape[2], head_dim,
             *soa, *sla, *sob, *slb, *so, *sl,
-            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_a.dtype, o_b.dtype, lse_a.dtype))
+            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_a.dtype, o_b.dtype))
     return o, lse
 
 
-def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None):
-    """Merge the states stacked along dim 0: O [S, ..., D], LSE [S, ...] -> (O, LSE), contiguous.
+def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dtype=None):
+    """Merge the states stacked along dim 0: O [S, ..., D], LSE [S, ...] -> (O, LSE in ``out_lse_dtype``, by
+    default the stack's), contiguous.
     ``see_from``: rows whose last index is at least this are known to see a key (flash-decoding's
     splits of a row's keys): there an all-empty merge is NaN, not (0, -inf)."""
     num_states = lse_stack.shape[0]
     head_dim = o_stack.shape[-1]
     o = new_output(tuple(o_stack.shape[1:]), out_dtype, o_stack.device)
-    lse = new_output(tuple(lse_stack.shape[1:]), lse_stack.dtype, o_stack.device)
+    lse = new_output(tuple(lse_stack.shape[1:]), out_lse_dtype or lse_stack.dtype, o_stack.device)
     n_rows = lse.numel()
     if n_rows == 0:
         return o, lse
@@ -211,7 +217,7 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None):
             o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
             INT32_MAX if see_from is None else see_from,
             o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,
-            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_stack.dtype, lse_stack.dtype))
+            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_stack.dtype))
     return o, lse
 
 

@@ -20,6 +20,14 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 ROW_MAX_START: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
 
 
+# The LSE of a softmax state that is merged later (split-KV partials, shared_context's buffer and context halves, and
+# the merge's own running max): float64, whatever the inputs. A state's weight in a merge is exp(its LSE - the largest),
+# and an LSE rounded to float32 is off by up to |LSE| * 2^-24: states of near-tied rows at |LSE| ~ 1e3 already weigh
+# 3e-5 wrong (the fp32 bar is 1e-5), and at 1e10 log(ties) is lost whole. In float64 the distance is exact to float32's
+# relative precision. Per row, not per element: the extra bytes and float64 operations are a few per row.
+STATE_LSE_DTYPE = torch.float64
+
+
 @functools.lru_cache(maxsize=1024)  # host time: two numpy scalar round trips on every launch
 def split_scale(scale: float) -> tuple[float, float]:
     hi = float(np.float32(scale))

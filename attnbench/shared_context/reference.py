@@ -7,6 +7,7 @@ the "what plain PyTorch gets in this dtype" bar of the 2x rule. It never imports
 """
 import torch
 
+from ..softmax import softmax_and_lse
 from .spec import buffer_visibility, check_inputs
 
 
@@ -45,8 +46,7 @@ def attention(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal: bool, scale: floa
     s = scale * (qg @ k.transpose(-1, -2))  # [B, Hkv, G, Lq, N]
     s = s.masked_fill(~visible, float("-inf"))
     blind = ~visible.any(dim=-1)  # rows that see no key
-    lse = torch.logsumexp(s.masked_fill(blind.unsqueeze(-1), 0.0), dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))  # exp(-inf) = 0 on masked keys
+    p, lse = softmax_and_lse(s, blind)  # P = 0 on masked keys and blind rows
     o = p @ v
     lse = lse.masked_fill(blind, float("-inf"))
     o = o.masked_fill(blind.unsqueeze(-1), 0.0)

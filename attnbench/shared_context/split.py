@@ -23,7 +23,7 @@ def _compute_dtype(dtype):
 
 
 def _state(s, v_like_einsum):
-    """(O, LSE) from masked scores s [..., N] and a function p -> p @ V; -inf rows give (0, -inf). A NaN score
+    """(O, LSE in float64) from masked scores s [..., N] and a function p -> p @ V; -inf rows give (0, -inf). A NaN score
     makes the sum NaN, and O and LSE stay NaN (never the (0, -inf) of a row that saw no key, which the merge
     would drop)."""
     top = s.amax(dim=-1, keepdim=True)
@@ -34,7 +34,9 @@ def _state(s, v_like_einsum):
     empty = total == 0
     total_safe = torch.where(empty, torch.ones_like(total), total)
     o = v_like_einsum(p) / total_safe
-    lse = torch.where(empty, torch.full_like(total, -torch.inf), top + torch.log(total_safe))
+    # the LSE in float64, as the kernels' states (kernels/precision.STATE_LSE_DTYPE says why): the merge then runs
+    # in float64
+    lse = torch.where(empty, -torch.inf, top.double() + torch.log(total_safe).double())
     return o, lse.squeeze(-1)
 
 

@@ -18,6 +18,8 @@ from attnbench.kernels.attention.flash_bwd import dkdv_route
 from attnbench.operators.flash import FlashCase
 from attnbench.bench.runner import bench
 
+from tests.helpers import far_scores
+
 from .helpers import sdpa
 
 pytestmark = pytest.mark.gpu
@@ -157,15 +159,14 @@ def test_blind_rows_ignore_their_queries_in_every_derivative_on_the_gpu(route):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_scores_far_below_minus_1e30_are_attended_on_the_gpu(route, n_q, d, dtype):
     """The compiled twin of the interpreter test: finite scores all below -1e30 gave NaN rows while the running max
-    started at -1e30 (kernels/precision.ROW_MAX_START); the default bf16 routes at D 64 and 72 on sm_90 are the
+    started at -1e30 (kernels/precision.ROW_MAX_START); scores that are powers of two (tests.helpers.far_scores:
+    random ones that large meet the fused multiply-add's residual); the default bf16 routes at D 64 and 72 on sm_90 are the
     Gluon forward. The forward, the fused JVP kernel, and the forward's output, which is no view (in-place edits)."""
     from attnbench.kernels.attention.flash_fwd import forward_route
     from attnbench.operators.flash.reference import attention as reference
 
     g = torch.Generator().manual_seed(2)
-    huge = 3e15 if dtype == torch.float32 else 1e15
-    q = -(torch.randn(2, 4, n_q, d, generator=g).abs() * huge).to("cuda", dtype)
-    k = (torch.randn(2, 2, 200, d, generator=g).abs() * huge).to("cuda", dtype)
+    q, k = (t.to("cuda", dtype) for t in far_scores((2, 4, n_q, d), (2, 2, 200, d), generator=g))
     v, tq = (torch.randn(*shape, generator=g).to("cuda", dtype) for shape in ((2, 2, 200, d), (2, 4, n_q, d)))
     o_ref, lse_ref = reference(q.double(), k.double(), v.double(), d ** -0.5, 200 - n_q)
     seen = torch.isfinite(lse_ref)  # with Nq 300 > Nk 200 bottom-right, rows 0..99 see no key

@@ -16,6 +16,7 @@ from attnbench.bench import verify
 from attnbench.attention import attention_bwd_jvp, attention_jvp, flash_bwd, flash_fwd
 from attnbench.operators.flash import split
 from attnbench.operators.flash.reference import attention as reference_attention
+from tests.helpers import tied_scores
 
 pytestmark = pytest.mark.interpreter
 
@@ -210,3 +211,35 @@ def test_scores_far_below_minus_1e30_are_attended_not_dropped(variant, dtype, ma
     assert (o.double() - ro).abs().max() < 1e-5
     assert ((lse[..., seen].double() / rlse[..., seen]) - 1).abs().max() < 1e-6  # relative: |LSE| ~ 1e31
     assert torch.isneginf(lse[..., ~seen]).all() and (o[..., ~seen, :] == 0).all()
+
+
+@pytest.mark.parametrize("route", ["tiles", "decode"])
+def test_keys_tied_far_from_zero_weigh_alike(route):
+    """Many keys tie for each row's largest score at |LSE| ~ 1e11 (tests.helpers.tied_scores, fp32). The split-KV
+    forward merged its partial states through float32 LSEs, whose ulps there (16384) swallow log(ties): 0.29 off in
+    O (found by the float64 oracle once it stopped making the same mistake). Partial LSEs are float64 now
+    (kernels/precision.STATE_LSE_DTYPE); the fp32 LSE output cannot hold log(ties) at that size, so it is compared
+    relative to |LSE|."""
+    from attnbench.kernels.attention.flash_fwd import forward_route
+
+    g = torch.Generator().manual_seed(2)
+    q, k = tied_scores((1, 2, 8, 64), (1, 2, 80, 64), exponent=20, generator=g)
+    v = torch.randn(1, 2, 80, 64, generator=g)
+    ro, rlse = reference_attention(q.double(), k.double(), v.double(), 0.125, None)
+    with forward_route(route):
+        o, lse = flash_fwd(q, k, v, scale=0.125)
+    assert verify.relative_error(o, ro) < verify.BOUNDS[torch.float32]
+    assert ((lse.double() / rlse) - 1).abs().max() < 1e-6
+
+
+def test_the_oracle_averages_tied_keys_at_any_distance_from_zero():
+    """The float64 oracle took P = exp(s - LSE); at |LSE| ~ 1e30 LSE's rounding swallows log(ties), and every tied key
+    weighed 1, not 1/ties: O came back the sum of the tied values (found by the GPU test of scores below -1e30). It
+    subtracts the row max now (attnbench/softmax.py)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = tied_scores((1, 1, 4, 16), (1, 1, 12, 16), exponent=52, generator=g)
+    v = torch.randn(1, 1, 12, 16, generator=g)
+    o, lse = reference_attention(q.double(), k.double(), v.double(), 0.25, None)
+    top = k[0, 0, :, 0] == k[0, 0, :, 0].min()  # the least negative score: the smallest key
+    assert 1 < top.sum() < 12
+    assert torch.allclose(o[0, 0], v.double()[0, 0, top].mean(0).expand(4, -1), rtol=1e-15, atol=0)

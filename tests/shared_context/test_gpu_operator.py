@@ -16,6 +16,8 @@ from attnbench.operators.shared_context import SharedContextCase
 from attnbench.shared_context import shared_context_attention, shared_context_attention_composed
 from attnbench.bench.runner import bench
 
+from tests.helpers import far_scores
+
 from .helpers import api_args
 
 pytestmark = pytest.mark.gpu
@@ -171,7 +173,8 @@ def tuned_shared_context():
 def test_a_nan_poisons_its_rows_and_extreme_scores_are_attended_on_gpu(dtype):
     """The compiled twins of tests/shared_context/test_nonfinite.py: a NaN in a visible context key makes every row
     NaN, one in a sample's visible buffer key that sample's rows, one in an unused slot nothing (fused and composed,
-    1 and 8 splits); finite scores far below -1e30 are attended, not read as 'no key' (kernels/precision.py)."""
+    1 and 8 splits); finite scores far below -1e30 are attended, not read as 'no key' (kernels/precision.py; powers of two:
+    tests.helpers.far_scores)."""
     from attnbench.shared_context import reference
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -192,8 +195,7 @@ def test_a_nan_poisons_its_rows_and_extreme_scores_are_attended_on_gpu(dtype):
             assert torch.isnan(lse[1, :2]).all() and torch.isfinite(lse[~rows]).all(), (api.__name__, splits)
             assert torch.equal(o[~rows], clean[0][~rows])
             assert all(torch.equal(a, b) for a, b in zip(api(q, kc, vc, bad_slot, vb, lens, num_splits=splits), clean))
-    huge = 3e15 if dtype == torch.float32 else 1e15
-    qx, kcx, kbx = -q.abs() * huge, kc.abs() * huge, kb.abs() * huge
+    qx, kcx, kbx = (t.to("cuda", dtype) for t in far_scores(q.shape, kc.shape, kb.shape, generator=torch.Generator()))
     o_ref, lse_ref = reference.attention(*(t.double() for t in (qx, kcx, vc, kbx, vb)), lens, False, d ** -0.5)
     assert lse_ref.max() < -1e30
     for api in (shared_context_attention, shared_context_attention_composed):

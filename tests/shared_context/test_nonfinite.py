@@ -10,8 +10,10 @@ oracle's p @ V would also spread a NaN from a masked slot: 0 * NaN)."""
 import pytest
 import torch
 
+from attnbench.bench import verify
 from attnbench.shared_context import reference, shared_context_attention, shared_context_attention_composed
 from attnbench.shared_context.split import shared_context_fwd
+from tests.helpers import tied_scores
 
 pytestmark = pytest.mark.interpreter
 
@@ -113,3 +115,21 @@ def test_scores_far_below_minus_1e30_are_attended_not_dropped(impl, splits, caus
     assert ref_lse.max() < -1e30  # below the old start (in log2 units, 1.44x this)
     assert (o.double() - ref_o).abs().max() < 1e-5
     assert (lse.double() / ref_lse - 1).abs().max() < 1e-6  # relative: |LSE| ~ 1e31
+
+
+@pytest.mark.parametrize("impl,splits", [(fused, 1), (fused, 3), (composed, 1), (composed, 3), (split_torch, None)],
+                         ids=["fused", "fused-3-splits", "composed", "composed-3-splits", "split"])
+def test_keys_tied_far_from_zero_weigh_alike_across_the_merge(impl, splits):
+    """Keys of the context and of the buffers tie for a row's largest score at |LSE| ~ 1e11 (tests.helpers.tied_scores,
+    fp32): each half's state carried its LSE in float32, whose ulps there (16384) swallow log(ties), so the merge
+    weighed the halves by their largest score alone: 0.53 off in O (found by the float64 oracle at such scores). The
+    states keep their LSE in float64 now (kernels/precision.STATE_LSE_DTYPE) and O is held to the fp32 bar; the fp32
+    LSE output itself cannot hold log(ties) at that size, so it is compared relative to |LSE|."""
+    g = torch.Generator().manual_seed(2)
+    q, kc, kb = tied_scores((2, 2, 3, 64), (1, 40, 64), (2, 1, 30, 64), exponent=20, generator=g)
+    vc, vb = torch.randn(1, 40, 64, generator=g), torch.randn(2, 1, 30, 64, generator=g)
+    lens = torch.tensor([30, 17], dtype=torch.int32)
+    o, lse = impl(q, kc, vc, kb, vb, lens, False, 0.125, splits)
+    ref_o, ref_lse = reference.attention(*(t.double() for t in (q, kc, vc, kb, vb)), lens, False, 0.125)
+    assert verify.relative_error(o, ref_o) < verify.BOUNDS[torch.float32]
+    assert (lse.double() / ref_lse - 1).abs().max() < 1e-6

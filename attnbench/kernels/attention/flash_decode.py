@@ -18,8 +18,8 @@ from .. import interpreting
 from .key_block import attend_key_block
 from ..merge_states import merge_stack_launch
 from ..outputs import new_output
-from ..precision import (ROW_MAX_START, accumulator_dtype, accumulator_torch_dtype, dot_precision, lse_dtype,
-                         softmax_scale_log2, split_scale)
+from ..precision import (ROW_MAX_START, STATE_LSE_DTYPE, accumulator_dtype, accumulator_torch_dtype, dot_precision,
+                         lse_dtype, softmax_scale_log2, split_scale)
 from .softmax_rows import finish_rows_where
 from ..launch import planned
 from ..tiling import row_strides
@@ -144,7 +144,7 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     blind = ~sees
     if NUM_SPLITS > 1:
         blind = blind | (l_i == 0.0)
-    o, lse, _ = finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE)
+    o, lse, _ = finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE, LSE.dtype.element_ty)  # float64 for a partial
     state = split.to(tl.int64)
     o_rows = state * stride_os + b * stride_ob + h * stride_oh + i * stride_on
     tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])
@@ -207,13 +207,13 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
     splits = num_splits or splits
     # the one state is the result, written in place with no merge (tensors of their own, not views of a
     # one-split stack: autograd refuses in-place edits of a view a Function returns); several are kept in fp32
-    # (fp64), a split's stride first
+    # (fp64), their LSEs in fp64 (precision.STATE_LSE_DTYPE), a split's stride first
     if splits == 1:
         o_part, l_part = new_output(q.shape, q.dtype, q.device), new_output(q.shape[:3], lse_dtype(q.dtype), q.device)
         strides = (0, *o_part.stride()[:3], 0, *l_part.stride()[:2])
     else:
         o_part = new_output((splits, *q.shape), accumulator_torch_dtype(q.dtype), q.device)
-        l_part = new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+        l_part = new_output((splits, batch, heads_q, n_q), STATE_LSE_DTYPE, q.device)
         strides = (*o_part.stride()[:4], *l_part.stride()[:3])
     planned(flash_decode_kernel)[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part,
@@ -228,4 +228,4 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         return o_part, l_part
     # rows i >= -offset see at least one key (Nk >= 1): an empty merge there is a non-finite input
     see_from = 0 if causal_offset is None else max(0, -int(causal_offset))
-    return merge_stack_launch(o_part, l_part, q.dtype, see_from=see_from)
+    return merge_stack_launch(o_part, l_part, q.dtype, see_from=see_from, out_lse_dtype=lse_dtype(q.dtype))

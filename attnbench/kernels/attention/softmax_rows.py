@@ -29,17 +29,18 @@ def finish_rows(acc, l_i, m_i, offs_m, causal_offset, CAUSAL: tl.constexpr, ACC_
     """(O, LSE, 1/l) of rows accumulated by the online softmax in base 2 (m_i in log2 units).
     Blind rows give O = 0, LSE = -inf and 1/l = 0; a zero or NaN sum on a row with visible keys
     gives NaN for all three."""
-    return finish_rows_where(acc, l_i, m_i, blind_rows(offs_m, causal_offset, CAUSAL), ACC_DTYPE)
+    return finish_rows_where(acc, l_i, m_i, blind_rows(offs_m, causal_offset, CAUSAL), ACC_DTYPE, ACC_DTYPE)
 
 
 @triton.jit
-def finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE: tl.constexpr):
+def finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE: tl.constexpr, LSE_DTYPE: tl.constexpr):
     """``finish_rows`` with the rows that see no key given as a mask (a split of the keys can
-    leave a row without any key of its own)."""
+    leave a row without any key of its own), the LSE computed in LSE_DTYPE (a split's partial state:
+    precision.STATE_LSE_DTYPE)."""
     l_safe = tl.where(blind, 1.0, l_i)  # blind rows are overwritten below: keep them out of 1/l, log
     inv_l = tl.where(blind, 0.0, 1.0 / l_safe)  # a zero sum elsewhere: 1/0 = inf, inf * acc(=0) = NaN
     o = acc * inv_l[:, None]
-    lse_valid = (m_i + tl.math.log2(l_safe)) * tl.full([], LN2, ACC_DTYPE)
+    lse_valid = (m_i.to(LSE_DTYPE) + tl.math.log2(l_safe).to(LSE_DTYPE)) * tl.full([], LN2, LSE_DTYPE)
     lse = tl.where(blind, float("-inf"), tl.where(l_i > 0.0, lse_valid, float("nan")))
     inv_l = tl.where(blind | (l_i > 0.0), inv_l, float("nan"))
     return o, lse, inv_l

@@ -112,16 +112,21 @@ def shared_context_fused_kernel(
                                              ROWS_PER_SAMPLE, N_Q, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M)
     if HAS_BUFFER:
         # Seed the online softmax with the buffer state of the rows whose sample is this split's:
-        # (O, LSE) is (acc, l = 1) at m = LSE in base 2.
+        # (O, LSE) is (acc = O l, l, m) with m = LSE in base 2 rounded to the accumulator dtype and l = 2^(what the
+        # rounding left), so that the seed keeps the float64 LSE's precision (precision.STATE_LSE_DTYPE). The buffer's
+        # own m is a float32, so what the rounding leaves is about log2 of its key count.
         mine = valid & (b % NUM_SPLITS == split)
         lse_b = tl.load(WB_L + _rows(b, h, i, stride_wbl_b, stride_wbl_h, stride_wbl_n), mask=mine,
-                        other=float("-inf"), cache_modifier=".cg").to(ACC_DTYPE)
+                        other=float("-inf"), cache_modifier=".cg").to(tl.float64) * LOG2E
         o_b = tl.load(WB_O + _rows(b, h, i, stride_wbo_b, stride_wbo_h, stride_wbo_n)[:, None] + offs_d[None, :],
                       mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
         seen = lse_b != float("-inf")  # a NaN state (a NaN input) is seeded as it is and poisons the row
-        m_i = tl.where(seen, lse_b * tl.full([], LOG2E, ACC_DTYPE), ROW_MAX_START)
-        l_i = seen.to(ACC_DTYPE)
-        acc = tl.where(seen[:, None], o_b.to(ACC_DTYPE), 0.0)
+        m_i = tl.where(seen, lse_b.to(ACC_DTYPE), ROW_MAX_START)
+        # past 2^52 a float64 LSE no longer resolves units (the round trip through natural log is noise there,
+        # and exp2 of it could overflow): the seed is then m alone, l = 1
+        left = tl.where(tl.abs(lse_b) < 4503599627370496.0, lse_b - m_i.to(tl.float64), 0.0)
+        l_i = tl.where(seen, tl.math.exp2(left.to(ACC_DTYPE)), 0.0)
+        acc = tl.where(seen[:, None], o_b.to(ACC_DTYPE) * l_i[:, None], 0.0)  # O = acc / l
     else:
         m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)
         l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
@@ -157,7 +162,7 @@ def shared_context_fused_kernel(
                                    cache_modifier=".cg")
                 part_o = tl.load(WS_O + k64 * stride_ws_s + ws_rows[:, None] + offs_d[None, :],
                                  mask=valid[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-                m, s, merged = merge_step(m, s, merged, part_lse.to(ACC_DTYPE), part_o.to(ACC_DTYPE))
+                m, s, merged = merge_step(m, s, merged, part_lse, part_o.to(ACC_DTYPE))
             o, lse = merge_finish(m, s, merged)
             _store_state(O, LSE, o, lse, o_rows, lse_rows, valid, offs_d, HEAD_DIM)
             tl.store(counter, 0)  # ready for the next launch

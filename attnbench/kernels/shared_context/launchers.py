@@ -13,7 +13,7 @@ import torch
 from ..launch import LaunchPlan, forget_plans, on_device, plan, remember, tensor_signature
 from ..merge_states import merge_stack_launch, merge_two_launch
 from ..outputs import new_output
-from ..precision import accumulator_dtype, dot_precision, lse_dtype, split_scale
+from ..precision import STATE_LSE_DTYPE, accumulator_dtype, dot_precision, lse_dtype, split_scale
 from ..tuning import autotune_enabled, cdiv, next_pow2, seq_bucket
 from .buffer_phase import buffer_steps
 from .kernels import BUFFER, CONTEXT, FUSED, _head_dim_class, _tune_key
@@ -159,22 +159,25 @@ def _plannable(key, q):
         return None if _capturing(q.device) else key
 
 
-def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, out_dtype=None):
+def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, out_dtype=None, as_state=False):
     """Attention of every sample's queries over the shared context alone. Returns (o, lse); with
-    several splits the partial states are reduced by ``merge_stack_launch`` (a second launch)."""
+    several splits the partial states are reduced by ``merge_stack_launch`` (a second launch).
+    ``as_state``: a half to be merged, its LSE in precision.STATE_LSE_DTYPE."""
     out_dtype = out_dtype or q.dtype
+    out_lse_dtype = STATE_LSE_DTYPE if as_state else lse_dtype(q.dtype)
     key = None if config is not None else _plan_key("context", q, k_ctx, v_ctx, None, None, None, sm_scale,
-                                                    num_splits, out_dtype)
+                                                    num_splits, out_dtype, as_state)
     heads_kv, n_ctx = k_ctx.shape[0], k_ctx.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
 
     def partials(splits):
         part_dtype = _state_dtype(q) if splits > 1 else out_dtype
+        part_lse_dtype = STATE_LSE_DTYPE if splits > 1 else out_lse_dtype
         return (q, k_ctx, v_ctx, new_output((splits, batch, heads_q, n_q, head_dim), part_dtype, q.device),
-                new_output((splits, batch, heads_q, n_q), lse_dtype(q.dtype), q.device))
+                new_output((splits, batch, heads_q, n_q), part_lse_dtype, q.device))
 
     def reduced(splits, o, lse):
-        return merge_stack_launch(o, lse, out_dtype) if splits > 1 else (o[0], lse[0])
+        return merge_stack_launch(o, lse, out_dtype, out_lse_dtype=out_lse_dtype) if splits > 1 else (o[0], lse[0])
 
     if key is not None and (known := plan(key)) is not None:
         splits, launch_plan = known
@@ -214,16 +217,17 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
     return runner(splits, _plannable(key, q))()
 
 
-def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, out_dtype=None):
-    """Attention of each sample's queries over its own buffer alone. Returns (o, lse)."""
+def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, out_dtype=None, as_state=False):
+    """Attention of each sample's queries over its own buffer alone. Returns (o, lse). ``as_state``: a
+    half to be merged, its LSE in precision.STATE_LSE_DTYPE."""
     out_dtype = out_dtype or q.dtype
     heads_kv = k_buf.shape[1]
     batch, heads_q, n_q, head_dim, group, rows = _sizes(q, heads_kv)
     o = new_output(q.shape, out_dtype, q.device)
-    lse = new_output((batch, heads_q, n_q), lse_dtype(q.dtype), q.device)
+    lse = new_output((batch, heads_q, n_q), STATE_LSE_DTYPE if as_state else lse_dtype(q.dtype), q.device)
     tensors = (q, k_buf, v_buf, buf_lens if buf_lens is not None else q, o, lse)
     key = None if config is not None else _plan_key("buffer", q, None, None, k_buf, v_buf, buf_lens, causal,
-                                                    sm_scale, out_dtype)
+                                                    sm_scale, out_dtype, as_state)
     if key is not None and (known := plan(key)) is not None:
         with on_device(q):
             known(tensors)
@@ -244,7 +248,8 @@ def buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, *, config=None, o
 def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *, num_splits=None,
                     context_config=None, buffer_config=None):
     """Path (a): context kernel (+ split reduction), buffer kernel, merge_states kernel. The two
-    halves stay in fp32 until the merge, so the composition rounds once, like the fused path."""
+    halves stay in fp32 (their LSEs in fp64) until the merge, so the composition rounds once, like the fused
+    path."""
     n_ctx = k_ctx.shape[1]
     n_buf = 0 if k_buf is None else k_buf.shape[2]
     if not n_buf:
@@ -252,10 +257,10 @@ def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *
     if not n_ctx:
         return buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, config=buffer_config)
     o_c, lse_c = context_launch(q, k_ctx, v_ctx, sm_scale, num_splits=num_splits, config=context_config,
-                                out_dtype=_state_dtype(q))
+                                out_dtype=_state_dtype(q), as_state=True)
     o_b, lse_b = buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, config=buffer_config,
-                               out_dtype=_state_dtype(q))
-    return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype)
+                               out_dtype=_state_dtype(q), as_state=True)
+    return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype, out_lse_dtype=lse_dtype(q.dtype))
 
 
 def clear_split_picks():

@@ -36,13 +36,14 @@ def _rows(b, h, i, stride_b, stride_h, stride_n):
 
 @triton.jit
 def _normalized(acc, l_i, m_i):
-    """(O, LSE natural log) of an online-softmax state in base 2; (0, -inf) where no key was seen. A NaN sum
+    """(O, LSE natural log, float64: precision.STATE_LSE_DTYPE) of an online-softmax state in base 2; (0, -inf)
+    where no key was seen. A NaN sum
     (a NaN input among the keys seen, or in the query) is not "no key": O and LSE stay NaN, so that the merge
     makes the row NaN instead of dropping this state as empty."""
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    lse = tl.where(empty, float("-inf"), (m_i.to(tl.float64) + tl.math.log2(l_safe).to(tl.float64)) * LN2)
     return o, lse
 
 

@@ -7,7 +7,7 @@ keep the rest per stream, within one byte budget for all plans together.
 import torch
 
 from ..outputs import new_output
-from ..precision import accumulator_torch_dtype, lse_dtype
+from ..precision import STATE_LSE_DTYPE, accumulator_torch_dtype
 from ..tuning import cdiv
 
 _COUNTERS = {}
@@ -46,7 +46,7 @@ def _new_scratch(q, heads_kv, n_buf, splits, stand_ins):
 
     def states(*lead):
         return (new_output((*lead, batch, heads_q, n_q, head_dim), _state_dtype(q), q.device),
-                new_output((*lead, batch, heads_q, n_q), lse_dtype(q.dtype), q.device))
+                new_output((*lead, batch, heads_q, n_q), STATE_LSE_DTYPE, q.device))
 
     wb = states() if n_buf else None
     ws = states(splits) if splits > 1 else None

@@ -6,13 +6,14 @@ run in a low dtype it is the "what plain PyTorch gets in this dtype" bar of the 
 import torch
 
 from ...attention.spec import causal_mask
+from ...softmax import softmax_and_lse
 
 
 def attention(q, k, v, scale: float, causal_offset):
     """O and LSE of softmax(scale Q K^T + mask) V on [B, H, N, D] tensors (GQA by repeating K/V).
 
-    Rows that see no key give O = 0 and LSE = -inf, and their gradients are 0, not NaN: the
-    logsumexp of such a row is taken over zeros and then overwritten, so no inf - inf is formed.
+    Rows that see no key give O = 0 and LSE = -inf, and their gradients are 0, not NaN
+    (softmax.softmax_and_lse, which also says why the softmax subtracts the row max, not LSE).
     """
     group = q.shape[1] // k.shape[1]
     if group > 1:
@@ -21,13 +22,11 @@ def attention(q, k, v, scale: float, causal_offset):
     s = scale * (q @ k.transpose(-1, -2))
     visible = causal_mask(q.shape[2], k.shape[2], causal_offset, q.device)
     if visible is None:
-        lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - lse.unsqueeze(-1))
+        p, lse = softmax_and_lse(s)
         return p @ v, lse
     s = s.masked_fill(~visible, float("-inf"))
     blind_rows = ~visible.any(dim=-1)  # [Nq]: rows that see nothing
-    lse = torch.logsumexp(s.masked_fill(blind_rows[:, None], 0.0), dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))  # exp(-inf - finite) = 0 on masked entries
+    p, lse = softmax_and_lse(s, blind_rows)
     lse = lse.masked_fill(blind_rows, float("-inf"))
     return p @ v, lse
 
