@@ -36,6 +36,7 @@ for archive in "$1"/gpu-gate-*.tgz; do
     stem=${name%%.*} ext=${name#*.}
     case "$name" in
       asv-results.tgz) tar xzf "$path"; continue ;;  # asv's own layout: results/asv/<machine>/
+      ab-old-*|ab-new-*) continue ;;  # the ab stage's runs: two commits' code, for its table (ab-<commit>.*) only
       capabilities-*) run=capabilities; op=jvp_attention
                       [[ "$stem" == capabilities-progress ]] && run=capabilities-progress ;;
       *) op=gate run=$stem

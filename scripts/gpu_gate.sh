@@ -3,8 +3,8 @@
 # archive (gpu-gate-<stages>.tgz), which scripts/collect_gpu_results.sh files under
 # results/<gpu>/<op>/<run>.* (docs/gpu-gate.md, docs/layout.md).
 #
-#   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv] [traffic]
-#                                                            (default: all but traffic, which runs when named)
+#   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv] [traffic] [ab]
+#                                                            (default: all but traffic and ab, which run when named)
 #
 #   tests         GPU-marked pytest (real sizes vs float64, determinism, boundary witnesses, perf
 #                 gates, pytest-benchmark timings); TESTS= picks files, TESTS_MARK= a marker expression
@@ -26,6 +26,11 @@
 #                 the files <op>-traffic-vecsca-<gpu>.*, filed as results/<gpu>/<op>/traffic-vecsca.*;
 #                 TRAFFIC_BUDGET (default 540) is the seconds since this script started after which no ncu part
 #                 starts, so that a call keeps what finished
+#   ab            a change side by side with its baseline: `attnbench bench $AB_ARGS` at AB_OLD (a commit of the carried
+#                 .gitbundle, checked out under /tmp) and on this tree, AB_ROUNDS (default 2) rounds of alternating
+#                 processes, then `python -m attnbench.bench.ab`'s ratio table (ab-<AB_OLD>.md and .json, which the
+#                 collect script files under <gpu>/gate/; the runs, ab-old-<r>.json and ab-new-<r>.json, stay in the
+#                 archive), e.g. AB_OLD=1ed63fd AB_ARGS="--op shared_context --variant triton"
 #   asv           an asv run on this commit (ASV_BENCH=regex: those benchmarks only); with
 #                 ASV_REPORTS=DIR it records the numbers of the
 #                 `attnbench run` JSONs in DIR (same commit, same machine) instead of timing again
@@ -202,6 +207,31 @@ if has traffic; then
         --json "$ART/$name-$machine.json" 2>"$ART/$name-progress.log" | tee "$ART/$name-$machine.txt"
     status=$((status | $?))
   done
+fi
+if has ab; then
+  old_tree=/tmp/attnbench-ab-old
+  if [[ -z "${AB_OLD:-}" || ! -f .gitbundle ]]; then
+    echo "gpu_gate: ab needs AB_OLD=<commit> and a carried .gitbundle (git bundle create .gitbundle main)" >&2
+    status=1
+  elif rm -rf "$old_tree" && git clone -q .gitbundle "$old_tree" 2>/dev/null; git -C "$old_tree" checkout -q "$AB_OLD"; then
+    for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
+      for side in old new; do
+        tree=$PWD
+        [[ $side == old ]] && tree=$old_tree
+        # the old side imports its own package: its tree first on the path, this checkout's editable install after
+        # shellcheck disable=SC2086
+        (cd "$tree" && PYTHONPATH=$tree python3 -m attnbench bench ${AB_ARGS:-} --quiet \
+            --json "$ART/ab-$side-$round.json" >"$ART/ab-$side-$round.txt" 2>"$ART/ab-$side-$round.log")
+        echo "ab: $side round $round done at $SECONDS s (rc $?)"
+      done
+    done
+    python3 -m attnbench.bench.ab "$ART"/ab-old-*.json -- "$ART"/ab-new-*.json --json "$ART/ab-$AB_OLD.json" \
+        --markdown "$ART/ab-$AB_OLD.md"
+    status=$((status | $?))
+  else
+    echo "gpu_gate: ab: $AB_OLD is not in .gitbundle" >&2
+    status=1
+  fi
 fi
 if has asv; then
   git config --global --add safe.directory "$PWD" 2>/dev/null
