@@ -69,6 +69,10 @@ def _check_scale(scale, length, device):
         raise ValueError(f"scale must have shape ({length},) (one per term), got {tuple(scale.shape)}")
     if scale.device != device:
         raise ValueError(f"scale is on device {scale.device}, the other fields on device {device}")
+    if scale.numel() and not bool(torch.isfinite(scale).all()):  # once per info, as the index range checks
+        bad = scale[~torch.isfinite(scale)][0].item()
+        raise ValueError(f"scale must be finite: a term's coefficient is {bad} (every output it reaches would be "
+                         "NaN or inf)")
     if scale.requires_grad:
         raise ValueError("scale requires grad, but the sparse ops hold an info's scales constant (no gradient "
                          "reaches them): pass scale.detach(), or make the learnable weights an operand (as the "

@@ -243,3 +243,24 @@ def test_the_oracle_averages_tied_keys_at_any_distance_from_zero():
     top = k[0, 0, :, 0] == k[0, 0, :, 0].min()  # the least negative score: the smallest key
     assert 1 < top.sum() < 12
     assert torch.allclose(o[0, 0], v.double()[0, 0, top].mean(0).expand(4, -1), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["+inf", "-inf"])
+@pytest.mark.parametrize("route", ["tiles", "decode"])
+def test_an_infinite_query_entry_makes_its_row_nan_in_the_oracle_as_in_the_kernels(sign, route):
+    """Scores of +inf and -inf in one row: the oracle's logsumexp read LSE +inf where every kernel gives NaN, so the
+    two disagreed on a non-finite input (left alone in an earlier review). The max-subtracted oracle
+    (attnbench/softmax.py) gives NaN as well; the other rows stay finite and equal."""
+    from attnbench.kernels.attention.flash_fwd import forward_route
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 1, n, 16, generator=g) for n in (3, 5, 5))
+    q[0, 0, 1, 0] = sign * float("inf")
+    ro, rlse = reference_attention(q.double(), k.double(), v.double(), 0.25, None)
+    with forward_route(route):
+        o, lse = flash_fwd(q, k, v, scale=0.25)
+    for got in (ro, rlse, o, lse):
+        assert torch.isnan(got[0, 0, 1]).all()
+    keep = torch.tensor([0, 2])
+    assert torch.isfinite(rlse[..., keep]).all()
+    assert verify.relative_error(o[..., keep, :], ro[..., keep, :]) < verify.BOUNDS[torch.float32]

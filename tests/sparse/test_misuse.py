@@ -51,3 +51,14 @@ def test_cached_tables_come_back_as_copies():
                                                                     dtype=torch.float64)))
     assert torch.equal(rotation, again)
 
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_coefficient_that_is_not_finite_is_refused_by_name(bad):
+    """A NaN or infinite scale was accepted and every output it reached came back NaN or inf, with no word of
+    where from (left alone in an earlier review)."""
+    i1, i2, i3 = torch.tensor([0, 1, 2, 0]), torch.tensor([1, 0, 2, 2]), torch.tensor([2, 0, 1, 2])
+    s = torch.tensor([1.0, 2.0, bad, 4.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=f"^scale must be finite: a term's coefficient is {bad}"):
+        product_infos(i1, i2, i3, s, 3, 3, 3)
+    product_infos(i1, i2, i3, torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64), 3, 3, 3)  # finite: built
