@@ -38,7 +38,7 @@ def oracle_cache(op, device, latest_only=False):
 
 def tied_scores(queries, *keys, exponent, generator, lowest=0):
     """Query and key tensors (shapes ``queries``, ``keys``; float32 on the CPU) whose scores q . k are powers of two,
-    -2^(2 exponent + a) with a drawn from {lowest, lowest + 1, lowest + 2} per key: many keys tie for each row's
+    -2^(2 exponent + a) with a drawn from {lowest, ..., 2} per key: many keys tie for each row's
     largest score, far from zero, with nothing but rounding between them and the next level (docs/methodology.md,
     "Score range"). Only column 0 carries the score; the queries' other columns are noise against keys that are
     zero there."""

@@ -132,9 +132,11 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
     _store_state(O, L, o, lse, rows, offs_d, row_mask, d_mask, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z)
 
 
-def _acc_dtype(*dtypes):
-    """By the O dtypes: an LSE in float64 (precision.STATE_LSE_DTYPE) is no float64 mode."""
-    return tl.float64 if torch.float64 in dtypes else tl.float32
+def _acc_dtype(o_dtypes, lse_dtypes, state_lse):
+    """float64 arithmetic when any O or LSE is float64 (the public contract, as attnbench.merge's PyTorch twin), except
+    that ``state_lse`` (our own merged states, whose LSEs are float64 for precision: precision.STATE_LSE_DTYPE) looks
+    at O alone: a bf16 or fp32 state is no float64 mode."""
+    return tl.float64 if torch.float64 in (*o_dtypes, *(() if state_lse else lse_dtypes)) else tl.float32
 
 
 def _lead3(t, lead_dims):
@@ -163,9 +165,9 @@ def _block_sizes(head_dim, device, n_rows, fewest=1):
     return max(fewest, min(most, next_pow2(cdiv(n_rows, 2 * multiprocessors(device))))), block_d
 
 
-def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype, out_lse_dtype=None):
+def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype, out_lse_dtype=None, state_lse=False):
     """Merge two checked states of one shape. Returns (O in out_dtype, LSE in ``out_lse_dtype``, by default
-    lse_a's), contiguous."""
+    lse_a's), contiguous. ``state_lse``: see _acc_dtype."""
     lead = lse_a.dim()
     shape = tuple(o_a.shape)
     head_dim = shape[-1]
@@ -183,15 +185,16 @@ def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype, out_lse_dtype=None):
         merge_two_kernel[(cdiv(n_rows, block_r),)](
             oa, la, ob, lb, ov, lv, n_rows, ov.shape[1], ov.shape[2], head_dim,
             *soa, *sla, *sob, *slb, *so, *sl,
-            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_a.dtype, o_b.dtype))
+            BLOCK_R=block_r, BLOCK_D=block_d,
+            ACC_DTYPE=_acc_dtype((o_a.dtype, o_b.dtype), (lse_a.dtype, lse_b.dtype), state_lse))
     return o, lse
 
 
-def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dtype=None):
+def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dtype=None, state_lse=False):
     """Merge the states stacked along dim 0: O [S, ..., D], LSE [S, ...] -> (O, LSE in ``out_lse_dtype``, by
     default the stack's), contiguous.
     ``see_from``: rows whose last index is at least this are known to see a key (flash-decoding's
-    splits of a row's keys): there an all-empty merge is NaN, not (0, -inf)."""
+    splits of a row's keys): there an all-empty merge is NaN, not (0, -inf). ``state_lse``: see _acc_dtype."""
     num_states = lse_stack.shape[0]
     head_dim = o_stack.shape[-1]
     o = new_output(tuple(o_stack.shape[1:]), out_dtype, o_stack.device)
@@ -217,7 +220,7 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dty
             o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
             INT32_MAX if see_from is None else see_from,
             o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,
-            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype(o_stack.dtype))
+            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype((o_stack.dtype,), (lse_stack.dtype,), state_lse))
     return o, lse
 
 

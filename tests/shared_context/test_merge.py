@@ -190,3 +190,18 @@ def test_plus_inf_lse_is_nan_in_both_implementations_and_empty_triton_stack():
     for many in (merge_many, merge_many_triton):
         o_m, lse_m = many(torch.zeros(0, 2, 3, 16), torch.zeros(0, 2, 3))
         assert torch.equal(o_m, torch.zeros(2, 3, 16)) and torch.isneginf(lse_m).all(), many.__name__
+
+
+@pytest.mark.interpreter
+def test_a_float64_lse_beside_a_float32_o_merges_in_float64_on_both_implementations():
+    """The public contract: any float64 operand makes the merge float64, so merge_states and its Triton twin agree.
+    The Triton one had started to take its arithmetic from O alone (a change meant for our own float64 state LSEs,
+    kernels/precision.STATE_LSE_DTYPE), and its float64 LSE came back float32-accurate: 5.4e-8 off (found by
+    review)."""
+    g = torch.Generator().manual_seed(0)
+    o_a, o_b = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+    lse_a, lse_b = (torch.randn(4, generator=g, dtype=torch.float64) for _ in range(2))
+    want = torch.logaddexp(lse_a, lse_b)
+    for o, lse in (merge_states(o_a, lse_a, o_b, lse_b), merge_states_triton(o_a, lse_a, o_b, lse_b),
+                   merge_many_triton(torch.stack([o_a, o_b]), torch.stack([lse_a, lse_b]))):
+        assert lse.dtype == torch.float64 and (lse - want).abs().max() < 1e-15

@@ -228,4 +228,5 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         return o_part, l_part
     # rows i >= -offset see at least one key (Nk >= 1): an empty merge there is a non-finite input
     see_from = 0 if causal_offset is None else max(0, -int(causal_offset))
-    return merge_stack_launch(o_part, l_part, q.dtype, see_from=see_from, out_lse_dtype=lse_dtype(q.dtype))
+    return merge_stack_launch(o_part, l_part, q.dtype, see_from=see_from, out_lse_dtype=lse_dtype(q.dtype),
+                              state_lse=True)

@@ -177,7 +177,8 @@ def context_launch(q, k_ctx, v_ctx, sm_scale, *, num_splits=None, config=None, o
                 new_output((splits, batch, heads_q, n_q), part_lse_dtype, q.device))
 
     def reduced(splits, o, lse):
-        return merge_stack_launch(o, lse, out_dtype, out_lse_dtype=out_lse_dtype) if splits > 1 else (o[0], lse[0])
+        return (merge_stack_launch(o, lse, out_dtype, out_lse_dtype=out_lse_dtype, state_lse=True) if splits > 1
+                else (o[0], lse[0]))
 
     if key is not None and (known := plan(key)) is not None:
         splits, launch_plan = known
@@ -260,7 +261,7 @@ def composed_launch(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, sm_scale, *
                                 out_dtype=_state_dtype(q), as_state=True)
     o_b, lse_b = buffer_launch(q, k_buf, v_buf, buf_lens, causal, sm_scale, config=buffer_config,
                                out_dtype=_state_dtype(q), as_state=True)
-    return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype, out_lse_dtype=lse_dtype(q.dtype))
+    return merge_two_launch(o_c, lse_c, o_b, lse_b, q.dtype, out_lse_dtype=lse_dtype(q.dtype), state_lse=True)
 
 
 def clear_split_picks():
