@@ -15,8 +15,10 @@ eager call, back to back, at up to four levels:
                costs for a differentiable call with that many inputs and outputs
 
 real - launches is the launch path and the GPU; launches - ops our launchers' Python; ops - floor our
-Functions and checks above PyTorch's own. The stubbed levels compute garbage (empty outputs) and are
-for timing only. Each number is the best of 5 rounds' mean per call, in microseconds.
+Functions and checks above PyTorch's own. On a GPU, FLASH and MATH are SDPA pinned to that backend on the same
+tensors, timed the same way (the issue's bars are ratios to them; - where the backend refuses the route). The stubbed levels compute garbage (empty outputs) and are
+for timing only. Each number is the best of 5 rounds' mean per call, in microseconds; a round is at most
+--calls calls and --round-s seconds.
 """
 import argparse
 import time
@@ -64,12 +66,20 @@ def routes(f, q, k, v, u):
     return dict(zip(ROUTES, (fwd, fwd_bwd, func_jvp, hvp_fwd_rev, hvp_rev_rev, hvp_func)))
 
 
-def per_call_us(call, device, calls):
+def per_call_us(call, device, calls, round_s):
+    """Best of 5 rounds' mean per call. A round is ``calls`` calls, or fewer (at least 20) when that many would take
+    longer than ``round_s`` seconds, estimated from the warm-up: a 3 ms HVP at 1500 calls, 5 rounds and 4 levels
+    took 90 s, and the device call's limit cut the profile after three routes."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    for _ in range(max(20, calls // 20)):
+    warm = 20
+    sync()
+    start = time.perf_counter()
+    for _ in range(warm):
         call()
+    sync()
+    calls = max(20, min(calls, int(round_s / max((time.perf_counter() - start) / warm, 1e-9))))
     best = float("inf")
     for _ in range(5):
         sync()
@@ -79,6 +89,27 @@ def per_call_us(call, device, calls):
         sync()
         best = min(best, (time.perf_counter() - start) / calls * 1e6)
     return best
+
+
+def sdpa_routes(backend, q, k, v, u):
+    """``routes`` over SDPA pinned to one backend (the issue's bars are ratios to SDPA FLASH and MATH in the same
+    process); each call enters the backend's context, as a user's code would around its own calls."""
+    from torch.nn.attention import sdpa_kernel
+    import torch.nn.functional as F
+
+    def f(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return routes(f, q, k, v, u)
+
+
+def peer_us(call, device, calls, round_s):
+    """per_call_us, or None where the backend refuses the route (FLASH has no forward-mode AD)."""
+    try:
+        return per_call_us(call, device, calls, round_s)
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 class Stubbed:
@@ -122,7 +153,9 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--shape", type=int, nargs=4, default=[1, 2, 128, 64], metavar=("B", "H", "N", "D"))
-    parser.add_argument("--calls", type=int, default=1500, help="calls per timed round")
+    parser.add_argument("--calls", type=int, default=1500, help="calls per timed round, at most")
+    parser.add_argument("--round-s", type=float, default=0.15,
+                        help="seconds a timed round may take at most (fewer calls for slow routes; default 0.15)")
     parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -133,18 +166,25 @@ def main():
     ours = routes(lambda q, k, v: api.flash_attention(q, k, v), q, k, v, u)
     floor = routes(lambda q, k, v: q * q + v, q, k, v, u)
     levels = (["real"] if device.type == "cuda" else []) + ["launches", "ops", "floor"]
+    peers = {}
+    if device.type == "cuda":  # what a user pays for SDPA on the same tensors, in the same process
+        from torch.nn.attention import SDPBackend
+
+        peers = {"FLASH": sdpa_routes(SDPBackend.FLASH_ATTENTION, q, k, v, u),
+                 "MATH": sdpa_routes(SDPBackend.MATH, q, k, v, u)}
     print(f"host time per eager call (us), {device} {dtype} B{args.shape[0]} H{args.shape[1]} N{args.shape[2]} "
-          f"D{args.shape[3]}, best of 5 rounds of {args.calls}")
-    print(f"{'route':12s}" + "".join(f"{level:>10s}" for level in levels))
+          f"D{args.shape[3]}, best of 5 rounds of up to {args.calls} calls or {args.round_s} s")
+    print(f"{'route':12s}" + "".join(f"{name:>10s}" for name in [*levels, *peers]))
     for route in args.routes:
         cells = []
         for level in levels:
             if level == "floor":
-                cells.append(per_call_us(floor[route], device, args.calls))
+                cells.append(per_call_us(floor[route], device, args.calls, args.round_s))
             else:
                 with Stubbed(level):
-                    cells.append(per_call_us(ours[route], device, args.calls))
-        print(f"{route:12s}" + "".join(f"{c:10.1f}" for c in cells), flush=True)
+                    cells.append(per_call_us(ours[route], device, args.calls, args.round_s))
+        cells += [peer_us(peer[route], device, args.calls, args.round_s) for peer in peers.values()]
+        print(f"{route:12s}" + "".join("         -" if c is None else f"{c:10.1f}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":
