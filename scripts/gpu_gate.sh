@@ -215,18 +215,22 @@ if has ab; then
     status=1
   elif rm -rf "$old_tree" && git clone -q .gitbundle "$old_tree" 2>/dev/null; git -C "$old_tree" checkout -q "$AB_OLD"; then
     for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
-      for side in old new; do
+      order="old new"
+      ((round % 2 == 0)) && order="new old"  # no side always runs first (the GPU's clocks and caches drift)
+      for side in $order; do
         tree=$PWD
         [[ $side == old ]] && tree=$old_tree
         # the old side imports its own package: its tree first on the path, this checkout's editable install after
         # shellcheck disable=SC2086
         (cd "$tree" && PYTHONPATH=$tree python3 -m attnbench bench ${AB_ARGS:-} --quiet \
             --json "$ART/ab-$side-$round.json" >"$ART/ab-$side-$round.txt" 2>"$ART/ab-$side-$round.log")
-        echo "ab: $side round $round done at $SECONDS s (rc $?)"
+        rc=$?
+        status=$((status | rc))  # a failed or wrong row fails the gate, as in the bench stage
+        echo "ab: $side round $round done at $SECONDS s (rc $rc)"
       done
     done
-    python3 -m attnbench.bench.ab "$ART"/ab-old-*.json -- "$ART"/ab-new-*.json --json "$ART/ab-$AB_OLD.json" \
-        --markdown "$ART/ab-$AB_OLD.md"
+    python3 -m attnbench.bench.ab $(compgen -G "$ART/ab-old-*.json") -- $(compgen -G "$ART/ab-new-*.json") \
+        --json "$ART/ab-$AB_OLD.json" --markdown "$ART/ab-$AB_OLD.md"
     status=$((status | $?))
   else
     echo "gpu_gate: ab: $AB_OLD is not in .gitbundle" >&2

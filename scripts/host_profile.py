@@ -73,6 +73,7 @@ def per_call_us(call, device, calls, round_s):
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+    call()  # first: compiling and autotuning, which must not set the round's length
     warm = 20
     sync()
     start = time.perf_counter()
@@ -108,6 +109,8 @@ def peer_us(call, device, calls, round_s):
     """per_call_us, or None where the backend refuses the route (FLASH has no forward-mode AD)."""
     try:
         return per_call_us(call, device, calls, round_s)
+    except torch.OutOfMemoryError:
+        raise
     except (RuntimeError, NotImplementedError):
         return None
 

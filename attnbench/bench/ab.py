@@ -18,14 +18,16 @@ CLOCKS = (("timing", "GPU ms"), ("eager", "eager ms"))
 
 
 def _figures(paths):
-    """{(case, mode, variant): {clock: [median per run]}}, and each key's failure or skip reason, and the commits."""
-    figures, reasons, commits = {}, {}, []
+    """{(case, mode, variant): {clock: [median per run]}}, each key's failure or skip reason, the runs' commits and
+    their statuses ("complete", or "error", "interrupted", "running": a run that stopped early)."""
+    figures, reasons, commits, statuses = {}, {}, [], []
     for path in paths:
         with open(path) as f:
             run = json.load(f)
         code = run.get("code")
         commits.append((code.get("commit") or "?")[:9] + ("+dirty" if code.get("dirty") else "")
                        if isinstance(code, dict) else "?")
+        statuses.append(run.get("status", "complete"))
         for row in run.get("bench", []):
             key = (row["case"], row["mode"], row["variant"])
             if row.get("failed") or row.get("skipped"):
@@ -35,13 +37,13 @@ def _figures(paths):
                 median = (row.get(clock) or {}).get("median_ms")
                 if median:
                     figures.setdefault(key, {}).setdefault(clock, []).append(median)
-    return figures, reasons, commits
+    return figures, reasons, commits, statuses
 
 
 def compare(old_paths, new_paths):
     """The side-by-side rows: one dict per (case, mode, variant) either side timed."""
-    old, old_reasons, old_commits = _figures(old_paths)
-    new, new_reasons, new_commits = _figures(new_paths)
+    old, old_reasons, old_commits, old_statuses = _figures(old_paths)
+    new, new_reasons, new_commits, new_statuses = _figures(new_paths)
     rows = []
     for key in sorted(set(old) | set(new) | set(old_reasons) | set(new_reasons)):
         row = {"case": key[0], "mode": key[1], "variant": key[2]}
@@ -53,8 +55,8 @@ def compare(old_paths, new_paths):
                                                                     ("new", new_reasons.get(key))) if why)
         rows.append(row)
     return {"study": "side by side: the same bench at two commits in alternating processes (attnbench.bench.ab)",
-            "old": {"files": list(old_paths), "commits": old_commits},
-            "new": {"files": list(new_paths), "commits": new_commits},
+            "old": {"files": list(old_paths), "commits": old_commits, "statuses": old_statuses},
+            "new": {"files": list(new_paths), "commits": new_commits, "statuses": new_statuses},
             "rows": rows}
 
 
@@ -62,8 +64,12 @@ def markdown(result) -> str:
     clocks = [(clock, label) for clock, label in CLOCKS if any(r[f"{clock}_ratio"] is not None for r in result["rows"])]
     head = ["case", "mode", "variant"] + [f"{side} {label}" for clock, label in clocks for side in ("old", "new")]
     head += [f"new / old ({label})" for _, label in clocks] + ["note"]
+    stopped = [f"{side} run {i + 1}: {status}" for side in ("old", "new")
+               for i, status in enumerate(result[side]["statuses"]) if status != "complete"]
     lines = [f"old: {', '.join(result['old']['commits'])} · new: {', '.join(result['new']['commits'])} "
-             "(medians of each run's median; new / old above 1: slower)", "",
+             "(medians of each run's median; new / old above 1: slower)",
+             *([f"**Stopped early** (their missing rows are missing, not dropped): {'; '.join(stopped)}"] if stopped
+               else []), "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in result["rows"]:
         cells = [r["case"], r["mode"], r["variant"]]

@@ -9,14 +9,14 @@ from attnbench.bench import ab
 from attnbench.bench.results import BadResultFile, validate
 
 
-def _run(path, commit, rows):
+def _run(path, commit, rows, status="complete"):
     """A bench JSON as `attnbench bench --json` writes it, reduced to what ab reads."""
     bench = []
     for case, gpu_ms, eager_ms, failed in rows:
         bench.append({"case": case, "mode": "fwd", "variant": "triton", "failed": failed, "skipped": "",
                       "timing": {"median_ms": gpu_ms} if gpu_ms else None,
                       "eager": {"median_ms": eager_ms} if eager_ms else None})
-    path.write_text(json.dumps({"format": 1, "status": "complete", "code": {"commit": commit, "dirty": False},
+    path.write_text(json.dumps({"format": 1, "status": status, "code": {"commit": commit, "dirty": False},
                                 "bench": bench}))
     return str(path)
 
@@ -24,7 +24,8 @@ def _run(path, commit, rows):
 def test_ratios_are_medians_of_each_sides_run_medians_and_nothing_is_dropped(tmp_path):
     old = [_run(tmp_path / "o1.json", "aaaaaaaaaa", [("A", 1.0, 2.0, ""), ("B", 1.0, None, ""), ("C", 1.0, None, "")]),
            _run(tmp_path / "o2.json", "aaaaaaaaaa", [("A", 3.0, 4.0, ""), ("B", 1.0, None, ""), ("C", 1.0, None, "")])]
-    new = [_run(tmp_path / "n1.json", "bbbbbbbbbb", [("A", 2.2, 2.0, ""), ("B", None, None, "raised ValueError")]),
+    new = [_run(tmp_path / "n1.json", "bbbbbbbbbb", [("A", 2.2, 2.0, ""), ("B", None, None, "raised ValueError")],
+                "error"),
            _run(tmp_path / "n2.json", "bbbbbbbbbb", [("A", 2.2, 3.0, ""), ("D", 1.0, None, "")])]
     rows = {r["case"]: r for r in ab.compare(old, new)["rows"]}
     assert rows["A"]["timing_ratio"] == pytest.approx(2.2 / 2.0)  # new 2.2 against the old runs' median, 2.0
@@ -35,7 +36,7 @@ def test_ratios_are_medians_of_each_sides_run_medians_and_nothing_is_dropped(tmp
     assert rows["D"]["old_timing_ms"] == [] and rows["D"]["timing_ratio"] is None
     text = ab.markdown(ab.compare(old, new))
     assert "aaaaaaaaa" in text and "| A | fwd | triton | 1.0000, 3.0000 | 2.2000, 2.2000 |" in text
-    assert "new: raised ValueError" in text
+    assert "new: raised ValueError" in text and "**Stopped early**" in text and "new run 1: error" in text
 
 
 def test_the_cli_writes_a_study_the_index_leaves_out(tmp_path):
