@@ -13,7 +13,7 @@ def softmax_and_lse(s, blind=None):
     1e-12 bar from |LSE| near 1e4 and at |LSE| near 1e30 loses log(ties) whole (two tied keys then
     weigh 1 each, not 1/2). m is detached: P and LSE do not depend on it, so gradients and tangents
     of every order are those of the softmax itself. ``blind`` [...] flags rows that see no key: they
-    give P = 0 with zero gradients, never NaN, and LSE = log N, which the caller overwrites with -inf.
+    give P = 0 and LSE = -inf, with zero gradients, never NaN.
     """
     if s.shape[-1] == 0:  # no key at all: an empty P, and LSE = log 0 = -inf (as logsumexp)
         return s, s.sum(dim=-1) - torch.inf
@@ -21,6 +21,7 @@ def softmax_and_lse(s, blind=None):
     top = filled.detach().amax(dim=-1, keepdim=True)
     e = torch.exp(filled - top)  # exp(-inf - finite) = 0 on masked keys
     z = e.sum(dim=-1, keepdim=True)
-    if blind is not None:
-        e = e.masked_fill(blind.unsqueeze(-1), 0.0)
-    return e / z, (top + torch.log(z)).squeeze(-1)
+    lse = (top + torch.log(z)).squeeze(-1)
+    if blind is not None:  # computed over zeros (no inf - inf), then set
+        e, lse = e.masked_fill(blind.unsqueeze(-1), 0.0), lse.masked_fill(blind, float("-inf"))
+    return e / z, lse

@@ -213,7 +213,7 @@ if has ab; then
   if [[ -z "${AB_OLD:-}" || ! -f .gitbundle ]]; then
     echo "gpu_gate: ab needs AB_OLD=<commit> and a carried .gitbundle (git bundle create .gitbundle main)" >&2
     status=1
-  elif rm -rf "$old_tree" && git clone -q .gitbundle "$old_tree" 2>/dev/null; git -C "$old_tree" checkout -q "$AB_OLD"; then
+  elif rm -rf "$old_tree" && git clone -q .gitbundle "$old_tree" && git -C "$old_tree" checkout -q "$AB_OLD"; then
     for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
       order="old new"
       ((round % 2 == 0)) && order="new old"  # no side always runs first (the GPU's clocks and caches drift)
@@ -233,7 +233,7 @@ if has ab; then
         --json "$ART/ab-$AB_OLD.json" --markdown "$ART/ab-$AB_OLD.md"
     status=$((status | $?))
   else
-    echo "gpu_gate: ab: $AB_OLD is not in .gitbundle" >&2
+    echo "gpu_gate: ab: cannot check out $AB_OLD from .gitbundle (git's message above)" >&2
     status=1
   fi
 fi

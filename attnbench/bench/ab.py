@@ -14,6 +14,9 @@ import json
 import statistics
 import sys
 
+from . import results
+from .report import _short_commit
+
 CLOCKS = (("timing", "GPU ms"), ("eager", "eager ms"))
 
 
@@ -22,11 +25,8 @@ def _figures(paths):
     their statuses ("complete", or "error", "interrupted", "running": a run that stopped early)."""
     figures, reasons, commits, statuses = {}, {}, [], []
     for path in paths:
-        with open(path) as f:
-            run = json.load(f)
-        code = run.get("code")
-        commits.append((code.get("commit") or "?")[:9] + ("+dirty" if code.get("dirty") else "")
-                       if isinstance(code, dict) else "?")
+        run = results.load(path)  # validated: a file that is no bench result says so in one line
+        commits.append(_short_commit(run.get("code")) or "?")
         statuses.append(run.get("status", "complete"))
         for row in run.get("bench", []):
             key = (row["case"], row["mode"], row["variant"])

@@ -48,7 +48,6 @@ def attention(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal: bool, scale: floa
     blind = ~visible.any(dim=-1)  # rows that see no key
     p, lse = softmax_and_lse(s, blind)  # P = 0 on masked keys and blind rows
     o = p @ v
-    lse = lse.masked_fill(blind, float("-inf"))
     o = o.masked_fill(blind.unsqueeze(-1), 0.0)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return o.flatten(1, 2), lse.flatten(1, 2).to(lse_dtype)

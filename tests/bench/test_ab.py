@@ -13,7 +13,8 @@ def _run(path, commit, rows, status="complete"):
     """A bench JSON as `attnbench bench --json` writes it, reduced to what ab reads."""
     bench = []
     for case, gpu_ms, eager_ms, failed in rows:
-        bench.append({"case": case, "mode": "fwd", "variant": "triton", "failed": failed, "skipped": "",
+        bench.append({"op": "flash", "case": case, "mode": "fwd", "variant": "triton", "failed": failed,
+                      "skipped": f"failed: {failed}" if failed else "" if gpu_ms else "not run",
                       "timing": {"median_ms": gpu_ms} if gpu_ms else None,
                       "eager": {"median_ms": eager_ms} if eager_ms else None})
     path.write_text(json.dumps({"format": 1, "status": status, "code": {"commit": commit, "dirty": False},
@@ -35,7 +36,7 @@ def test_ratios_are_medians_of_each_sides_run_medians_and_nothing_is_dropped(tmp
     assert rows["C"]["timing_ratio"] is None and rows["C"]["new_timing_ms"] == []  # the new side never ran it
     assert rows["D"]["old_timing_ms"] == [] and rows["D"]["timing_ratio"] is None
     text = ab.markdown(ab.compare(old, new))
-    assert "aaaaaaaaa" in text and "| A | fwd | triton | 1.0000, 3.0000 | 2.2000, 2.2000 |" in text
+    assert "aaaaaaa," in text and "| A | fwd | triton | 1.0000, 3.0000 | 2.2000, 2.2000 |" in text
     assert "new: raised ValueError" in text and "**Stopped early**" in text and "new run 1: error" in text
 
 

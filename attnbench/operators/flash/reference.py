@@ -27,7 +27,6 @@ def attention(q, k, v, scale: float, causal_offset):
     s = s.masked_fill(~visible, float("-inf"))
     blind_rows = ~visible.any(dim=-1)  # [Nq]: rows that see nothing
     p, lse = softmax_and_lse(s, blind_rows)
-    lse = lse.masked_fill(blind_rows, float("-inf"))
     return p @ v, lse
 
 
