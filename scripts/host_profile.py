@@ -7,6 +7,7 @@ For each differentiation route (forward, forward + backward, torch.func.jvp, the
 eager call, back to back, at up to four levels:
 
     real       the call as a user makes it (GPU only: the interpreter's time says nothing about a GPU's)
+    unreplayed the same without host replays (kernels/replay.py): every call runs the launchers' Python
     launches   every kernel launch made through kernels.launch.planned returns at once: our Python, the
                launchers' included (routes, output allocation, strides), without Triton's launch and the GPU
     ops        the five eager op bodies (attention/ops.py) return empty outputs at once: our Functions,
@@ -30,7 +31,7 @@ import attnbench  # noqa: F401  first: it sets Triton's interpreter switch on a 
 import attnbench.attention as api
 from attnbench.attention import autograd as functions
 from attnbench.attention import ops
-from attnbench.kernels import launch
+from attnbench.kernels import launch, replay
 from attnbench.kernels.precision import lse_dtype
 
 ROUTES = ("fwd", "fwd_bwd", "func_jvp", "hvp_fwd_rev", "hvp_rev_rev", "hvp_func")
@@ -126,7 +127,12 @@ class Stubbed:
         setattr(owner, name, value)
 
     def __enter__(self):
-        if self.level == "launches":
+        # replays (kernels/replay.py) made outside the block would launch past the stubs, and those made inside
+        # would repeat a stub's empty launches after it
+        launch.forget_plans()
+        if self.level == "unreplayed":
+            self._set(replay, "ENABLED", False)
+        elif self.level == "launches":
             self._set(launch._Planned, "_launch", lambda self, grid, args, kwargs: None)
         elif self.level == "ops":
             def rows(q):
@@ -135,7 +141,7 @@ class Stubbed:
             stubs = dict(
                 attention_fwd=lambda q, k, v, *_: (e(q), rows(q)),
                 attention_fwd_jvp=lambda q, k, v, *_: (e(q), rows(q), e(q), rows(q)),
-                _attention_fwd_jvp=lambda q, k, v, *_: (e(q), rows(q), e(q), rows(q)),
+                eager_fwd_jvp=lambda q, k, v, *_: (e(q), rows(q), e(q), rows(q)),
                 attention_jvp=lambda q, *_: (e(q), rows(q)),
                 attention_bwd=lambda q, k, v, *_: (e(q), e(k), e(v)),
                 attention_bwd_jvp=lambda q, k, v, *_: (e(q), e(k), e(v)),
@@ -149,6 +155,7 @@ class Stubbed:
     def __exit__(self, *exc):
         for owner, name, value in reversed(self.saved):
             setattr(owner, name, value)
+        launch.forget_plans()
 
 
 def main():
@@ -160,15 +167,25 @@ def main():
     parser.add_argument("--round-s", type=float, default=0.15,
                         help="seconds a timed round may take at most (fewer calls for slow routes; default 0.15)")
     parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
+    parser.add_argument("--trace", metavar="DIR",
+                        help="also profile each route's real call with torch.profiler (CPU and CUDA activities): "
+                             "DIR/<route>.txt, the ops by self host time, and DIR/<route>.json, a Chrome trace")
+    parser.add_argument("--cprofile", metavar="DIR",
+                        help="also run each route's real call under cProfile: DIR/<route>.pstats.txt, the Python "
+                             "functions by own time (where the launchers' microseconds go, function by function)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type != "cuda" and (args.trace or args.cprofile):
+        parser.error("--trace and --cprofile profile the real call, which runs on a GPU only")
+    if device.type == "cpu":  # replays as on a GPU (kernels/replay.py): only the stubbed levels run here
+        replay.ON_INTERPRETER = True
     # the interpreter runs bf16 as a float32 upcast (extra copies that a GPU does not make): time float32 there
     dtype = getattr(torch, args.dtype) if device.type == "cuda" else torch.float32
     g = torch.Generator().manual_seed(0)
     q, k, v, u = (torch.randn(*args.shape, generator=g).to(device, dtype) for _ in range(4))
     ours = routes(lambda q, k, v: api.flash_attention(q, k, v), q, k, v, u)
     floor = routes(lambda q, k, v: q * q + v, q, k, v, u)
-    levels = (["real"] if device.type == "cuda" else []) + ["launches", "ops", "floor"]
+    levels = (["real", "unreplayed"] if device.type == "cuda" else []) + ["launches", "ops", "floor"]
     peers = {}
     if device.type == "cuda":  # what a user pays for SDPA on the same tensors, in the same process
         from torch.nn.attention import SDPBackend
@@ -177,17 +194,79 @@ def main():
                  "MATH": sdpa_routes(SDPBackend.MATH, q, k, v, u)}
     print(f"host time per eager call (us), {device} {dtype} B{args.shape[0]} H{args.shape[1]} N{args.shape[2]} "
           f"D{args.shape[3]}, best of 5 rounds of up to {args.calls} calls or {args.round_s} s")
-    print(f"{'route':12s}" + "".join(f"{name:>10s}" for name in [*levels, *peers]))
+    print(f"{'route':12s}" + "".join(f"{name:>11s}" for name in [*levels, *peers]))
+    refused = {}
     for route in args.routes:
         cells = []
         for level in levels:
-            if level == "floor":
+            if level == "real":
+                cells.append(per_call_us(ours[route], device, args.calls, args.round_s))
+                refused.update({key[0]: why for key, why in replay.replays().items() if type(why) is replay.Refusal})
+            elif level == "floor":
                 cells.append(per_call_us(floor[route], device, args.calls, args.round_s))
             else:
                 with Stubbed(level):
                     cells.append(per_call_us(ours[route], device, args.calls, args.round_s))
         cells += [peer_us(peer[route], device, args.calls, args.round_s) for peer in peers.values()]
-        print(f"{route:12s}" + "".join("         -" if c is None else f"{c:10.1f}" for c in cells), flush=True)
+        print(f"{route:12s}" + "".join("          -" if c is None else f"{c:11.1f}" for c in cells), flush=True)
+    if "real" in levels:  # ops whose calls run the launchers every time (kernels/replay.py)
+        print("replays refused: " + (", ".join(f"{op} ({why})" for op, why in refused.items()) or "none"))
+    if args.trace:
+        for route in args.routes:
+            trace(ours[route], device, route, args.trace)
+    if args.cprofile:
+        for route in args.routes:
+            python_profile(ours[route], device, route, args.cprofile)
+
+
+def python_profile(call, device, route, folder, calls=100):
+    """cProfile over ``calls`` warm real calls of one route, the functions sorted by own time."""
+    import cProfile
+    import io
+    import os
+    import pstats
+
+    for _ in range(5):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    os.makedirs(folder, exist_ok=True)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(45)
+    with open(os.path.join(folder, f"{route}.pstats.txt"), "w") as out:
+        out.write(f"{calls} calls of {route}\n{text.getvalue()}")
+
+
+def trace(call, device, route, folder, calls=50):
+    """torch.profiler over ``calls`` warm real calls of one route: where each call's host time goes, op by op and
+    launch by launch (the table sorts by self CPU time, the trace shows waits between launches)."""
+    import os
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for _ in range(5):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    os.makedirs(folder, exist_ok=True)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60, max_name_column_width=70)
+    with open(os.path.join(folder, f"{route}.txt"), "w") as out:
+        out.write(f"{calls} calls of {route}\n{table}\n")
+    prof.export_chrome_trace(os.path.join(folder, f"{route}.json"))
 
 
 if __name__ == "__main__":

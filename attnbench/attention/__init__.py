@@ -21,7 +21,7 @@ from ..autocast import autocast_inputs
 from ..kernels import interpreting
 from ..kernels.precision import lse_dtype
 from .autograd import Attention, AttentionBackward, AttentionBackwardJvp, AttentionWithTangent, matched
-from .ops import (_attention_fwd_jvp, _check_device, attention_fwd, attention_fwd_jvp, unavailable_reason,
+from .ops import (_check_device, attention_fwd, attention_fwd_jvp, eager_fwd_jvp, unavailable_reason,
                   unsupported_on_cuda)
 from .spec import check_like, check_qkv
 
@@ -107,8 +107,8 @@ def _attention_dual(primals, tangents, scale, offset):
             # lifts the results into the transform
             layer = _functorch.pop_dynamic_layer_stack()
             try:
-                o, lse, o_t, lse_t = _attention_fwd_jvp(*(None if t is None else _base(t) for t in (*primals, *tangents)),
-                                                        scale, offset)
+                o, lse, o_t, lse_t = eager_fwd_jvp(*(None if t is None else _base(t) for t in (*primals, *tangents)),
+                                                   scale, offset)
             finally:
                 _functorch.push_dynamic_layer_stack(layer)
         else:

@@ -24,7 +24,10 @@ from ..kernels.attention.flash_fwd import flash_fwd_launch
 from ..kernels.launch import on_device, readable
 from ..kernels.offsets import INT32_MAX, slice_needs_copy
 from ..kernels.precision import lse_dtype
+from ..kernels.replay import replayed
+from ..kernels.attention.routes import forced_routes
 from ..kernels.attention.row_dot import row_dot_launch
+from ..kernels.tuning import autotune_enabled
 
 
 # ----------------------------------------------------------------------------- device rules
@@ -224,9 +227,22 @@ def _plain(args) -> bool:
     return all(type(a) is Tensor and not wrapped(a) and not legacy(a) for a in args if isinstance(a, Tensor))
 
 
+def _launch_state():
+    """What the launchers read besides their arguments: the forced routes, the autotune switch, the determinism flag."""
+    return forced_routes(), autotune_enabled(), torch.are_deterministic_algorithms_enabled()
+
+
+def _eager(body):
+    """The op body on plain tensors, with host replays (kernels/replay.py): a signature's third call on skips the
+    launchers' Python."""
+    return replayed(body.__name__.lstrip("_"), body, _launch_state)
+
+
 def _eager_or_op(body, op):
+    eager = _eager(body)
+
     def call(*args):
-        return body(*args) if _plain(args) else op(*args)
+        return eager(*args) if _plain(args) else op(*args)
 
     call.__name__ = body.__name__.lstrip("_")
     return call
@@ -238,3 +254,5 @@ attention_fwd_jvp = _eager_or_op(_attention_fwd_jvp, attention_fwd_jvp_op)
 attention_jvp = _eager_or_op(_attention_jvp, attention_jvp_op)
 attention_bwd = _eager_or_op(_attention_bwd, attention_bwd_op)
 attention_bwd_jvp = _eager_or_op(_attention_bwd_jvp, attention_bwd_jvp_op)
+# the fused forward and tangent on tensors the caller has unwrapped (torch.func.jvp's fast path)
+eager_fwd_jvp = _eager(_attention_fwd_jvp)

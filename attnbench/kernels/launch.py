@@ -16,6 +16,7 @@ modes, JIT pre-run hooks): a process that changes those after its first launches
 ``forget_plans()``. A Tiles is keyed by its tensor and box, so its layout must follow from them.
 """
 import contextlib
+import threading
 from typing import NamedTuple
 
 import torch
@@ -75,17 +76,29 @@ def _described(args):
     return [a.descriptor() if type(a) is Tiles else a for a in args]
 
 
-class _Descriptor(NamedTuple):
+class _Descriptor:
     """How the launcher expands one host descriptor: the copy engine's encoding of everything but the
-    pointer, and the extents and strides the kernel receives beside it."""
-    encoding: tuple  # swizzle, element bytes, host dtype code, box
-    shape: list
-    strides: list
-    padding: int  # 1: out-of-bounds elements read as NaN, 0: as zeros
+    pointer (swizzle, element bytes, host dtype code, box), and the extents and strides the kernel receives
+    beside it (``padding`` 1: out-of-bounds elements read as NaN, 0: as zeros). The rest of a plan's
+    arguments fix every one of these, so the expansion is a function of the pointer alone: kept for the last
+    pointers seen (a loop's inputs, and its outputs, which the caching allocator hands out at the same
+    addresses), a repeated one costs a lookup instead of filling a descriptor. The launch copies the
+    descriptor into the kernel's parameters, so one object serves any number of launches."""
+    __slots__ = ("encoding", "shape", "strides", "padding", "filled")
+    KEPT = 64  # pointers a descriptor position remembers
+
+    def __init__(self, encoding, shape, strides, padding):
+        self.encoding, self.shape, self.strides, self.padding, self.filled = encoding, shape, strides, padding, {}
 
     def expand(self, tensor, fill):
-        return (fill(tensor.data_ptr(), *self.encoding, self.shape, self.strides, self.padding), *self.shape,
-                *self.strides)
+        pointer = tensor.data_ptr()
+        known = self.filled.get(pointer)
+        if known is None:
+            if len(self.filled) >= self.KEPT:
+                self.filled.clear()
+            known = self.filled[pointer] = (fill(pointer, *self.encoding, self.shape, self.strides, self.padding),
+                                            *self.shape, *self.strides)
+        return known
 
 
 # The C launch function's leading arguments as Triton 3.6 spells them (grid x, y, z; stream, function; cooperative,
@@ -201,7 +214,8 @@ class LaunchPlan:
 
 # Triton's CUDA driver pieces the C launch path uses (functions: tests stand in for them off a GPU)
 def _current_device():
-    return torch.cuda.current_device()
+    return torch._C._cuda_getDevice()  # torch.cuda.current_device() without its initialization check: a launch's
+    # tensors are on a GPU, so CUDA is initialized
 
 
 def _current_stream(device):
@@ -241,8 +255,25 @@ def remember(key, launch_plan):
 
 
 def forget_plans():
-    """Forget every plan (tests do, with the autotuners' picks, to tune again)."""
+    """Forget every plan, and every replay made of them (tests do, with the autotuners' picks, to tune again)."""
     _PLANS.clear()
+    for forget in FORGET_WITH_PLANS:
+        forget()
+
+
+FORGET_WITH_PLANS = []  # what else forget_plans() clears (kernels/replay.py's replays)
+
+
+class _Recorder(threading.local):
+    """Per thread: ``steps``, a list while an op's launches are recorded (kernels/replay.py), else None;
+    ``inside``, True while a recorded launch runs Triton's own launcher; ``strays``, Triton launches that did not
+    come through ``planned`` while recording (a replay would miss them)."""
+    steps = None
+    inside = False
+    strays = 0
+
+
+RECORDER = _Recorder()
 
 
 def _argument_key(a):
@@ -279,8 +310,14 @@ class _Planned:
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
+        if RECORDER.steps is not None:  # an op's launches being recorded for a replay (kernels/replay.py)
+            return self._record(grid, args, kwargs)
+        return self._launch_planned(grid, args, kwargs)[0]
+
+    def _launch_planned(self, grid, args, kwargs):
+        """Launch; returns (what the JIT launch returned, or None) and the plan that launched or was made (or None)."""
         if not DIRECT_LAUNCH or interpreting():
-            return self.kernel[grid](*_described(args), **kwargs)
+            return self.kernel[grid](*_described(args), **kwargs), None
         # ints (sizes, strides, flags: most of a launch's arguments) key as themselves, which no other
         # argument's key equals; the rest through _argument_key (a key per launch is host time)
         key = (id(self.kernel), autotune_enabled(), tuple([a if type(a) is int else _argument_key(a) for a in args]),
@@ -288,11 +325,21 @@ class _Planned:
         known = _PLANS.get(key)
         if known is not None:
             known(args)
-            return None
+            return None, known
         compiled = self.kernel[grid](*_described(args), **kwargs)
         made = self._plan(grid, args, kwargs, compiled)
         if made is not None:
             remember(key, made)
+        return compiled, made
+
+    def _record(self, grid, args, kwargs):
+        """The launch, and its step in the recording: the plan, or this kernel's JIT launch as made."""
+        RECORDER.inside = True  # Triton's own launch below is this step's, not a stray one
+        try:
+            compiled, made = self._launch_planned(grid, args, kwargs)
+        finally:
+            RECORDER.inside = False
+        RECORDER.steps.append((made, self.kernel, grid, args, kwargs))
         return compiled
 
     def _plan(self, grid, args, kwargs, compiled):

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .offsets import INT32_MAX
+from .launch import planned
 from .outputs import new_output
 from .tuning import cdiv, multiprocessors, next_pow2
 
@@ -182,7 +183,7 @@ def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype, out_lse_dtype=None, stat
     # (TritonGPURemoveLayoutConversions; 1-64 rows checked for sm_90): it keeps 16 and more
     block_r, block_d = _block_sizes(head_dim, o.device, n_rows, fewest=16)
     with _on_device(o):
-        merge_two_kernel[(cdiv(n_rows, block_r),)](
+        planned(merge_two_kernel)[(cdiv(n_rows, block_r),)](
             oa, la, ob, lb, ov, lv, n_rows, ov.shape[1], ov.shape[2], head_dim,
             *soa, *sla, *sob, *slb, *so, *sl,
             BLOCK_R=block_r, BLOCK_D=block_d,
@@ -216,7 +217,7 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dty
     (ov, s_o), (lv, s_l) = _lead3(o, lse.dim()), _lead3(lse, lse.dim())
     block_r, block_d = _block_sizes(head_dim, o.device, n_rows)
     with _on_device(o):
-        merge_stack_kernel[(cdiv(n_rows, block_r),)](
+        planned(merge_stack_kernel)[(cdiv(n_rows, block_r),)](
             o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
             INT32_MAX if see_from is None else see_from,
             o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,

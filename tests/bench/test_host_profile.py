@@ -20,3 +20,17 @@ def test_a_backend_that_refuses_a_route_reads_none():
     def refuses():
         raise RuntimeError("derivative for aten::_scaled_dot_product_flash_attention_backward is not implemented")
     assert host_profile.peer_us(refuses, torch.device("cpu"), calls=10, round_s=0.01) is None
+
+
+def test_each_level_starts_and_leaves_without_replays():
+    """A replay made at one level would run at the next: one recorded under stubbed launches repeats no launch, one
+    recorded for real launches past the stubs."""
+    from attnbench.kernels import replay
+
+    replay._REPLAYS["made before"] = replay.Refusal("a stand-in")
+    for level in ("unreplayed", "launches", "ops"):
+        with host_profile.Stubbed(level):
+            assert not replay.replays()
+            assert replay.ENABLED is (level != "unreplayed")
+            replay._REPLAYS["made inside"] = replay.Refusal("a stand-in")
+        assert not replay.replays() and replay.ENABLED

@@ -196,6 +196,9 @@ def test_a_plan_calls_the_c_launcher_with_what_tritons_runner_gives_it(monkeypat
         q2 = torch.randn_like(q)
         plan(arguments(q2, o, lse))
         assert calls[-1][BASE_ARGS][1] == q2.data_ptr() and calls[-1][BASE_ARGS] != direct[BASE_ARGS]
+        # a pointer seen before reuses its filled map (the same object), which holds that pointer
+        plan(arguments(q, o, lse))
+        assert calls[-1][BASE_ARGS] is direct[BASE_ARGS] and calls[-1][BASE_ARGS][1] == q.data_ptr()
 
 
 def test_launchers_the_plan_cannot_take_apart_go_through_the_runner(monkeypatch):

@@ -7,9 +7,18 @@ what a route costs force one with ``with switch("route"):``. Module-wide, not th
 import contextlib
 
 
+SWITCHES = []  # every RouteSwitch made
+
+
+def forced_routes() -> tuple:
+    """The route each switch forces now (None: by shape): what a replay of a launch must match (kernels/replay.py)."""
+    return tuple([s.forced for s in SWITCHES])
+
+
 class RouteSwitch:
     def __init__(self, routes: tuple, what: str):
         self.routes, self.what, self.forced = routes, what, None
+        SWITCHES.append(self)
 
     @contextlib.contextmanager
     def __call__(self, route):
