@@ -12,7 +12,7 @@ test_gpu_<topic>.py files marked ``gpu`` as a whole.
 import pytest
 
 import attnbench  # noqa: F401  first: sets the interpreter switch before triton is imported
-from attnbench.kernels import interpreting
+from attnbench.kernels import interpreting, launch
 
 from .helpers import HAS_CUDA
 
@@ -58,6 +58,8 @@ def spy_kernel(monkeypatch):
     def spy(module, name):
         launches = LaunchSpy(getattr(module, name))
         monkeypatch.setattr(module, name, launches)
+        launch.forget_plans()  # a plan or a host replay made before would launch past the spy
         return launches
 
-    return spy
+    yield spy
+    launch.forget_plans()

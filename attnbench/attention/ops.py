@@ -25,6 +25,7 @@ from ..kernels.launch import on_device, readable
 from ..kernels.offsets import INT32_MAX, slice_needs_copy
 from ..kernels.precision import lse_dtype
 from ..kernels.replay import replayed
+from ..kernels.attention import flash_bwd, flash_decode, flash_fwd
 from ..kernels.attention.routes import forced_routes
 from ..kernels.attention.row_dot import row_dot_launch
 from ..kernels.tuning import autotune_enabled
@@ -228,8 +229,13 @@ def _plain(args) -> bool:
 
 
 def _launch_state():
-    """What the launchers read besides their arguments: the forced routes, the autotune switch, the determinism flag."""
-    return forced_routes(), autotune_enabled(), torch.are_deterministic_algorithms_enabled()
+    """What the launchers read besides their arguments: the forced routes, the autotune switch, the determinism flag,
+    and the module switches that pick a route by default (a test or a study sets them; kernels/replay.py keys its
+    replays by all of these)."""
+    return (forced_routes(), autotune_enabled(), torch.are_deterministic_algorithms_enabled(),
+            flash_fwd.HOPPER_BY_DEFAULT, flash_fwd.TMA_BY_DEFAULT, flash_bwd.HOPPER_DKDV_BY_DEFAULT,
+            flash_bwd.GROUP_PER_HEAD_BY_DEFAULT, flash_bwd.DQ_SPLIT_BY_DEFAULT, flash_decode.DECODE_MAX_NQ,
+            MAX_GRID_BATCH)
 
 
 def _eager(body):

@@ -17,6 +17,7 @@ modes, JIT pre-run hooks): a process that changes those after its first launches
 """
 import contextlib
 import threading
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -274,6 +275,19 @@ class _Recorder(threading.local):
 
 
 RECORDER = _Recorder()
+_KEPT = {}  # id -> weak reference: tensors launchers keep between calls (kept())
+
+
+def kept(t):
+    """Mark ``t`` as a tensor a launcher keeps between calls (a module cache's, made once): a replay may pass it
+    again as it is (kernels/replay.py refuses any other tensor it cannot trace to the call's inputs or allocations)."""
+    _KEPT[id(t)] = weakref.ref(t)
+    return t
+
+
+def is_kept(t) -> bool:
+    known = _KEPT.get(id(t))
+    return known is not None and known() is t
 
 
 def _argument_key(a):
@@ -334,11 +348,11 @@ class _Planned:
 
     def _record(self, grid, args, kwargs):
         """The launch, and its step in the recording: the plan, or this kernel's JIT launch as made."""
-        RECORDER.inside = True  # Triton's own launch below is this step's, not a stray one
+        inside, RECORDER.inside = RECORDER.inside, True  # Triton's own launch below is this step's, not a stray one
         try:
             compiled, made = self._launch_planned(grid, args, kwargs)
         finally:
-            RECORDER.inside = False
+            RECORDER.inside = inside
         RECORDER.steps.append((made, self.kernel, grid, args, kwargs))
         return compiled
 

@@ -8,22 +8,26 @@ while recording:
 - every launch made through ``launch.planned`` (its plan, or the kernel's JIT launch where there is none);
 - every tensor the body allocates (``torch.empty`` and its kin);
 and refuses (the body then runs on every call, as before) when the body does anything a replay would not repeat:
-any other tensor operation (a copy, a fill, a sum), a Triton launch that did not come through ``planned``, an
-argument it cannot trace back (a host tensor descriptor, a view whose storage two inputs share). Later calls of the signature allocate the same outputs and call the
+any other tensor operation (a copy, a fill, a sum), a Triton launch that did not come through ``planned``, a value it
+cannot trace back (a host tensor descriptor, a container, a view whose storage two inputs share, a tensor from outside
+the call that its launcher did not mark ``launch.kept``). Later calls of the signature allocate the same outputs and call the
 same plans on the new tensors.
 
-The key is every tensor argument's shape, strides, dtype, device, 16-byte alignment and negative bit, every other
+The key is every tensor argument's shape, strides, dtype, device, pointer remainder mod 16 and negative bit, every other
 argument's value, which arguments are one object, and the caller's ``state()`` (the forced routes: whatever else a launcher reads must follow from
 these). Like plans, replays assume Triton's runtime switches and the launchers' code stay as they were: a process
 that changes them (a test that swaps a kernel or a launcher) calls ``launch.forget_plans()``, which forgets
 replays too. The first call of a signature is never recorded: it compiles and autotunes, which allocates and
 copies.
 """
+import threading
+
 import torch
+import triton.language as tl
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import interpreting
-from .launch import DIRECT_LAUNCH, FORGET_WITH_PLANS, RECORDER, Tiles, _described, on_device
+from .launch import DIRECT_LAUNCH, FORGET_WITH_PLANS, RECORDER, Tiles, _described, is_kept, on_device
 from .outputs import _poisoning
 
 ENABLED = True  # the switch: False runs every call's body (tests compare the two)
@@ -81,7 +85,9 @@ def replayed(name, body, state=tuple):
 
 def _signature(a):
     if type(a) is torch.Tensor:
-        return a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0, a.is_neg()
+        # the pointer's remainder mod 16, not only whether it is aligned: a view at an offset from it may be aligned for
+        # one remainder and not for another
+        return a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16, a.is_neg()
     return type(a), a
 
 
@@ -109,26 +115,40 @@ def replays():
     return dict(_REPLAYS)
 
 
+_COUNTING = []  # the stray-launch counter, once installed
+_INSTALL = threading.Lock()
+
+
+def _count_strays():
+    """Wrap Triton's ``kernel[grid]`` once for the process: a launch that bypasses ``launch.planned`` while this
+    thread records counts as a stray. Installed for good, not per recording: two threads recording at once would
+    otherwise restore each other's wrapper (and miss a stray)."""
+    with _INSTALL:
+        if _COUNTING:
+            return
+        from triton.runtime.jit import KernelInterface
+
+        original = KernelInterface.__getitem__
+
+        def counted(kernel, grid):
+            if RECORDER.steps is not None and not RECORDER.inside:
+                RECORDER.strays += 1
+            return original(kernel, grid)
+
+        KernelInterface.__getitem__ = counted
+        _COUNTING.append(counted)
+
+
 def _record(body, args):
     """Run ``body`` once, recording; returns its output and a Replay, or a Refusal."""
-    from triton.runtime.jit import KernelInterface
-
-    original = KernelInterface.__getitem__
-
-    def counted(kernel, grid):  # Triton launches that bypass planned: a replay would miss them
-        if not RECORDER.inside:
-            RECORDER.strays += 1
-        return original(kernel, grid)
-
+    _count_strays()
     RECORDER.steps, RECORDER.strays = [], 0
-    KernelInterface.__getitem__ = counted
     watch = _Watch()
     try:
         with watch:
             out = body(*args)
         steps, strays = RECORDER.steps, RECORDER.strays
     finally:
-        KernelInterface.__getitem__ = original
         RECORDER.steps = None
     if strays:  # first: under the interpreter such a launch's own copies are what the watch saw
         return out, Refusal(f"{strays} Triton launch(es) not made through launch.planned")
@@ -145,8 +165,25 @@ class _Untraceable(Exception):
 
 
 # how a replay finds a value again: from an input (position), a new allocation (index), a view of either, a Tiles
-# over any of these, a tensor a launcher keeps (itself), or as the constant it was
-_INPUT, _NEW, _VIEW, _TILES, _KEPT = range(5)
+# over any of these, a tensor a launcher keeps (launch.kept: itself), a fresh empty tensor (a zero-size one), or as
+# the constant it was
+_INPUT, _NEW, _VIEW, _TILES, _KEPT, _FRESH = range(6)
+
+
+def _constant(a) -> bool:
+    """A value a replay may pass again as it was: a number, a string, a dtype, a Triton constexpr, or a tuple of these
+    (anything else might hold a tensor of the recorded call)."""
+    if a is None or type(a) in (bool, int, float, str, torch.dtype) or isinstance(a, (tl.dtype, tl.constexpr)):
+        return True
+    return type(a) is tuple and all(_constant(x) for x in a)
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 class Replay:
@@ -159,8 +196,9 @@ class Replay:
                 self.sources.setdefault(id(a), (_INPUT, i))
         self.sources.update({id(t): (_NEW, j) for j, t in enumerate(allocations)})
         self.args, self.allocated = args, allocations
-        self.allocations = [(tuple(t.shape), t.stride() if not t.is_contiguous() else None, t.dtype, t.device)
-                            for t in allocations]
+        # the strides exactly (is_contiguous() ignores those of size-1 dimensions, which empty_strided may have set)
+        self.allocations = [(tuple(t.shape), None if t.stride() == _contiguous_strides(t.shape) else t.stride(),
+                             t.dtype, t.device) for t in allocations]
         self.device_of = next(i for i, a in enumerate(args) if type(a) is torch.Tensor)
         self.steps = [self._step(*step) for step in steps]
         self.outputs = self._traced(out) if isinstance(out, tuple) else None
@@ -179,9 +217,11 @@ class Replay:
         if len(owners) > 1:
             raise _Untraceable("a view whose storage two inputs share")
         if not owners:
-            # made before the call and kept by a launcher (a stand-in for an unread pointer, a table): every
-            # operation of the call was an allocation or a view, so nothing of this call's reached it
-            return _KEPT, t
+            if is_kept(t):  # made before the call and kept by a launcher (a stand-in for an unread pointer)
+                return _KEPT, t
+            if not storage.nbytes():  # nothing to read or write: a fresh one of the same layout
+                return _FRESH, (tuple(t.shape), t.stride(), t.dtype, t.device)
+            raise _Untraceable("a tensor that is no input's, no allocation's and not launch.kept")
         owner = owners.pop()
         base = self.args[owner[1]] if owner[0] == _INPUT else self.allocated[owner[1]]
         if (t.shape, t.stride(), t.storage_offset()) == (base.shape, base.stride(), base.storage_offset()):
@@ -198,14 +238,13 @@ class Replay:
             elif type(a) is Tiles:
                 dynamic.append((i, (_TILES, (self._source(a.tensor), a.block, a.layout))))
                 template[i] = None
-            elif a is not None and not isinstance(a, (bool, int, float, str, torch.dtype)):
-                if isinstance(a, torch.Tensor) or hasattr(a, "base") or hasattr(a, "data_ptr"):
-                    raise _Untraceable(f"a launch argument of type {type(a).__name__}")
+            elif not _constant(a):
+                raise _Untraceable(f"a value of type {type(a).__name__}")
         return template, dynamic
 
     def _step(self, plan, kernel, grid, args, kwargs):
-        if any(isinstance(v, torch.Tensor) or hasattr(v, "data_ptr") for v in kwargs.values()):
-            raise _Untraceable("a tensor passed by keyword")
+        if not all(_constant(v) for v in kwargs.values()):
+            raise _Untraceable("a keyword argument that is not a constant")
         return plan, kernel, grid, kwargs, self._traced(args)
 
     def __call__(self, args):
@@ -234,6 +273,9 @@ def _found(how, args, new):
         return base.as_strided(shape, stride, base.storage_offset() + delta)
     if kind == _KEPT:
         return where
+    if kind == _FRESH:
+        shape, stride, dtype, device = where
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
     source, block, layout = where
     return Tiles(_found(source, args, new), block, layout)
 

@@ -159,6 +159,7 @@ def _body_with(extra, planned=True):
     (lambda y, x: (y.fill_(0.0),), True, "aten.fill_"),  # a tensor operation a replay would not repeat
     (lambda y, x: (y, x * 2), True, "aten.mul"),
     (lambda y, x: (y,), False, "not made through launch.planned"),
+    (lambda y, x: (y, [y]), True, "a value of type list"),  # a container could hold the recorded call's tensors
 ])
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's replays")
 def test_a_body_is_replayed_only_when_a_replay_repeats_it(extra, planned, refused, replaying):
@@ -168,9 +169,74 @@ def test_a_body_is_replayed_only_when_a_replay_repeats_it(extra, planned, refuse
         got = op(x)
         want = _body_with(extra, planned)(x)
         for a, b in zip(got, want, strict=True):
+            a, b = (a[0], b[0]) if type(a) is list else (a, b)
             assert torch.equal(a, b)
     (made,) = replay.replays().values()
     if refused is None:
         assert type(made) is replay.Replay
     else:
         assert type(made) is replay.Refusal and refused in made, made
+
+
+_UNMARKED = torch.zeros(16)
+_MARKED = launch.kept(torch.zeros(16))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's replays")
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_tensor_from_outside_the_call_replays_only_when_a_launcher_keeps_it(marked, replaying):
+    """A tensor that is neither an input nor an allocation of the call (a module cache's) is passed again as it is
+    only when marked launch.kept; any other could be stale on the next call."""
+    outside = _MARKED if marked else _UNMARKED
+
+    def body(x):
+        y = new_output(x.shape, x.dtype, x.device)
+        launch.planned(_add_one)[(1,)](outside, y, x.numel(), BLOCK=16)
+        return (y,)
+
+    op = replay.replayed("outside", body)
+    for _ in range(4):
+        assert torch.equal(op(torch.randn(12))[0], torch.ones(12))
+    (made,) = replay.replays().values()
+    assert (type(made) is replay.Replay) if marked else ("not launch.kept" in made)
+
+
+def test_the_key_holds_the_pointers_remainder_not_only_its_alignment():
+    base = torch.zeros(64)
+    a, b = base[1:33], base[2:34]  # 4 and 8 bytes past a 16-byte boundary: a view of either aligns differently
+    assert replay._signature(a) != replay._signature(b)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's replays")
+def test_two_threads_recording_at_once_each_see_their_own_strays(replaying):
+    """The stray-launch counter is one wrapper for the process, reading the thread's own recorder: two recordings
+    that overlap must not restore each other's wrapper (the later one would miss its raw launch and replay none)."""
+    import threading
+
+    barrier, planned_done = threading.Barrier(2), threading.Event()
+
+    def waiting(planned):
+        inner = _body_with(lambda y, x: (y,), planned)
+
+        def body(x):
+            barrier.wait(timeout=60)  # both recordings under way
+            if not planned:
+                planned_done.wait(timeout=60)  # and the other one over before this one launches
+            return inner(x)
+        return body
+
+    ops = {"planned": replay.replayed("planned", waiting(True)), "raw": replay.replayed("raw", waiting(False))}
+    for _ in range(2):  # the first call of each only counts the signature (no recording yet)
+        barrier.reset()
+        planned_done.clear()
+        threads = [threading.Thread(target=lambda: (ops["planned"](torch.randn(12)), planned_done.set())),
+                   threading.Thread(target=ops["raw"], args=(torch.randn(12),))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    made = {key[0]: why for key, why in replay.replays().items()}
+    assert type(made["planned"]) is replay.Replay
+    assert "not made through launch.planned" in made["raw"]
+    from triton.runtime.jit import KernelInterface
+    assert KernelInterface.__getitem__ is replay._COUNTING[0]

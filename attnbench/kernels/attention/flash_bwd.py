@@ -39,7 +39,7 @@ from .. import interpreting
 from .flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS, flash_bwd_dkdv_hopper_launch
 from .flash_fwd_hopper import hopper_applies
 from .head_padding import cut_heads, pad_heads, padded_width
-from ..launch import descriptor_scratch, planned, tma_capable
+from ..launch import descriptor_scratch, kept, planned, tma_capable
 from .key_block import head_columns, key_block_mask
 from ..outputs import new_output
 from ..precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_precision, softmax_scale_log2,
@@ -580,8 +580,8 @@ def _dq_splits(batch, heads_q, n_q, n_k, visible, device) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _stand_in(device, dtype):
-    """A one-value tensor for a pointer argument the kernel does not read."""
-    return torch.empty(1, dtype=dtype, device=device)
+    """A one-value tensor for a pointer argument the kernel does not read (kept: a replay passes it again)."""
+    return kept(torch.empty(1, dtype=dtype, device=device))
 
 
 def _split_dkdv(width, atomic) -> bool:
