@@ -15,10 +15,11 @@ eager call, back to back, at up to four levels:
     floor      the same route over a function of two elementwise ops (o = q * q + v): what PyTorch itself
                costs for a differentiable call with that many inputs and outputs
 
-real - launches is the launch path and the GPU; launches - ops our launchers' Python; ops - floor our
-Functions and checks above PyTorch's own. On a GPU, FLASH and MATH are SDPA pinned to that backend on the same
-tensors, timed the same way (the issue's bars are ratios to them; - where the backend refuses the route). The stubbed levels compute garbage (empty outputs) and are
-for timing only. Each number is the best of 5 rounds' mean per call, in microseconds; a round is at most
+real - launches is the launch path and the GPU; launches - ops our launchers' Python (what replays leave of it);
+unreplayed - real what replays save; ops - floor our Functions and checks above PyTorch's own. On a GPU, FLASH and
+MATH are SDPA pinned to that backend on the same tensors, timed the same way (the issue's bars are ratios to them;
+- where the backend refuses the route). The stubbed levels compute garbage (empty outputs) and are for timing
+only. --trace and --cprofile profile the real call (GPU only). Each number is the best of 5 rounds' mean per call, in microseconds; a round is at most
 --calls calls and --round-s seconds.
 """
 import argparse

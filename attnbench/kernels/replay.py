@@ -8,17 +8,18 @@ while recording:
 - every launch made through ``launch.planned`` (its plan, or the kernel's JIT launch where there is none);
 - every tensor the body allocates (``torch.empty`` and its kin);
 and refuses (the body then runs on every call, as before) when the body does anything a replay would not repeat:
-any other tensor operation (a copy, a fill, a sum), a Triton launch that did not come through ``planned``, a value it
-cannot trace back (a host tensor descriptor, a container, a view whose storage two inputs share, a tensor from outside
-the call that its launcher did not mark ``launch.kept``). Later calls of the signature allocate the same outputs and call the
-same plans on the new tensors.
+any other tensor operation (a copy, a fill, a sum), a Triton launch that did not come through ``planned``, a value
+it cannot trace back (a host tensor descriptor, a container, a view whose storage two inputs share, a tensor from
+outside the call that its launcher did not mark ``launch.kept``). Later calls of the signature allocate the same
+outputs and call the same plans on the new tensors.
 
-The key is every tensor argument's shape, strides, dtype, device, pointer remainder mod 16 and negative bit, every other
-argument's value, which arguments are one object, and the caller's ``state()`` (the forced routes: whatever else a launcher reads must follow from
-these). Like plans, replays assume Triton's runtime switches and the launchers' code stay as they were: a process
-that changes them (a test that swaps a kernel or a launcher) calls ``launch.forget_plans()``, which forgets
-replays too. The first call of a signature is never recorded: it compiles and autotunes, which allocates and
-copies.
+The key is every tensor argument's shape, strides, dtype, device, pointer remainder mod 16 and negative bit, every
+other argument's value, which arguments are one object, and the caller's ``state()`` (ops.py's: the forced routes,
+the autotune and determinism switches, the module switches that pick a route): whatever else a launcher reads must
+follow from these. Like plans, replays assume Triton's runtime switches and the launchers' code stay as they were:
+a process that changes them (a test that swaps a kernel or a launcher) calls ``launch.forget_plans()``, which
+forgets replays too. The first call of a signature is never recorded: it compiles and autotunes, which allocates
+and copies.
 """
 import threading
 
@@ -38,9 +39,12 @@ _REPLAYS = {}  # key -> Replay, or a Refusal
 _SEEN = set()  # keys called once
 
 
+FORGET_WITH_PLANS.append(lambda: (_REPLAYS.clear(), _SEEN.clear()))
+
+
 class Refusal(str):
     """Why a signature's calls run the body every time (what the recording saw that a replay would not repeat)."""
-FORGET_WITH_PLANS.append(lambda: (_REPLAYS.clear(), _SEEN.clear()))
+
 
 aten = torch.ops.aten
 # what a recorded body may do to tensors besides launching: allocate (replayed), or make views (not replayed:
