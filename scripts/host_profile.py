@@ -220,6 +220,19 @@ def main():
             python_profile(ours[route], device, route, args.cprofile)
 
 
+def _profiled(call, device, calls, profiler):
+    """``profiler`` (a context manager) around ``calls`` real calls of a route after 5 warm ones, the GPU drained
+    before and inside (--trace and --cprofile run on a GPU only)."""
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize(device)
+    with profiler:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize(device)
+    return profiler
+
+
 def python_profile(call, device, route, folder, calls=100):
     """cProfile over ``calls`` warm real calls of one route, the functions sorted by own time."""
     import cProfile
@@ -227,22 +240,12 @@ def python_profile(call, device, route, folder, calls=100):
     import os
     import pstats
 
-    for _ in range(5):
-        call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    os.makedirs(folder, exist_ok=True)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    profiler.disable()
+    profiler = _profiled(call, device, calls, cProfile.Profile())
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("tottime").print_stats(45)
     stats.sort_stats("cumulative").print_stats(45)
+    os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{route}.pstats.txt"), "w") as out:
         out.write(f"{calls} calls of {route}\n{text.getvalue()}")
 
@@ -253,18 +256,9 @@ def trace(call, device, route, folder, calls=50):
     import os
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    for _ in range(5):
-        call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    os.makedirs(folder, exist_ok=True)
-    with profile(activities=activities) as prof:
-        for _ in range(calls):
-            call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    prof = _profiled(call, device, calls, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]))
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60, max_name_column_width=70)
+    os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{route}.txt"), "w") as out:
         out.write(f"{calls} calls of {route}\n{table}\n")
     prof.export_chrome_trace(os.path.join(folder, f"{route}.json"))

@@ -25,10 +25,10 @@ from ..kernels.launch import on_device, readable
 from ..kernels.offsets import INT32_MAX, slice_needs_copy
 from ..kernels.precision import lse_dtype
 from ..kernels.replay import replayed
+from ..kernels.tuning import autotune_enabled
 from ..kernels.attention import flash_bwd, flash_decode, flash_fwd
 from ..kernels.attention.routes import forced_routes
 from ..kernels.attention.row_dot import row_dot_launch
-from ..kernels.tuning import autotune_enabled
 
 
 # ----------------------------------------------------------------------------- device rules

@@ -10,7 +10,7 @@ launches pass only the new tensors, calling the compiled kernel the way torch.co
 code does.
 
 Keys must fix every argument the kernel specializes on: ``tensor_signature`` gives a tensor's
-part (shape, strides, dtype, device, 16-byte alignment of its pointer); the launcher adds its
+part (shape, strides, dtype, device, its pointer's remainder mod 16); the launcher adds its
 scalars. They do not read Triton's runtime switches (``knobs.runtime.debug``, instrumentation
 modes, JIT pre-run hooks): a process that changes those after its first launches should
 ``forget_plans()``. A Tiles is keyed by its tensor and box, so its layout must follow from them.
@@ -51,10 +51,12 @@ def readable(t):
 
 
 def tensor_signature(t):
-    """What a kernel's specialization and a launch's sizes read of a tensor (None stays None)."""
+    """What a kernel's specialization and a launch's sizes read of a tensor (None stays None). The pointer's
+    remainder mod 16, not only whether it is aligned: a view a launcher makes at an offset from the tensor is
+    aligned for one remainder and not for another (kernels/replay.py keys by this too)."""
     if t is None:
         return None
-    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16
 
 
 class Tiles(NamedTuple):

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .offsets import INT32_MAX
 from .launch import planned
+from .offsets import INT32_MAX
 from .outputs import new_output
 from .tuning import cdiv, multiprocessors, next_pow2
 

@@ -28,7 +28,8 @@ import triton.language as tl
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import interpreting
-from .launch import DIRECT_LAUNCH, FORGET_WITH_PLANS, RECORDER, Tiles, _described, is_kept, on_device
+from .launch import (DIRECT_LAUNCH, FORGET_WITH_PLANS, RECORDER, Tiles, _described, is_kept, on_device,
+                     tensor_signature)
 from .outputs import _poisoning
 
 ENABLED = True  # the switch: False runs every call's body (tests compare the two)
@@ -88,10 +89,8 @@ def replayed(name, body, state=tuple):
 
 
 def _signature(a):
-    if type(a) is torch.Tensor:
-        # the pointer's remainder mod 16, not only whether it is aligned: a view at an offset from it may be aligned for
-        # one remainder and not for another
-        return a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16, a.is_neg()
+    if type(a) is torch.Tensor:  # the body resolves a negative bit with a copy, which a replay would skip
+        return tensor_signature(a), a.is_neg()
     return type(a), a
 
 
@@ -204,10 +203,10 @@ class Replay:
         self.allocations = [(tuple(t.shape), None if t.stride() == _contiguous_strides(t.shape) else t.stride(),
                              t.dtype, t.device) for t in allocations]
         self.device_of = next(i for i, a in enumerate(args) if type(a) is torch.Tensor)
+        if not isinstance(out, tuple):
+            raise _Untraceable(f"the body returns a {type(out).__name__}, not a tuple")
         self.steps = [self._step(*step) for step in steps]
-        self.outputs = self._traced(out) if isinstance(out, tuple) else None
-        if self.outputs is None:
-            raise _Untraceable("outputs")
+        self.outputs = self._traced(out)
         del self.args, self.allocated, self.sources  # the recorded call's tensors are not kept
 
     def _source(self, t):
@@ -217,7 +216,7 @@ class Replay:
         # a view: of the one input or allocation that owns its storage
         storage = t.untyped_storage()
         owners = {self.sources[id(b)] for b in (*[a for a in self.args if type(a) is torch.Tensor], *self.allocated)
-                  if storage.nbytes() and b.untyped_storage().data_ptr() == storage.data_ptr()}
+                  if b.untyped_storage().data_ptr() == storage.data_ptr()} if storage.nbytes() else set()
         if len(owners) > 1:
             raise _Untraceable("a view whose storage two inputs share")
         if not owners:
