@@ -3,8 +3,8 @@
 # archive (gpu-gate-<stages>.tgz), which scripts/collect_gpu_results.sh files under
 # results/<gpu>/<op>/<run>.* (docs/gpu-gate.md, docs/layout.md).
 #
-#   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv] [traffic] [ab]
-#                                                            (default: all but traffic and ab, which run when named)
+#   scripts/gpu_gate.sh [tests] [bench] [graphs] [capabilities] [sanitize] [asv] [traffic] [ab] [peers]
+#                                                    (default: all but traffic, ab and peers, which run when named)
 #
 #   tests         GPU-marked pytest (real sizes vs float64, determinism, boundary witnesses, perf
 #                 gates, pytest-benchmark timings); TESTS= picks files, TESTS_MARK= a marker expression
@@ -31,6 +31,13 @@
 #                 processes, then `python -m attnbench.bench.ab`'s ratio table (ab-<AB_OLD>.md and .json, which the
 #                 collect script files under <gpu>/gate/; the runs, ab-old-<r>.json and ab-new-<r>.json, stay in the
 #                 archive), e.g. AB_OLD=1ed63fd AB_ARGS="--op shared_context --variant triton"
+#   peers         the external peers (FA-4, FlashInfer, cuEquivariance, jvp-flash-attention) beside ours and the SDPA
+#                 backends: one `attnbench $PEERS_RUN` (default run: checks against float64, then timings) per line of
+#                 the list below, files <op>-peers-<name>-<gpu>.*, filed as results/<gpu>/<op>/peers-<name>.*; the
+#                 libraries come from `scripts/peer_wheels.sh collect` on this warm machine (/tmp/site; a library
+#                 that is not there is listed as unavailable with the reason); PEERS_ONLY="fa4 decode" runs those
+#                 lines; PEERS_BUDGET (default 560) is the seconds since this script started after which no line
+#                 starts, and each line is stopped (SIGTERM: its finished rows kept) when the budget runs out
 #   asv           an asv run on this commit (ASV_BENCH=regex: those benchmarks only); with
 #                 ASV_REPORTS=DIR it records the numbers of the
 #                 `attnbench run` JSONs in DIR (same commit, same machine) instead of timing again
@@ -236,6 +243,34 @@ if has ab; then
     echo "gpu_gate: ab: cannot check out $AB_OLD from .gitbundle (git's message above)" >&2
     status=1
   fi
+fi
+if has peers; then
+  eval "$(bash scripts/peer_wheels.sh env)"
+  export PYTHONPATH
+  # name | op | the run's arguments
+  peer_runs="fa4|flash|--cases anchor --mode fwd --mode bwd --variant triton --variant sdpa_flash --variant sdpa_cudnn --variant fa4
+decode|flash|--cases decode --mode fwd --variant triton --variant sdpa_flash --variant sdpa_cudnn --variant flashinfer
+cascade|shared_context|--cases anchor --variant triton --variant fold_flash --variant fold_cudnn --variant flashinfer_cascade
+tabpfn|shared_context|--cases tabpfn --variant triton --variant fold_flash --variant fold_cudnn --variant flashinfer_cascade
+cueq|sparse|--cases anchor --variant triton --variant cuequivariance
+jvp|jvp_attention|--cases host --mode fwd_jvp --variant triton --variant triton_fused --variant sdpa_math --variant jvp_flash"
+  attnbench list 2>&1 | grep -E "^[a-z_]+:|^  (fa4|flashinfer|flashinfer_cascade|cuequivariance|jvp_flash) " \
+      | tee "$ART/peers-available.txt"
+  while IFS='|' read -r name op args; do
+    [[ -z "${PEERS_ONLY:-}" || " $PEERS_ONLY " == *" $name "* ]] || continue
+    left=$(( ${PEERS_BUDGET:-560} - SECONDS ))
+    if (( left < 30 )); then
+      echo "peers: $name not started, ${left}s of PEERS_BUDGET left" | tee -a "$ART/peers-skipped.txt"
+      status=1
+      continue
+    fi
+    # shellcheck disable=SC2086
+    timeout "$left" attnbench "${PEERS_RUN:-run}" --op "$op" $args --json "$ART/$op-peers-$name-$machine.json" \
+        2>"$ART/$op-peers-$name-progress.log" | tee "$ART/$op-peers-$name-$machine.txt" | tail -n 25
+    rc=${PIPESTATUS[0]}
+    echo "peers: $name exit $rc at $SECONDS s"
+    status=$((status | rc))
+  done <<<"$peer_runs"
 fi
 if has asv; then
   git config --global --add safe.directory "$PWD" 2>/dev/null
