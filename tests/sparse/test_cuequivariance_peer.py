@@ -196,3 +196,24 @@ def test_cuda_method_of_each_product(op):
         SegmentedPolynomialFusedTP(poly, torch.float32)
     except ImportError:
         pass  # dispatched; the kernel module is what is missing here
+
+
+def test_the_output_batch_is_given_not_left_to_the_method(monkeypatch):
+    """cuequivariance_torch 0.13's fused_tp takes z's batch from the last input, 1 for a shared y (measured on the
+    H200: every shared-y vecmat case refused with "shape '[100000, 9, 32]' is invalid for input of size 288"). The peer
+    gives z's batch (output_shapes), so that rule cannot reach it: here the naive method wrapped in that rule."""
+    class LastInputsBatch(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.method = inner, inner.method
+
+        def forward(self, inputs, output_shapes=None):
+            batch = output_shapes[0].shape[0] if output_shapes else inputs[-1].shape[0]
+            (z,) = self.inner(inputs)
+            return [z if z.shape[0] == batch else z[:batch]]
+
+    make = peer._module
+    monkeypatch.setattr(peer, "_module", lambda *args: LastInputsBatch(make(*args)))
+    case = SparseCase("vecmat", 2, 6, 3, "float64", shared="y")
+    results = runner.check(OP, [case], "cpu", variants=["cuequivariance"], progress=False)
+    assert results and all(r.passed for r in results), [(r.mode, r.skipped, r.detail) for r in results]

@@ -120,14 +120,20 @@ def _module(op, l_max, channels, method, dtype, device):
     return module.to(device)
 
 
-def _forward(case, module):
-    """f(x, y) -> z on our tensors: each operand reshaped to [batch or 1, size], z back to the case's shape."""
+def _forward(case, module, device):
+    """f(x, y) -> z on our tensors: each operand reshaped to [batch or 1, size], z back to the case's shape.
+
+    z's batch is given (``output_shapes``: cuet reads only the first dim of a 2-D tensor) rather than inferred:
+    fused_tp (cuequivariance_torch 0.13, segmented_polynomial_fused_tp.py) takes the last input's batch even when
+    it is a shared operand's 1, so that a shared y made z one row (measured on the H200: "shape '[100000, 9, 32]'
+    is invalid for input of size 288"); its naive method keeps the largest, as meant."""
     z_shape = case.shape("z")
+    z_batch = {0: torch.empty(case.batch, 0, device=device)}
 
     def forward(x, y):
         xs = x.reshape(1 if case.shared == "x" else case.batch, -1)
         ys = y.reshape(1 if case.shared == "y" else case.batch, -1)
-        (z,) = module([xs, ys])
+        (z,) = module([xs, ys], output_shapes=z_batch)
         return z.reshape(z_shape)
 
     return forward
@@ -149,7 +155,7 @@ def prepare(case, inputs, mode):
     for method in methods:
         try:
             module = _module(case.op, case.l_max, case.channels, method, case.torch_dtype, device)
-            fn = sparse._autograd_prepare(case, inputs, mode, _forward(case, module))
+            fn = sparse._autograd_prepare(case, inputs, mode, _forward(case, module, device))
             fn()  # probe: a method can build and still refuse a dtype or a shape when called (fn runs again)
         except Unsupported as exc:
             declined.append(str(exc))
