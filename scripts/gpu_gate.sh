@@ -36,7 +36,7 @@
 #                 the list below, files <op>-peers-<name>-<gpu>.*, filed as results/<gpu>/<op>/peers-<name>.*; the
 #                 libraries come from `scripts/peer_wheels.sh collect` on this warm machine (/tmp/site; a library
 #                 that is not there is listed as unavailable with the reason); PEERS_ONLY="fa4 decode" runs those
-#                 lines; PEERS_BUDGET (default 560) is the seconds since this script started after which no line
+#                 lines, PEERS_ARGS="--match ^vecmat" is added to each; PEERS_BUDGET (default 560) is the seconds since this script started after which no line
 #                 starts, and each line is stopped (SIGTERM: its finished rows kept) when the budget runs out
 #   asv           an asv run on this commit (ASV_BENCH=regex: those benchmarks only); with
 #                 ASV_REPORTS=DIR it records the numbers of the
@@ -248,7 +248,7 @@ if has peers; then
   eval "$(bash scripts/peer_wheels.sh env)"
   export PYTHONPATH
   # name | op | the run's arguments
-  peer_runs="fa4|flash|--cases anchor --mode fwd --mode bwd --variant triton --variant sdpa_flash --variant sdpa_cudnn --variant fa4
+  peer_runs="fa4|flash|--cases anchor --mode fwd --mode bwd --variant triton --variant sdpa_flash --variant sdpa_cudnn --variant fa4 --variant fa4_deterministic
 decode|flash|--cases decode --mode fwd --variant triton --variant sdpa_flash --variant sdpa_cudnn --variant flashinfer
 cascade|shared_context|--cases anchor --variant triton --variant fold_flash --variant fold_cudnn --variant flashinfer_cascade
 tabpfn|shared_context|--cases tabpfn --variant triton --variant fold_flash --variant fold_cudnn --variant flashinfer_cascade
@@ -265,7 +265,7 @@ jvp|jvp_attention|--cases host --mode fwd_jvp --variant triton --variant triton_
       continue
     fi
     # shellcheck disable=SC2086
-    timeout "$left" attnbench "${PEERS_RUN:-run}" --op "$op" $args --json "$ART/$op-peers-$name-$machine.json" \
+    timeout "$left" attnbench "${PEERS_RUN:-run}" --op "$op" $args ${PEERS_ARGS:-} --json "$ART/$op-peers-$name-$machine.json" \
         2>"$ART/$op-peers-$name-progress.log" | tee "$ART/$op-peers-$name-$machine.txt" | tail -n 25
     rc=${PIPESTATUS[0]}
     echo "peers: $name exit $rc at $SECONDS s"

@@ -11,9 +11,9 @@ OP = "flash"
 LABELS = ["B4 H16 N4096 D64 bf16", "B4 H16 N4096 D64 causal bf16",
           "B2 H16 N8192 D128 bf16", "B2 H16 N8192 D128 causal bf16"]  # flash's "anchor" set
 VARIANTS = ["reference", "split", "triton", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex",
-            "fa4", "flashinfer"]
+            "fa4", "fa4_deterministic", "flashinfer"]
 MODES = ["fwd", "bwd", "fwd_bwd"]
-RATIO_PEERS = ["sdpa_flash", "sdpa_cudnn", "flex", "fa4", "flashinfer"]
+RATIO_PEERS = ["sdpa_flash", "sdpa_cudnn", "flex", "fa4", "fa4_deterministic", "flashinfer"]
 # the lambda: this module's own function, which asv keys the measuring pass's cache by (_anchor.measurement)
 measure_flash, FlashAnchor, FlashTritonSpeedup = operator_suites(lambda: None, OP, LABELS, VARIANTS, MODES,
     RATIO_PEERS, "FlashAnchor", "FlashTritonSpeedup",

@@ -128,12 +128,13 @@ def fa4_modules():
     """(flash_attn, flash_attn.cute) stand-ins; ``flash_attn.cute.calls`` records every call."""
     calls = FA4Calls()
 
-    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, **unused):
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, deterministic=False, **unused):
         assert not unused, unused
         batch, seqlen_q, heads_q, head_dim = q.shape
         assert k.shape[0] == batch and k.shape == v.shape and k.shape[3] == head_dim and heads_q % k.shape[2] == 0
         assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and q.dtype == k.dtype == v.dtype
-        calls.append(dict(q=q, k=k, v=v, softmax_scale=softmax_scale, causal=causal, return_lse=return_lse))
+        calls.append(dict(q=q, k=k, v=v, softmax_scale=softmax_scale, causal=causal, return_lse=return_lse,
+                          deterministic=deterministic))
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
         offset = k.shape[1] - seqlen_q if causal else None
         o, lse = reference.attention(*(t.float().transpose(1, 2) for t in (q, k, v)), scale, offset)

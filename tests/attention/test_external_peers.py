@@ -84,11 +84,12 @@ FA4_CASES = [
 ]
 
 
+@pytest.mark.parametrize("variant", ["fa4", "fa4_deterministic"])
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd_bwd"])
 @pytest.mark.parametrize("case", FA4_CASES[1:], ids=lambda c: c.label)
-def test_fa4_verified_against_the_oracle(monkeypatch, oracles, case, mode):
+def test_fa4_verified_against_the_oracle(monkeypatch, oracles, case, mode, variant):
     fake = peer_fakes.install(monkeypatch, fa4=True)["fa4"]
-    result = _check(case, "fa4", mode, oracles)
+    result = _check(case, variant, mode, oracles)
     assert result.passed and not result.skipped, result
     call = fake.calls[0]
     q, k = call["q"], call["k"]
@@ -99,6 +100,7 @@ def test_fa4_verified_against_the_oracle(monkeypatch, oracles, case, mode):
     assert k.shape == (case.batch, case.seqlen_k, case.heads_kv, case.head_dim)
     assert call["causal"] == (case.causal is not None) and call["return_lse"]
     assert call["softmax_scale"] == case.softmax_scale
+    assert call["deterministic"] == (variant == "fa4_deterministic")
     names = {"fwd": ["o", "lse"], "bwd": ["dq", "dk", "dv"], "fwd_bwd": ["o", "dq", "dk", "dv"]}[mode]
     assert [o.name for o in result.outputs] == names
 

@@ -49,10 +49,11 @@ def test_check_every_variant_json(tmp_path, capsys):
     assert report["ceilings"] is None
     assert report["status"] == "complete"
     unavailable = report["operators"]["flash"]["unavailable"]
-    assert sorted(unavailable) == ["fa4", "flashinfer", "flex", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash"]
+    assert sorted(unavailable) == ["fa4", "fa4_deterministic", "flashinfer", "flex", "sdpa_cudnn", "sdpa_efficient",
+                                   "sdpa_flash"]
     assert "not run on cpu: flash sdpa_flash, sdpa_efficient, sdpa_cudnn: needs a CUDA device" in captured.out
     assert max(len(line) for line in captured.out.splitlines()) <= WIDTH
-    assert captured.out.splitlines()[-1] == "summary: checks 46 passed, 0 failed, 2 skipped; 6 variants unavailable"
+    assert captured.out.splitlines()[-1] == "summary: checks 46 passed, 0 failed, 2 skipped; 7 variants unavailable"
 
 
 def test_bench_split_and_reference_json_on_stdout(capsys):

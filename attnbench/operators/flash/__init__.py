@@ -294,7 +294,7 @@ class FlashOperator(Operator, cases=CASE_SETS):
     description = "FlashAttention-2: forward with logsumexp, backward by Algorithm 4"
     modes = ("fwd", "bwd", "fwd_bwd")
     baselines = ("sdpa_flash", "reference")
-    ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex", "fa4", "flashinfer")
+    ratio_peers = ("sdpa_flash", "sdpa_cudnn", "flex", "fa4", "fa4_deterministic", "flashinfer")
 
     def make_inputs(self, case, device, seed=0):
         q_shape = (case.batch, case.heads_q, case.seqlen_q, case.head_dim)
@@ -378,6 +378,10 @@ class FlashOperator(Operator, cases=CASE_SETS):
         self.add_variant(Variant(
             "fa4", "peer", _probed(peers.fa4_forward), self.modes,
             "FlashAttention-4 (flash-attn-4, CuTe DSL), its sm_90 kernels and autograd backward",
+            external.fa4_unavailable))
+        self.add_variant(Variant(
+            "fa4_deterministic", "peer", _probed(functools.partial(peers.fa4_forward, deterministic=True)),
+            self.modes, "FlashAttention-4 with its deterministic backward (semaphore-ordered dQ), the peer of ours",
             external.fa4_unavailable))
         self.add_variant(Variant(
             "flashinfer", "peer",

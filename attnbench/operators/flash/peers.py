@@ -88,8 +88,10 @@ def fa4_declines(case):
     return attention_peer_declines(case, "FlashAttention-4", fa4_head_dim)
 
 
-def fa4_forward(case, offset):
-    """f(q, k, v) -> (o, lse) through ``flash_attn_func``, differentiable. FA-4 takes [B, N, H, D] tensors
+def fa4_forward(case, offset, deterministic=False):
+    """f(q, k, v) -> (o, lse) through ``flash_attn_func``, differentiable; ``deterministic``: its backward's
+    deterministic mode (dQ, and dK/dV under GQA, added in a fixed order behind semaphores), the peer of our backward,
+    which adds no atomics. FA-4 takes [B, N, H, D] tensors
     whose last dim is contiguous: ours are [B, H, N, D], passed as transposed views (no copy) and its
     output returned as one. Its LSE is natural-log [B, H, Nq], ours as it is; rows that see no key
     (bottom-right, Nq > Nk) get O = 0, LSE = -inf from it, as from the oracle, and its backward's
@@ -103,7 +105,8 @@ def fa4_forward(case, offset):
 
     def forward(q, k, v):
         out, lse = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                   softmax_scale=case.softmax_scale, causal=causal, return_lse=True)
+                                   softmax_scale=case.softmax_scale, causal=causal, return_lse=True,
+                                   deterministic=deterministic)
         return out.transpose(1, 2), lse
 
     return forward
