@@ -36,7 +36,7 @@
 #                 the list below, files <op>-peers-<name>-<gpu>.*, filed as results/<gpu>/<op>/peers-<name>.*; the
 #                 libraries come from `scripts/peer_wheels.sh collect` on this warm machine (/tmp/site; a library
 #                 that is not there is listed as unavailable with the reason); PEERS_ONLY="fa4 decode" runs those
-#                 lines, PEERS_ARGS="--match ^vecmat" is added to each; PEERS_BUDGET (default 560) is the seconds since this script started after which no line
+#                 lines, PEERS_ARGS="--match ^vecmat" is added to each; PEERS_BUDGET (default 540) is the seconds since this script started after which no line
 #                 starts, and each line is stopped (SIGTERM: its finished rows kept) when the budget runs out
 #   asv           an asv run on this commit (ASV_BENCH=regex: those benchmarks only); with
 #                 ASV_REPORTS=DIR it records the numbers of the
@@ -254,19 +254,21 @@ cascade|shared_context|--cases anchor --variant triton --variant fold_flash --va
 tabpfn|shared_context|--cases tabpfn --variant triton --variant fold_flash --variant fold_cudnn --variant flashinfer_cascade
 cueq|sparse|--cases anchor --variant triton --variant cuequivariance
 jvp|jvp_attention|--cases host --mode fwd_jvp --variant triton --variant triton_fused --variant sdpa_math --variant jvp_flash"
-  attnbench list 2>&1 | grep -E "^[a-z_]+:|^  (fa4|flashinfer|flashinfer_cascade|cuequivariance|jvp_flash) " \
+  attnbench list 2>&1 | grep -E "^[a-z_]+:|^  (fa4|fa4_deterministic|flashinfer|flashinfer_cascade|cuequivariance|jvp_flash) " \
       | tee "$ART/peers-available.txt"
   while IFS='|' read -r name op args; do
     [[ -z "${PEERS_ONLY:-}" || " $PEERS_ONLY " == *" $name "* ]] || continue
-    left=$(( ${PEERS_BUDGET:-560} - SECONDS ))
+    left=$(( ${PEERS_BUDGET:-540} - SECONDS ))
     if (( left < 30 )); then
       echo "peers: $name not started, ${left}s of PEERS_BUDGET left" | tee -a "$ART/peers-skipped.txt"
       status=1
       continue
     fi
     # shellcheck disable=SC2086
-    timeout "$left" attnbench "${PEERS_RUN:-run}" --op "$op" $args ${PEERS_ARGS:-} --json "$ART/$op-peers-$name-$machine.json" \
-        2>"$ART/$op-peers-$name-progress.log" | tee "$ART/$op-peers-$name-$machine.txt" | tail -n 25
+    # -k: a library's native build (a JIT compile) holds SIGTERM until it returns; SIGKILL 20 s later ends it, and
+    # the JSON keeps the rows finished before. </dev/null: the loop's list is on stdin
+    timeout -k 20 "$left" attnbench "${PEERS_RUN:-run}" --op "$op" $args ${PEERS_ARGS:-} \
+        --json "$ART/$op-peers-$name-$machine.json" </dev/null 2>"$ART/$op-peers-$name-progress.log" | tee "$ART/$op-peers-$name-$machine.txt" | tail -n 25
     rc=${PIPESTATUS[0]}
     echo "peers: $name exit $rc at $SECONDS s"
     status=$((status | rc))

@@ -27,10 +27,11 @@ def _check(case, variant, mode, oracles):
 
 
 def test_registered_and_unavailable_here_with_the_reason():
-    for name in ("fa4", "flashinfer"):
+    for name in ("fa4", "fa4_deterministic", "flashinfer"):
         assert OP.variants[name].kind == "peer" and name not in OP.available_variants("cpu")
     assert OP.variants["flashinfer"].modes == ("fwd",)  # FlashInfer has no backward
     assert OP.variants["fa4"].modes == OP.modes
+    assert OP.variants["fa4_deterministic"].modes == ("bwd", "fwd_bwd")  # deterministic=True changes the backward only
 
 
 def test_unavailable_reasons(monkeypatch):
@@ -84,8 +85,8 @@ FA4_CASES = [
 ]
 
 
-@pytest.mark.parametrize("variant", ["fa4", "fa4_deterministic"])
-@pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd_bwd"])
+@pytest.mark.parametrize("variant, mode", [("fa4", "fwd"), ("fa4", "bwd"), ("fa4", "fwd_bwd"),
+                                           ("fa4_deterministic", "bwd"), ("fa4_deterministic", "fwd_bwd")])
 @pytest.mark.parametrize("case", FA4_CASES[1:], ids=lambda c: c.label)
 def test_fa4_verified_against_the_oracle(monkeypatch, oracles, case, mode, variant):
     fake = peer_fakes.install(monkeypatch, fa4=True)["fa4"]

@@ -37,8 +37,10 @@ def test_markdown_ratios_and_plot(tmp_path, capsys):
     assert ("| case | mode | triton ms | triton TF/s | vs sdpa_flash | vs sdpa_cudnn | % roofline | max rel. error |"
             in out)
     assert "| B1 H1 N64 D64 bf16 | fwd | 1.000 | 400 | 1.50x | 0.80x | 50 | 2.0e-03 |" in out
-    # flex (skipped) and the declared peers that never ran here (fa4, flashinfer) get no column, and a line names them
-    assert "vs flex" not in out and "No column for flex, fa4, flashinfer: not timed on triton's clock" in out
+    # flex (skipped) and the declared peers that never ran here (the FA-4 pair, flashinfer) get no column, and a line
+    # names them
+    assert "vs flex" not in out
+    assert "No column for flex, fa4, fa4_deterministic, flashinfer: not timed on triton's clock" in out
     assert "Test GPU" in out and "700 TF/s" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -381,7 +381,8 @@ class FlashOperator(Operator, cases=CASE_SETS):
             external.fa4_unavailable))
         self.add_variant(Variant(
             "fa4_deterministic", "peer", _probed(functools.partial(peers.fa4_forward, deterministic=True)),
-            self.modes, "FlashAttention-4 with its deterministic backward (semaphore-ordered dQ), the peer of ours",
+            ("bwd", "fwd_bwd"),  # its forward is fa4's
+            "FlashAttention-4 with its deterministic backward (semaphore-ordered dQ), the peer of ours",
             external.fa4_unavailable))
         self.add_variant(Variant(
             "flashinfer", "peer",
