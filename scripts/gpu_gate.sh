@@ -253,6 +253,7 @@ decode|flash|--cases decode --mode fwd --variant triton --variant sdpa_flash --v
 cascade|shared_context|--cases anchor --variant triton --variant fold_flash --variant fold_cudnn --variant flashinfer_cascade
 tabpfn|shared_context|--cases tabpfn --variant triton --variant fold_flash --variant fold_cudnn --variant flashinfer_cascade
 cueq|sparse|--cases anchor --variant triton --variant cuequivariance
+layer|sparse|--cases layer --variant triton --variant cuequivariance
 cueq-routes|sparse|--cases anchor --match ^vecsca.L[23] --variant triton --variant triton@fused-dense --variant cuequivariance
 jvp|jvp_attention|--cases host --mode fwd_jvp --variant triton --variant triton_fused --variant sdpa_math --variant jvp_flash"
   attnbench list 2>&1 | grep -E "^[a-z_]+:|^  (fa4|fa4_deterministic|flashinfer|flashinfer_cascade|cuequivariance|jvp_flash) " \

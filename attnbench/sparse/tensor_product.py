@@ -35,7 +35,7 @@ def cg_product_infos(l1_max, l2_max, l3_max, *, parity=False, dtype=torch.float6
 
 
 @functools.lru_cache(maxsize=None)
-def _layer_structure(l1_max, l2_max, l3_max, parity, channels_in):
+def layer_structure(l1_max, l2_max, l3_max, parity, channels_in):
     """Terms (CPU, float64) of the layer's two sparse products; see FullyConnectedTensorProduct."""
     paths = so3.tensor_product_paths(l1_max, l2_max, l3_max, parity=parity)
     if not paths:
@@ -90,7 +90,7 @@ class FullyConnectedTensorProduct(nn.Module):
                 raise ValueError(f"FullyConnectedTensorProduct: {name} must be an int >= {low}, got {value!r}")
         self.l1_max, self.l2_max, self.l3_max = l1_max, l2_max, l3_max
         self.channels_in, self.channels_out, self.parity, self.seed = channels_in, channels_out, parity, seed
-        self.paths, self.coupled_size, self._coupling_terms, self._mixing_terms = _layer_structure(
+        self.paths, self.coupled_size, self._coupling_terms, self._mixing_terms = layer_structure(
             l1_max, l2_max, l3_max, parity, channels_in)
         self.weight = nn.Parameter(torch.empty(len(self.paths), channels_in, channels_out, dtype=dtype,
                                                device=device))

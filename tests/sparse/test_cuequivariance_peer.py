@@ -3,8 +3,9 @@
 
 - the conventions its docstring states: cue.SO3's basis is so3's (generators up to the axes' names, spherical
   harmonics up to the vector's coordinate order), and cue.clebsch_gordan = (-1)^l3 sqrt(2 l3 + 1) so3.clebsch_gordan;
-- the peer through the check machinery against the float64 oracle, every product, shared operands, every mode, fp32
-  and fp64, and SparseScale declined with its reason; the same peer with cuEquivariance's CG unmapped is reported as
+- the peer through the check machinery against the float64 oracle, every product and the fully connected layer
+  (cuet.FullyConnectedTensorProduct with the weight an input), shared operands, every mode, fp32 and fp64, and
+  SparseScale declined with its reason; the same peer with cuEquivariance's CG unmapped is reported as
   failing, not passed;
 - cuEquivariance's own descriptors on the same structure: channelwise_tensor_product (weights (-1)^l3 / sqrt(2 l3 + 1),
   its per-path output blocks summed) is our vecsca, and cuet.FullyConnectedTensorProduct (weights ours times (-1)^l3)
@@ -82,8 +83,8 @@ def test_peer_passes_the_oracle_check_on_every_product_and_mode(dtype):
     results = runner.check(OP, cases, "cpu", variants=["cuequivariance"], progress=False)
     failed, passed, skipped = _outcomes(results)
     assert not failed
-    products = [c for c in cases if not c.is_scale]
-    assert {c.op for c in products} == set(PRODUCTS) and any(c.shared for c in products)
+    products = [c for c in cases if not c.is_scale]  # the fully connected layer ("fc") among them
+    assert {c.op for c in products} == set(PRODUCTS) | {"fc"} and any(c.shared for c in products)
     assert passed == {(c.label, mode) for c in products for mode in OP.modes}
     assert set(skipped) == {c.label for c in cases if c.is_scale}
     assert all("SparseScale is a sparse matrix" in s for s in skipped.values())

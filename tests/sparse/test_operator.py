@@ -17,7 +17,7 @@ from attnbench.bench.registry import Unsupported
 OP = attnbench.get("sparse")
 
 
-@pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "sweep"])
+@pytest.mark.parametrize("set_name", ["tiny", "gpu", "anchor", "layer", "sweep"])
 def test_case_sets_non_empty_with_unique_labels(set_name):
     cases = OP.cases(set_name)
     labels = [c.label for c in cases]
@@ -52,7 +52,7 @@ def test_anchor_is_the_issues_grid_and_the_sweep_respects_the_cap():
     assert all(c.shared == "y" for c in anchor if c.op == "vecmat")
     sweep = OP.cases("sweep")
     assert all(c.tensor_bytes <= SWEEP_BYTE_CAP for c in sweep)
-    assert {c.op for c in sweep} == set(OPS) and 1_000_000 in {c.batch for c in sweep}
+    assert {c.op for c in sweep} == set(OPS) - {"fc"} and 1_000_000 in {c.batch for c in sweep}  # the layer: "layer"
     assert {c.label for c in anchor if c.tensor_bytes <= SWEEP_BYTE_CAP} <= {c.label for c in sweep}
 
 
@@ -68,6 +68,9 @@ def test_cost_model(case):
     forward = OP.flops(case, "fwd")
     if case.is_scale:
         assert forward == 2 * num_terms(case) * case.width == OP.flops(case, "bwd") == OP.flops(case, "double_bwd")
+    elif case.is_layer:
+        assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") == 4 * forward
+        assert OP.bytes(case, "fwd") >= inputs + (case.numel("w") + case.numel("z")) * item
     else:
         assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") == 4 * forward
         matrix_operand = case.op in ("outer", "vecmat", "mat_t_vec")  # C x C channel work per term
@@ -86,6 +89,23 @@ def test_cost_model_counts_a_shared_weight_by_its_folded_pairs():
     for op, shared in (("vecmat", ""), ("vecmat", "x"), ("mat_t_vec", "y"), ("outer", "")):
         case = SparseCase(op, 6, 10, 4, "float32", shared)
         assert work_terms(case) == num_terms(case) == 11896
+
+
+def test_the_layer_set_and_its_cost_model():
+    """fc: FullyConnectedTensorProduct with the weight an input, on the anchor grid. L2 has 15 paths whose 51 coupled
+    rows (2 l3 + 1 a path) the coupling's 137 CG terms fill (as vecsca's), each row then a C x C product with its
+    path's weight block: fwd = 2 N (137 C + 51 C^2); the weight [15, C, C] read (and its gradient written) as x."""
+    layer = OP.cases("layer")
+    assert {c.op for c in layer} == {"fc"} and len(layer) == len(ANCHOR_L) * len(ANCHOR_C) * len(ANCHOR_N) * 2
+    case = SparseCase("fc", 2, 10, 4)
+    assert case.shape("w") == (15, 4, 4) and case.shape("y") == (10, 9) and case.shape("z") == (10, 9, 4)
+    assert OP.flops(case, "fwd") == 2 * 10 * (137 * 4 + 51 * 16)
+    x, y, w, z = 360 * 4, 90 * 4, 240 * 4, 360 * 4
+    assert OP.bytes(case, "fwd") == x + y + w + z + num_terms(case) * 32 and num_terms(case) == 137 + 51
+    with pytest.raises(ValueError):
+        SparseCase("fc", 2, 10, 4, shared="y")
+    with pytest.raises(ValueError, match="two products"):
+        work_terms(case)
 
 
 def test_cost_model_numbers():

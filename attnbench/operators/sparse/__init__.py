@@ -28,13 +28,20 @@ plus the structure read once per product launched (1, 2, 4 infos; 3 int64 indice
 Scale: X + Z in every mode (fwd reads x writes z; bwd reads g writes grad_x; double_bwd reads h_x writes ggrad_g),
 plus nnz x (int64 index + float64 scale) and the CSR row offsets.
 
+The layer ("fc"): FullyConnectedTensorProduct (attnbench.sparse.tensor_product) on irreps 0..L x 0..L -> 0..L, C -> C
+channels, with its weight w [P, C, C] (P paths) a third input: z = vecmat(vecsca(x, y), w) with w shared. Its modes
+add grad_w (bwd) and ggrad_w (double_bwd, for a third cotangent h_w); its cost model is both products': 2 N (T C + U C^2)
+forward (T the coupling's CG terms, U its coupled rows, 2 l3 + 1 a path), 2x and 4x for the derivatives, and w read
+(its gradient written) as x is.
+
 Case sets (labels like "vecsca L3 N100000 C32 fp32"; "shared-y": y has no batch dim, as the weight of vecmat in the
 fully connected layer; "scale-rand": a random CSR):
-  tiny    the CPU gate: every op at L 1-2, N 2-5, C 3-8, fp32 and fp64, shared operands and both scale structures
+  tiny    the CPU gate: every op at L 1-2, N 2-5, C 3-8, fp32 and fp64, shared operands, both scale structures, fc
   gpu     real sizes, fp32 and bf16
   anchor  the issue's target grid for the ops of the fully connected layer and the message-passing segment sum:
           vecsca, vecmat (shared y) and scale, L in {2, 3, 4, 6}, C in {32, 128}, N in {1e4, 1e5}, fp32 and bf16.
           N = 1e6 is left to the sweep: at L 6 C 128 fp32 one feature tensor is 25 GB.
+  layer   the fully connected layer ("fc") on the anchor grid: what cuEquivariance's FullyConnectedTensorProduct runs
   sweep   the full grid (every op, L {2,3,4,6}, C {32,128}, N {1e4,1e5,1e6}, fp32/bf16) less the cases whose operands
           and output together exceed SWEEP_BYTE_CAP (8 GiB: double_bwd holds about three times that, plus the graph).
 The split implementation materializes [N, T, C...] terms (T = 11896 at L 6), so it runs out of memory on the
@@ -51,24 +58,27 @@ from ...bench.registry import Operator, Variant, register
 from ...sparse import functional, reference, triton_ops
 from ...sparse.functional import CHANNEL_RANKS, PRODUCT_FUNCTIONS
 from ...sparse.info import random_scale_infos, scale_infos
-from ...sparse.tensor_product import cg_product_infos
+from ...sparse.tensor_product import FullyConnectedTensorProduct, cg_product_infos, layer_structure
 from . import cuequivariance, peers, routes
 
 PRODUCTS = tuple(PRODUCT_FUNCTIONS)  # mul, outer, inner, vecmat, vecsca, scavec, mat_t_vec
-OPS = ("scale",) + PRODUCTS
+OPS = ("scale",) + PRODUCTS + ("fc",)  # fc: the fully connected layer, vecsca then vecmat with a shared weight w
 # channel multiply-adds per term and batch item, per op
 CHANNEL_WORK = {"mul": 1, "inner": 1, "vecsca": 1, "scavec": 1, "outer": 2, "vecmat": 2, "mat_t_vec": 2}  # powers of C
 # products launched per mode (bwd: grad_x and grad_y; double_bwd: two per first-order gradient)
 PRODUCTS_PER_MODE = {"fwd": 1, "bwd": 2, "double_bwd": 4}
 OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x", "grad_y"), "double_bwd": ("ggrad_x", "ggrad_y", "ggrad_g")}
 SCALE_OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x",), "double_bwd": ("ggrad_g",)}
+# the layer's weight is a third input: trained, so differentiated as x and y are
+FC_OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x", "grad_y", "grad_w"),
+              "double_bwd": ("ggrad_x", "ggrad_y", "ggrad_w", "ggrad_g")}
 NEIGHBORS = 16  # edges per atom of the segment-sum structure
 SWEEP_BYTE_CAP = 8 * 2**30
 
 
 @dataclass(frozen=True)
 class SparseCase(DtypeNamed):
-    op: str  # "scale" or a product (a key of functional.PRODUCT_FUNCTIONS)
+    op: str  # "scale", a product (a key of functional.PRODUCT_FUNCTIONS) or "fc" (the fully connected layer)
     l_max: int  # irreps 0..L: sparse size (L+1)^2 for products, row width (L+1)^2 C for scale
     batch: int  # N: batch items of a product, edges of a scale
     channels: int  # C
@@ -79,7 +89,7 @@ class SparseCase(DtypeNamed):
     def __post_init__(self):
         if self.op not in OPS:
             raise ValueError(f"sparse: op must be one of {OPS}, got {self.op!r}")
-        if self.shared not in ("", "x", "y") or (self.shared and self.op == "scale"):
+        if self.shared not in ("", "x", "y") or (self.shared and self.op in ("scale", "fc")):
             raise ValueError(f"sparse: shared must be '', 'x' or 'y' (products only), got {self.shared!r}")
         if self.structure not in (("", "segment", "random") if self.op == "scale" else ("",)):
             raise ValueError(f"sparse: structure {self.structure!r} does not apply to {self.op}")
@@ -87,6 +97,17 @@ class SparseCase(DtypeNamed):
     @property
     def is_scale(self):
         return self.op == "scale"
+
+    @property
+    def is_layer(self):
+        """The fully connected layer: x [N, S, C], y [N, S] (spherical harmonics), a weight w [P, C, C] shared by the
+        batch (P: the CG paths of irreps 0..L x 0..L -> 0..L), z [N, S, C] (attnbench.sparse.FullyConnectedTensorProduct)."""
+        return self.op == "fc"
+
+    @property
+    def operands(self):
+        """The inputs: x, y (not for scale), w (the layer's)."""
+        return "x" if self.is_scale else "xyw" if self.is_layer else "xy"
 
     @property
     def sparse_size(self):
@@ -106,17 +127,23 @@ class SparseCase(DtypeNamed):
         """Shape of x, y or z."""
         if self.is_scale:
             return (self.batch, self.width) if operand == "x" else (self.atoms, self.width)
+        if self.is_layer:
+            if operand == "w":
+                return (len(layer_paths(self.l_max)), self.channels, self.channels)
+            return (self.batch, self.sparse_size) + ((self.channels,) if operand in "xz" else ())
         rank = CHANNEL_RANKS[self.op]["xyz".index(operand)]
         lead = () if operand == self.shared else (self.batch,)
         return lead + (self.sparse_size,) + (self.channels,) * rank
 
     def numel(self, operand):
-        return 0 if (self.is_scale and operand == "y") else math.prod(self.shape(operand))
+        if (self.is_scale and operand == "y") or (operand == "w" and not self.is_layer):
+            return 0
+        return math.prod(self.shape(operand))
 
     @property
     def tensor_bytes(self):
         """Operands and output once: what the sweep's memory cap is applied to."""
-        return sum(self.numel(o) for o in "xyz") * self.torch_dtype.itemsize
+        return sum(self.numel(o) for o in "xywz") * self.torch_dtype.itemsize
 
     @property
     def label(self):
@@ -126,8 +153,31 @@ class SparseCase(DtypeNamed):
 
 
 def num_terms(case):
-    """T: product terms of the CG structure, or nonzeros of the scale's CSR (one per edge)."""
+    """T: product terms of the CG structure, or nonzeros of the scale's CSR (one per edge); the layer's: both its
+    products' (the coupling's CG terms and the mixing's one term a coupled row)."""
+    if case.is_layer:
+        layer = _layer(case.l_max)
+        return len(layer["coupling"]["i1"]) + len(layer["mixing"]["i1"])
     return case.batch if case.is_scale else _cg_terms(case.l_max)
+
+
+@functools.lru_cache(maxsize=None)
+def _layer(l_max):
+    """The fully connected layer's structure on irreps 0..L (channels do not change it but for the path scale): its
+    paths, U (the coupled rows: 2 l3 + 1 a path) and both products' terms (attnbench.sparse.tensor_product)."""
+    paths, coupled, coupling, mixing = layer_structure(l_max, l_max, l_max, False, 1)
+    return {"paths": paths, "coupled": coupled, "coupling": coupling, "mixing": mixing}
+
+
+def layer_paths(l_max):
+    return _layer(l_max)["paths"]
+
+
+def _layer_work(case):
+    """Multiply-adds a batch item of the layer: the coupling (a vecsca: C a CG term) and the mixing (a vecmat with
+    the weight shared: C^2 a coupled row, each the one (output row, coupled row) pair its terms fold into)."""
+    layer = _layer(case.l_max)
+    return len(layer["coupling"]["i1"]) * case.channels + layer["coupled"] * case.channels ** 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,6 +198,8 @@ def work_terms(case):
     """The T of the cost model (see the module): the terms, or for a shared matrix operand the (output row, batched
     row) pairs its terms fold into, where fewer."""
     shared, row = _FOLDED.get(case.op, (None, None))
+    if case.is_layer:
+        raise ValueError("work_terms: the layer's two products have their own counts (_layer_work)")
     if case.is_scale or shared is None or case.shared != shared:
         return num_terms(case)
     return min(num_terms(case), _cg_pairs(case.l_max, row))
@@ -173,6 +225,10 @@ def matrix_unit_flops(case):
     the others at their own FLOPs (a shared weight's already folded)."""
     if case.is_scale:
         return None
+    if case.is_layer:  # the coupling as M[n] @ x[n] over its (coupled row, x row) pairs, the mixing as its own GEMM
+        coupling = _layer(case.l_max)["coupling"]
+        pairs = len(set(zip(coupling["i3"].tolist(), coupling["i1"].tolist())))
+        return 2.0 * (pairs * case.channels + _layer(case.l_max)["coupled"] * case.channels ** 2) * case.batch
     size = (case.l_max + 1) ** 2
     per_column = {"mul": cg_block_macs(case.l_max), "vecsca": _cg_pairs(case.l_max, "i1"),
                   "scavec": _cg_pairs(case.l_max, "i2"), "inner": size * size}.get(case.op)
@@ -197,6 +253,7 @@ TINY = [
     ("vecmat", 2, 2, 3, "y"), ("vecsca", 2, 5, 8, ""), ("scavec", 1, 3, 6, ""), ("mat_t_vec", 1, 2, 3, "x"),
 ]
 TINY_SCALE = [(1, 5, 4, "segment"), (2, 5, 3, "random")]
+TINY_LAYER = [(2, 3, 4)]  # (L, N, C) of the fully connected layer
 # Real sizes for the GPU gate: every op at L 3 (611 terms), the FC-layer ops at L 4 as well.
 GPU = [
     ("mul", 3, 2000, 32, ""), ("outer", 3, 500, 16, ""), ("inner", 3, 2000, 32, ""), ("vecmat", 3, 2000, 32, "y"),
@@ -220,7 +277,8 @@ def _listed(products, scales, dtypes):
 
 
 def _tiny():
-    return _listed(TINY, TINY_SCALE, ("float32", "float64"))
+    return _listed(TINY, TINY_SCALE, ("float32", "float64")) + [
+        SparseCase("fc", l, n, c, dtype) for dtype in ("float32", "float64") for l, n, c in TINY_LAYER]
 
 
 def _gpu():
@@ -230,6 +288,13 @@ def _gpu():
 def _anchor():
     return [SparseCase(op, l, n, c, dtype, "y" if op == "vecmat" else "")
             for dtype in ("float32", "bfloat16") for op in ("vecsca", "vecmat", "scale")
+            for l in ANCHOR_L for c in ANCHOR_C for n in ANCHOR_N]
+
+
+def _layer_set():
+    """The fully connected layer (vecsca then vecmat with the weight shared, as one call) on the anchor grid: what
+    its peers (cuEquivariance's FullyConnectedTensorProduct) run as one layer."""
+    return [SparseCase("fc", l, n, c, dtype) for dtype in ("float32", "bfloat16")
             for l in ANCHOR_L for c in ANCHOR_C for n in ANCHOR_N]
 
 
@@ -264,7 +329,7 @@ def _odd():
     return cases
 
 
-CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "sweep": _sweep, "odd": _odd}
+CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "layer": _layer_set, "sweep": _sweep, "odd": _odd}
 
 
 # ---- structures and inputs
@@ -272,6 +337,9 @@ CASE_SETS = {"tiny": _tiny, "gpu": _gpu, "anchor": _anchor, "sweep": _sweep, "od
 def structure(case, device, seed=0):
     """The infos of a case on ``device``: (info_fwd, info_bwd1, info_bwd2) for a product, (info_fwd, info_bwd) for
     scale (the scales stay float64; the ops cast them to the operands' dtype)."""
+    if case.is_layer:  # (coupling infos, mixing infos), each a product's (fwd, bwd1, bwd2); the path scale is C's
+        return FullyConnectedTensorProduct(case.l_max, case.l_max, case.l_max, case.channels, case.channels).infos(
+            device)
     if not case.is_scale:
         return cg_product_infos(case.l_max, case.l_max, case.l_max, device=device)
     if case.structure == "random":
@@ -283,11 +351,22 @@ def structure(case, device, seed=0):
 
 
 def _cotangent_shapes(case):
-    return {"g": case.shape("z"), "h_x": case.shape("x"), **({} if case.is_scale else {"h_y": case.shape("y")})}
+    return {"g": case.shape("z"), **{f"h_{o}": case.shape(o) for o in case.operands}}
 
 
 def _forward(case, infos, implementation):
-    """f(x, y) -> z through the Functions (``implementation`` entered around each call) or None for the einsum."""
+    """f(x, y[, w]) -> z through the Functions (``implementation`` entered around each call) or None for the einsum."""
+    if case.is_layer:
+        coupling, mixing = infos
+        if implementation is None:
+            return lambda x, y, w: reference.sparse_product_reference(
+                "vecmat", reference.sparse_product_reference("vecsca", x, y, coupling[0]), w, mixing[0])
+
+        def layer(x, y, w):  # FullyConnectedTensorProduct.forward with the weight an input
+            with implementation():
+                return functional.sparse_product("vecmat", functional.sparse_product("vecsca", x, y, coupling), w,
+                                                 mixing)
+        return layer
     if implementation is None:  # the dense reference
         if case.is_scale:
             return lambda x, y: reference.sparse_scale_reference(x, infos[0])
@@ -305,19 +384,20 @@ def _forward(case, infos, implementation):
 def evaluate(case, inputs, forward, mode, dtype=None):
     """A mode's outputs through torch autograd over ``forward``; returns () -> dict, with everything the timed call
     does not need (the forward, the first backward for double_bwd) done here. ``dtype`` casts the inputs first."""
-    x, y, g = inputs["x"], inputs["y"], inputs["g"]
-    hs = [inputs["h_x"]] + ([] if case.is_scale else [inputs["h_y"]])
+    operands = [inputs[o] for o in case.operands]
+    g = inputs["g"]
+    hs = [inputs[f"h_{o}"] for o in case.operands]
     if dtype is not None:
-        x, y, g = (None if t is None else t.to(dtype) for t in (x, y, g))
-        hs = [h.to(dtype) for h in hs]
-    names = (SCALE_OUTPUTS if case.is_scale else OUTPUTS)[mode]
+        operands, g, hs = [t.to(dtype) for t in operands], g.to(dtype), [h.to(dtype) for h in hs]
+    names = _outputs(case)[mode]
+    args = operands + ([None] if case.is_scale else [])  # scale's forward takes (x, None)
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
-                return {"z": forward(x, y)}
+                return {"z": forward(*args)}
         return fwd
-    leaves = [x.detach().requires_grad_()] + ([] if case.is_scale else [y.detach().requires_grad_()])
-    z = forward(leaves[0], None if case.is_scale else leaves[1])
+    leaves = [t.detach().requires_grad_() for t in operands]
+    z = forward(*leaves, *([None] if case.is_scale else []))
     if mode == "bwd":
         def bwd():
             return dict(zip(names, torch.autograd.grad(z, leaves, g, retain_graph=True)))
@@ -330,6 +410,10 @@ def evaluate(case, inputs, forward, mode, dtype=None):
         out = torch.autograd.grad(grads, wrt, hs, retain_graph=True, allow_unused=True)
         return dict(zip(names, (torch.zeros_like(w) if o is None else o for o, w in zip(out, wrt))))
     return double_bwd
+
+
+def _outputs(case):
+    return SCALE_OUTPUTS if case.is_scale else FC_OUTPUTS if case.is_layer else OUTPUTS
 
 
 def _autograd_prepare(case, inputs, mode, forward):
@@ -360,7 +444,8 @@ def _functions_variant(name, implementation, kind=None, description="", unavaila
 
 class SparseOperator(Operator, cases=CASE_SETS):
     name = "sparse"
-    description = "SparseScale and the seven sparse tensor products (CG structures), fwd, bwd and double backward"
+    description = ("SparseScale, the seven sparse tensor products (CG structures) and the fully connected layer, fwd, "
+                   "bwd and double backward")
     modes = ("fwd", "bwd", "double_bwd")
     baselines = ("split", "reference")
     gate_baselines = ("split",)
@@ -418,8 +503,8 @@ class SparseOperator(Operator, cases=CASE_SETS):
         ])
 
     def make_inputs(self, case, device, seed=0):
-        shapes = {"x": case.shape("x"), **({} if case.is_scale else {"y": case.shape("y")}), **_cotangent_shapes(case)}
-        # y is None for scale (no draw); the keys in the order x, y, g, h_x[, h_y], infos
+        shapes = {**{o: case.shape(o) for o in case.operands}, **_cotangent_shapes(case)}
+        # y is None for scale (no draw); the keys in the order x, y[, w], g, h_x[, h_y, h_w], infos
         return {"x": None, "y": None, **seeded_inputs(seed, shapes, device, case.torch_dtype),
                 "infos": structure(case, device, seed)}
 
@@ -427,6 +512,8 @@ class SparseOperator(Operator, cases=CASE_SETS):
         self.check_mode(mode)
         if case.is_scale:
             return 2.0 * num_terms(case) * case.width
+        if case.is_layer:
+            return 2.0 * _layer_work(case) * case.batch * PRODUCTS_PER_MODE[mode]
         forward = 2.0 * work_terms(case) * case.channels ** CHANNEL_WORK[case.op] * case.batch
         return forward * PRODUCTS_PER_MODE[mode]
 
@@ -436,6 +523,8 @@ class SparseOperator(Operator, cases=CASE_SETS):
         x, y, z = (case.numel(o) * item for o in "xyz")
         if case.is_scale:
             return x + z + num_terms(case) * (8 + 8) + (case.atoms + 1) * 8
+        if case.is_layer:  # the weight a third operand: read, and its gradient written, as x's
+            x += case.numel("w") * item
         tensors = {"fwd": x + y + z, "bwd": 2 * x + 2 * y + z, "double_bwd": 3 * x + 3 * y + 2 * z}[mode]
         return tensors + PRODUCTS_PER_MODE[mode] * num_terms(case) * (3 * 8 + 8)
 
@@ -462,6 +551,9 @@ class SparseOperator(Operator, cases=CASE_SETS):
         if case.is_scale:
             return None
         item = case.torch_dtype.itemsize
+        if case.is_layer:  # the minimum, plus the coupled features u between its two products, written and read
+            u = case.batch * _layer(case.l_max)["coupled"] * case.channels * item
+            return self.bytes(case, mode) + 2 * PRODUCTS_PER_MODE[mode] * u
         x, y, z = (case.numel(o) * item for o in "xyz")
         structure = self.bytes(case, "fwd") - (x + y + z)  # one product's read of the terms
         moved = {"fwd": x + y + z, "bwd": 2 * (x + y + z), "double_bwd": 4 * (x + y) + 7 * z}[mode]
@@ -473,7 +565,7 @@ class SparseOperator(Operator, cases=CASE_SETS):
 
     def case_outputs(self, case, mode):
         self.check_mode(mode)
-        return (SCALE_OUTPUTS if case.is_scale else OUTPUTS)[mode]
+        return _outputs(case)[mode]
 
     def oracle(self, case, inputs, dtype=torch.float64):
         forward = _forward(case, inputs["infos"], None)

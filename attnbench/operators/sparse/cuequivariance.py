@@ -39,6 +39,11 @@ builds and runs the mode is timed. Without cuequivariance_ops_torch the peer is 
 back to "naive" with only a warning. CPU: "naive", cuEquivariance's pure-PyTorch einsum per path (no kernels on CPU),
 so that the CPU gate checks the construction against the float64 oracle.
 
+The layer ("fc" cases): cuet.FullyConnectedTensorProduct (cuEquivariance's fully_connected_tensor_product descriptor,
+one contraction "uvw,iu,jv,kw+ijk" with the weight first), irreps 0..L x 0..L (one channel: spherical harmonics) ->
+0..L, ir_mul, the weight an input shared by the batch (ours times (-1)^l3 per path, as above); "fused_tp" on CUDA
+(the layer's own default), naive on CPU.
+
 Declines: SparseScale (a sparse matrix over the batch dim, not a tensor product of irreps).
 """
 import functools
@@ -139,6 +144,35 @@ def _forward(case, module, device):
     return forward
 
 
+def _layer_module(case, method, device):
+    """cuet.FullyConnectedTensorProduct of the case's layer (see the module docstring)."""
+    import cuequivariance as cue
+    import cuequivariance_torch as cuet
+
+    def irreps(channels):
+        return cue.Irreps("SO3", [(channels, cue.SO3(l)) for l in range(case.l_max + 1)])
+
+    try:
+        return cuet.FullyConnectedTensorProduct(irreps(case.channels), irreps(1), irreps(case.channels),
+                                                layout=cue.ir_mul, shared_weights=True, internal_weights=False,
+                                                math_dtype=_math_dtype(case.torch_dtype), method=method, device=device)
+    except (AssertionError, RuntimeError, ValueError, NotImplementedError, ImportError) as exc:
+        raise Unsupported(f"cuequivariance {method}: {type(exc).__name__}: {first_line(exc, 200)}") from None
+
+
+def _layer_forward(case, module, device):
+    """f(x, y, w) -> z: w [P, C, C] ours, given to cuEquivariance flat, times (-1)^l3 per path, a batch of one."""
+    sparse = importlib.import_module(__package__)
+    signs = torch.tensor([(-1.0) ** l3 for _, _, l3 in sparse.layer_paths(case.l_max)], device=device)
+    z_shape = case.shape("z")
+
+    def forward(x, y, w):
+        weight = (w * signs.to(w.dtype)[:, None, None]).reshape(1, -1)
+        return module(x.reshape(case.batch, -1), y, weight=weight).reshape(z_shape)
+
+    return forward
+
+
 def prepare(case, inputs, mode):
     """The peer's timed call for one case and mode (see the module docstring); Unsupported with the reason for what
     it does not run."""
@@ -151,11 +185,17 @@ def prepare(case, inputs, mode):
         raise Unsupported("cuequivariance: SparseScale is a sparse matrix over the batch dim, not a tensor product "
                           "of irreps (cuEquivariance's gather/scatter indices apply to a product's operands)")
     methods = CUDA_METHODS if device.type == "cuda" else ("naive",)
+    if case.is_layer:
+        methods = ("fused_tp",) if device.type == "cuda" else ("naive",)
     declined = []
     for method in methods:
         try:
-            module = _module(case.op, case.l_max, case.channels, method, case.torch_dtype, device)
-            fn = sparse._autograd_prepare(case, inputs, mode, _forward(case, module, device))
+            if case.is_layer:
+                forward = _layer_forward(case, _layer_module(case, method, device), device)
+            else:
+                forward = _forward(case, _module(case.op, case.l_max, case.channels, method, case.torch_dtype, device),
+                                   device)
+            fn = sparse._autograd_prepare(case, inputs, mode, forward)
             fn()  # probe: a method can build and still refuse a dtype or a shape when called (fn runs again)
         except Unsupported as exc:
             declined.append(str(exc))
