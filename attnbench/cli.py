@@ -724,8 +724,8 @@ def build_parser():
         if cases:
             p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, odd (odd shapes, every operator), "
                                            "decode, random, host (flash; host for jvp_attention too), "
-                                           "tabpfn (shared_context) (default: tiny on CPU; on CUDA check: gpu, bench "
-                                           "and run: anchor)")
+                                           "tabpfn (shared_context), layer (sparse) (default: tiny on CPU; on CUDA "
+                                           "check: gpu, bench and run: anchor)")
             p.add_argument("--match", type=label_pattern, metavar="REGEX",
                            help="only the cases whose label matches (re.search), e.g. ' D(64|96) '")
             p.add_argument("--variant", action="append",

@@ -10,8 +10,8 @@ import torch
 import attnbench
 from attnbench.bench import runner
 from attnbench.cli import main
-from attnbench.operators.sparse import (ANCHOR_C, ANCHOR_L, ANCHOR_N, OPS, SWEEP_BYTE_CAP, SparseCase, num_terms,
-                                        peers, work_terms)
+from attnbench.operators.sparse import (ANCHOR_C, ANCHOR_L, ANCHOR_N, LAYER_BYTE_CAP, OPS, SWEEP_BYTE_CAP, SparseCase,
+                                        num_terms, peers, work_terms)
 from attnbench.bench.registry import Unsupported
 
 OP = attnbench.get("sparse")
@@ -68,8 +68,8 @@ def test_cost_model(case):
     forward = OP.flops(case, "fwd")
     if case.is_scale:
         assert forward == 2 * num_terms(case) * case.width == OP.flops(case, "bwd") == OP.flops(case, "double_bwd")
-    elif case.is_layer:
-        assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") == 4 * forward
+    elif case.is_layer:  # its own product counts (test_the_layers_product_counts_are_what_autograd_launches)
+        assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") > 4 * forward
         assert OP.bytes(case, "fwd") >= inputs + (case.numel("w") + case.numel("z")) * item
     else:
         assert OP.flops(case, "bwd") == 2 * forward and OP.flops(case, "double_bwd") == 4 * forward
@@ -92,20 +92,51 @@ def test_cost_model_counts_a_shared_weight_by_its_folded_pairs():
 
 
 def test_the_layer_set_and_its_cost_model():
-    """fc: FullyConnectedTensorProduct with the weight an input, on the anchor grid. L2 has 15 paths whose 51 coupled
-    rows (2 l3 + 1 a path) the coupling's 137 CG terms fill (as vecsca's), each row then a C x C product with its
-    path's weight block: fwd = 2 N (137 C + 51 C^2); the weight [15, C, C] read (and its gradient written) as x."""
+    """fc: FullyConnectedTensorProduct with the weight an input, on the anchor grid under a 4 GiB cap that counts the
+    coupled features u. L2 has 15 paths whose 51 coupled rows (2 l3 + 1 a path) the coupling's 137 CG terms fill (as
+    vecsca's), each row then a C x C product with its path's weight block: fwd = 2 N (137 C + 51 C^2); bwd twice
+    that; double bwd 6 coupling and 4 mixing products (counted in the next test); the weight [15, C, C] read (and its
+    gradient written) as x."""
     layer = OP.cases("layer")
-    assert {c.op for c in layer} == {"fc"} and len(layer) == len(ANCHOR_L) * len(ANCHOR_C) * len(ANCHOR_N) * 2
+    assert {c.op for c in layer} == {"fc"} and all(c.tensor_bytes <= LAYER_BYTE_CAP for c in layer)
+    assert {c.l_max for c in layer} == set(ANCHOR_L) and {"fc L2 N100000 C128 fp32", "fc L6 N10000 C128 bf16"} <= {
+        c.label for c in layer} and "fc L6 N100000 C128 fp32" not in {c.label for c in layer}  # u: 73 GB
     case = SparseCase("fc", 2, 10, 4)
     assert case.shape("w") == (15, 4, 4) and case.shape("y") == (10, 9) and case.shape("z") == (10, 9, 4)
     assert OP.flops(case, "fwd") == 2 * 10 * (137 * 4 + 51 * 16)
-    x, y, w, z = 360 * 4, 90 * 4, 240 * 4, 360 * 4
-    assert OP.bytes(case, "fwd") == x + y + w + z + num_terms(case) * 32 and num_terms(case) == 137 + 51
+    assert OP.flops(case, "bwd") == 2 * OP.flops(case, "fwd")
+    assert OP.flops(case, "double_bwd") == 2 * 10 * (6 * 137 * 4 + 4 * 51 * 16)
+    x, y, w, z, u = 360 * 4, 90 * 4, 240 * 4, 360 * 4, 10 * 51 * 4 * 4  # u: N x U x C floats
+    assert OP.bytes(case, "fwd") == x + y + w + z + (137 + 51) * 32 and num_terms(case) == 137 + 51
+    assert OP.bytes(case, "double_bwd") == 3 * (x + w) + 3 * y + 2 * z + (6 * 137 + 4 * 51) * 32
+    assert OP.design_bytes(case, "bwd") == 2 * (x + y + u) + 2 * (u + w + z) + 2 * (137 + 51) * 32
     with pytest.raises(ValueError):
         SparseCase("fc", 2, 10, 4, shared="y")
     with pytest.raises(ValueError, match="two products"):
         work_terms(case)
+
+
+def test_the_layers_product_counts_are_what_autograd_launches(monkeypatch):
+    """LAYER_PRODUCTS against the Functions autograd actually calls over the layer, mode by mode."""
+    import collections
+
+    from attnbench.operators.sparse import LAYER_PRODUCTS, _forward, evaluate
+    from attnbench.sparse import functional
+
+    coupling_family = {"vecsca", "scavec", "inner"}
+    counts = collections.Counter()
+    case = SparseCase("fc", 1, 3, 2, "float64")
+    inputs = OP.make_inputs(case, "cpu")
+    for name, cls in functional.PRODUCT_FUNCTIONS.items():
+        monkeypatch.setattr(cls, "apply", lambda *a, _apply=cls.apply, _name=name: (counts.update([_name]), _apply(*a))[1])
+    for mode in OP.modes:
+        run = evaluate(case, inputs, _forward(case, inputs["infos"], lambda: functional.use_implementation("split")),
+                       mode)
+        counts.clear()
+        run()
+        coupling = sum(n for op, n in counts.items() if op in coupling_family)
+        assert (coupling, sum(counts.values()) - coupling) == (
+            LAYER_PRODUCTS["coupling"][mode], LAYER_PRODUCTS["mixing"][mode]), (mode, counts)
 
 
 def test_cost_model_numbers():
@@ -260,3 +291,14 @@ def test_a_case_out_of_memory_is_kept_and_the_run_goes_on(monkeypatch, short_of)
         assert summary.startswith("summary: bench 2 timed, 0 skipped") and summary.endswith(", 1 unverified")
     else:
         assert rows[0].timing is None and not rows[0].unverified
+
+
+def test_the_layer_runs_on_the_routes_of_its_products():
+    """The forced routes that change one of the layer's products take it (the dense routes its coupling, a vecsca;
+    the unfolded route its mixing, a vecmat with the weight shared) and pass against float64 in every mode; the
+    16-bit fold routes need CUDA."""
+    case = SparseCase("fc", 1, 3, 2, "float64")
+    routes = ["triton@two-launch", "triton@fused-dense", "triton@gather-kernel", "triton@unfolded", "triton@segment"]
+    results = runner.check(OP, [case], "cpu", variants=routes, progress=False)
+    assert {(r.variant, r.mode) for r in results if r.passed and not r.skipped} == {
+        (v, m) for v in routes for m in OP.modes}

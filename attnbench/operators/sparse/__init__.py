@@ -30,9 +30,9 @@ plus nnz x (int64 index + float64 scale) and the CSR row offsets.
 
 The layer ("fc"): FullyConnectedTensorProduct (attnbench.sparse.tensor_product) on irreps 0..L x 0..L -> 0..L, C -> C
 channels, with its weight w [P, C, C] (P paths) a third input: z = vecmat(vecsca(x, y), w) with w shared. Its modes
-add grad_w (bwd) and ggrad_w (double_bwd, for a third cotangent h_w); its cost model is both products': 2 N (T C + U C^2)
-forward (T the coupling's CG terms, U its coupled rows, 2 l3 + 1 a path), 2x and 4x for the derivatives, and w read
-(its gradient written) as x is.
+add grad_w (bwd) and ggrad_w (double_bwd, for a third cotangent h_w); its cost model counts its products: 2 N (k_c T C
++ k_m U C^2) FLOPs (T the coupling's CG terms, U its coupled rows, 2 l3 + 1 a path) with (k_c, k_m) = (1, 1) fwd,
+(2, 2) bwd and (6, 4) double bwd (LAYER_PRODUCTS), and w read (its gradient written) as x is.
 
 Case sets (labels like "vecsca L3 N100000 C32 fp32"; "shared-y": y has no batch dim, as the weight of vecmat in the
 fully connected layer; "scale-rand": a random CSR):
@@ -41,7 +41,8 @@ fully connected layer; "scale-rand": a random CSR):
   anchor  the issue's target grid for the ops of the fully connected layer and the message-passing segment sum:
           vecsca, vecmat (shared y) and scale, L in {2, 3, 4, 6}, C in {32, 128}, N in {1e4, 1e5}, fp32 and bf16.
           N = 1e6 is left to the sweep: at L 6 C 128 fp32 one feature tensor is 25 GB.
-  layer   the fully connected layer ("fc") on the anchor grid: what cuEquivariance's FullyConnectedTensorProduct runs
+  layer   the fully connected layer ("fc") on the anchor grid, less the cases whose tensors and u exceed 4 GiB: what
+          cuEquivariance's FullyConnectedTensorProduct runs
   sweep   the full grid (every op, L {2,3,4,6}, C {32,128}, N {1e4,1e5,1e6}, fp32/bf16) less the cases whose operands
           and output together exceed SWEEP_BYTE_CAP (8 GiB: double_bwd holds about three times that, plus the graph).
 The split implementation materializes [N, T, C...] terms (T = 11896 at L 6), so it runs out of memory on the
@@ -69,11 +70,16 @@ CHANNEL_WORK = {"mul": 1, "inner": 1, "vecsca": 1, "scavec": 1, "outer": 2, "vec
 PRODUCTS_PER_MODE = {"fwd": 1, "bwd": 2, "double_bwd": 4}
 OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x", "grad_y"), "double_bwd": ("ggrad_x", "ggrad_y", "ggrad_g")}
 SCALE_OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x",), "double_bwd": ("ggrad_g",)}
+# the layer's products launched per mode (counted: autograd over the Functions), coupling (vecsca's family over x, y
+# and the coupled features u) and mixing (vecmat's over u, w, z): the double backward's chain through u adds two
+# coupling products to the 2 + 2 of each product's own second order
+LAYER_PRODUCTS = {"coupling": {"fwd": 1, "bwd": 2, "double_bwd": 6}, "mixing": {"fwd": 1, "bwd": 2, "double_bwd": 4}}
 # the layer's weight is a third input: trained, so differentiated as x and y are
 FC_OUTPUTS = {"fwd": ("z",), "bwd": ("grad_x", "grad_y", "grad_w"),
               "double_bwd": ("ggrad_x", "ggrad_y", "ggrad_w", "ggrad_g")}
 NEIGHBORS = 16  # edges per atom of the segment-sum structure
 SWEEP_BYTE_CAP = 8 * 2**30
+LAYER_BYTE_CAP = 4 * 2**30  # the layer's operands, output and coupled features u
 
 
 @dataclass(frozen=True)
@@ -142,8 +148,9 @@ class SparseCase(DtypeNamed):
 
     @property
     def tensor_bytes(self):
-        """Operands and output once: what the sweep's memory cap is applied to."""
-        return sum(self.numel(o) for o in "xywz") * self.torch_dtype.itemsize
+        """Operands and output once, and the layer's coupled features u: what the memory caps are applied to."""
+        u = self.batch * _layer(self.l_max)["coupled"] * self.channels if self.is_layer else 0
+        return (sum(self.numel(o) for o in "xywz") + u) * self.torch_dtype.itemsize
 
     @property
     def label(self):
@@ -169,15 +176,31 @@ def _layer(l_max):
     return {"paths": paths, "coupled": coupled, "coupling": coupling, "mixing": mixing}
 
 
+@functools.lru_cache(maxsize=None)
+def _layer_pairs(l_max):
+    coupling = _layer(l_max)["coupling"]
+    return len(set(zip(coupling["i3"].tolist(), coupling["i1"].tolist())))
+
+
 def layer_paths(l_max):
     return _layer(l_max)["paths"]
 
 
-def _layer_work(case):
-    """Multiply-adds a batch item of the layer: the coupling (a vecsca: C a CG term) and the mixing (a vecmat with
-    the weight shared: C^2 a coupled row, each the one (output row, coupled row) pair its terms fold into)."""
+def _layer_work(case, mode, coupling_per_column=None):
+    """Multiply-adds a batch item of the layer in ``mode``: the coupling's products (a vecsca's: C a CG term, or
+    ``coupling_per_column`` C) and the mixing's (a vecmat's with the weight shared: C^2 a coupled row, each the one
+    (output row, coupled row) pair its terms fold into), each times its count in LAYER_PRODUCTS."""
     layer = _layer(case.l_max)
-    return len(layer["coupling"]["i1"]) * case.channels + layer["coupled"] * case.channels ** 2
+    coupling = (coupling_per_column or len(layer["coupling"]["i1"])) * case.channels
+    mixing = layer["coupled"] * case.channels ** 2
+    return LAYER_PRODUCTS["coupling"][mode] * coupling + LAYER_PRODUCTS["mixing"][mode] * mixing
+
+
+def _layer_structure_bytes(case, mode):
+    """The terms each of the mode's products reads (3 int64 indices and a float64 scale a term)."""
+    layer = _layer(case.l_max)
+    return (LAYER_PRODUCTS["coupling"][mode] * len(layer["coupling"]["i1"])
+            + LAYER_PRODUCTS["mixing"][mode] * len(layer["mixing"]["i1"])) * (3 * 8 + 8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,9 +249,7 @@ def matrix_unit_flops(case):
     if case.is_scale:
         return None
     if case.is_layer:  # the coupling as M[n] @ x[n] over its (coupled row, x row) pairs, the mixing as its own GEMM
-        coupling = _layer(case.l_max)["coupling"]
-        pairs = len(set(zip(coupling["i3"].tolist(), coupling["i1"].tolist())))
-        return 2.0 * (pairs * case.channels + _layer(case.l_max)["coupled"] * case.channels ** 2) * case.batch
+        return 2.0 * _layer_work(case, "fwd", _layer_pairs(case.l_max)) * case.batch
     size = (case.l_max + 1) ** 2
     per_column = {"mul": cg_block_macs(case.l_max), "vecsca": _cg_pairs(case.l_max, "i1"),
                   "scavec": _cg_pairs(case.l_max, "i2"), "inner": size * size}.get(case.op)
@@ -294,8 +315,10 @@ def _anchor():
 def _layer_set():
     """The fully connected layer (vecsca then vecmat with the weight shared, as one call) on the anchor grid: what
     its peers (cuEquivariance's FullyConnectedTensorProduct) run as one layer."""
-    return [SparseCase("fc", l, n, c, dtype) for dtype in ("float32", "bfloat16")
-            for l in ANCHOR_L for c in ANCHOR_C for n in ANCHOR_N]
+    cases = [SparseCase("fc", l, n, c, dtype) for dtype in ("float32", "bfloat16")
+             for l in ANCHOR_L for c in ANCHOR_C for n in ANCHOR_N]
+    # u (N x U x C: 73 GB at L6 N1e5 C128 fp32) counts: the float64 oracle's double backward holds several
+    return [c for c in cases if c.tensor_bytes <= LAYER_BYTE_CAP]
 
 
 def _sweep():
@@ -513,7 +536,7 @@ class SparseOperator(Operator, cases=CASE_SETS):
         if case.is_scale:
             return 2.0 * num_terms(case) * case.width
         if case.is_layer:
-            return 2.0 * _layer_work(case) * case.batch * PRODUCTS_PER_MODE[mode]
+            return 2.0 * _layer_work(case, mode) * case.batch
         forward = 2.0 * work_terms(case) * case.channels ** CHANNEL_WORK[case.op] * case.batch
         return forward * PRODUCTS_PER_MODE[mode]
 
@@ -526,6 +549,8 @@ class SparseOperator(Operator, cases=CASE_SETS):
         if case.is_layer:  # the weight a third operand: read, and its gradient written, as x's
             x += case.numel("w") * item
         tensors = {"fwd": x + y + z, "bwd": 2 * x + 2 * y + z, "double_bwd": 3 * x + 3 * y + 2 * z}[mode]
+        if case.is_layer:
+            return tensors + _layer_structure_bytes(case, mode)
         return tensors + PRODUCTS_PER_MODE[mode] * num_terms(case) * (3 * 8 + 8)
 
     def compute_floor_s(self, case, mode, rates):
@@ -539,8 +564,12 @@ class SparseOperator(Operator, cases=CASE_SETS):
         dense = matrix_unit_flops(case)
         if dense is None:
             return fma_s
+        if case.is_layer:  # its products' own counts a mode
+            dense = 2.0 * _layer_work(case, mode, _layer_pairs(case.l_max)) * case.batch
+        else:
+            dense *= PRODUCTS_PER_MODE[mode]
         rate = rates.matmul_tflops if case.torch_dtype.itemsize == 2 else rates.matmul_tflops / 2
-        return min(fma_s, PRODUCTS_PER_MODE[mode] * dense / (rate * 1e12))
+        return min(fma_s, dense / (rate * 1e12))
 
     def design_bytes(self, case, mode):
         """What the derivatives' design moves (None for scale, whose design is the minimum): the issue asks for the
@@ -551,9 +580,11 @@ class SparseOperator(Operator, cases=CASE_SETS):
         if case.is_scale:
             return None
         item = case.torch_dtype.itemsize
-        if case.is_layer:  # the minimum, plus the coupled features u between its two products, written and read
+        if case.is_layer:  # sibling products, each reading two of its family's tensors and writing the third
             u = case.batch * _layer(case.l_max)["coupled"] * case.channels * item
-            return self.bytes(case, mode) + 2 * PRODUCTS_PER_MODE[mode] * u
+            x, y, w, z = (case.numel(o) * item for o in "xywz")
+            moved = (LAYER_PRODUCTS["coupling"][mode] * (x + y + u) + LAYER_PRODUCTS["mixing"][mode] * (u + w + z))
+            return moved + _layer_structure_bytes(case, mode)
         x, y, z = (case.numel(o) * item for o in "xyz")
         structure = self.bytes(case, "fwd") - (x + y + z)  # one product's read of the terms
         moved = {"fwd": x + y + z, "bwd": 2 * (x + y + z), "double_bwd": 4 * (x + y) + 7 * z}[mode]

@@ -152,12 +152,20 @@ def _layer_module(case, method, device):
     def irreps(channels):
         return cue.Irreps("SO3", [(channels, cue.SO3(l)) for l in range(case.l_max + 1)])
 
-    try:
-        return cuet.FullyConnectedTensorProduct(irreps(case.channels), irreps(1), irreps(case.channels),
-                                                layout=cue.ir_mul, shared_weights=True, internal_weights=False,
-                                                math_dtype=_math_dtype(case.torch_dtype), method=method, device=device)
-    except (AssertionError, RuntimeError, ValueError, NotImplementedError, ImportError) as exc:
-        raise Unsupported(f"cuequivariance {method}: {type(exc).__name__}: {first_line(exc, 200)}") from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            module = cuet.FullyConnectedTensorProduct(irreps(case.channels), irreps(1), irreps(case.channels),
+                                                      layout=cue.ir_mul, shared_weights=True, internal_weights=False,
+                                                      math_dtype=_math_dtype(case.torch_dtype), method=method,
+                                                      device=device)
+        except (AssertionError, RuntimeError, ValueError, NotImplementedError, ImportError) as exc:
+            raise Unsupported(f"cuequivariance {method}: {type(exc).__name__}: {first_line(exc, 200)}") from None
+    # the layer keeps its method's name when its polynomial falls back to naive (a warning only): refused, as above
+    if module.f.method != method:
+        said = "; ".join(first_line(w.message, 200) for w in caught) or "no reason given"
+        raise Unsupported(f"cuequivariance: the layer's method {method} fell back to {module.f.method} ({said})")
+    return module
 
 
 def _layer_forward(case, module, device):
@@ -212,4 +220,5 @@ def prepare(case, inputs, mode):
 def description():
     return ("every product as one cuEquivariance SegmentedTensorProduct of the CG structure (cue.SO3 CG times "
             "(-1)^l3/sqrt(2 l3+1), ir_mul layout = ours), cuequivariance_torch.SegmentedPolynomial: uniform_1d "
-            "(mul, inner, vecsca, scavec) else fused_tp on CUDA, naive on CPU; torch autograd")
+            "(mul, inner, vecsca, scavec) else fused_tp on CUDA, naive on CPU; the layer (fc) as "
+            "cuet.FullyConnectedTensorProduct; torch autograd")

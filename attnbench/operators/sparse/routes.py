@@ -61,11 +61,15 @@ def _products(case):
 
 def _only(ops, what):
     def declines(case):
-        return None if case.op in ops else f"{what} takes {', '.join(ops)}, not {case.op}"
+        if case.op in ops or (case.is_layer and "vecsca" in ops):  # the layer's coupling is a vecsca
+            return None
+        return f"{what} takes {', '.join(ops)}, not {case.op}"
     return declines
 
 
 def _folded(case):
+    if case.is_layer:  # its mixing is a vecmat with the weight shared
+        return None
     if FOLD_CASES.get(case.op) != case.shared:
         return "the fold route takes vecmat with a shared y and mat_t_vec with a shared x only"
     return None
