@@ -93,6 +93,26 @@ def _ratio(peer, ours, name):
     return a / b if a and b else None
 
 
+def past_bound(row):
+    """The row's error against float64 where it is past its dtype's bound (verify.BOUNDS, for the dtype its label ends
+    in), else None: a peer's ratio to a wrong answer is marked, not shown plain (a ``bench`` run times such a row)."""
+    from .cases import DTYPES, SHORT_DTYPE
+    from .verify import BOUNDS
+
+    dtype = {short: name for name, short in SHORT_DTYPE.items()}.get(row["case"].split()[-1])
+    error = row.get("max_error")
+    if dtype is None or not _measured(error) or error <= BOUNDS[DTYPES[dtype]]:
+        return None
+    return error
+
+
+def _ratio_cell(peer, ours, name):
+    x = _ratio(peer, ours, name)
+    if x is None:
+        return "n/a"
+    return f"{x:.2f}x" + (" !" if past_bound(peer) is not None else "")
+
+
 def _floor_cell(row):
     """``NN (binding)``: the row's share of its attainable floor (bench/floors.py) and the resource that binds."""
     if not _measured(row.get("floor_pct")):
@@ -128,13 +148,11 @@ def _subject_table(by_key, subject, candidates, machine):
             # three figures: a decode row's 0.52 TF/s read "0" at .0f
             cells.append(_num(r.get("tflops") if _gpu_time(r, machine) else None, ".3g"))
         for p in vs:
-            x = _ratio(variants.get(p), r, "timing")
-            cells.append("n/a" if x is None else f"{x:.2f}x")
+            cells.append(_ratio_cell(variants.get(p), r, "timing"))
         if show_eager:
             cells.append(_num((r.get("eager") or {}).get("median_ms"), ".3f"))
         for p in vs_eager:
-            x = _ratio(variants.get(p), r, "eager")
-            cells.append("n/a" if x is None else f"{x:.2f}x")
+            cells.append(_ratio_cell(variants.get(p), r, "eager"))
         if show_roof:
             cells.append(_num(r.get("roofline_pct"), ".0f"))
         if show_floor:
@@ -214,6 +232,9 @@ def markdown(report, subject=None, peers=None) -> str:
         notes.append(f"'vs peer' is the peer's median latency over {named}'s, measured in the same run on the same "
                      f"clock: above 1 means {named} is faster; n/a: the peer did not run that case, or on another "
                      "clock.")
+        if any(past_bound(r) is not None for r in rows if r["variant"] != (subject or _claim(report, r["op"])[0])):
+            notes.append("!: that variant's answer is past its float64 bound (its max_error in the JSON; expected of "
+                         "the eager reference in 16 bits, a red flag for a peer): the ratio is to a wrong answer.")
     if subject_clocks == {"gpu_time"} and (any_vs or any_eager):
         graphs = any((r.get("timing") or {}).get("method") == "cuda-graph" for r in rows)
         notes.append("ms and 'vs peer' are GPU time ("

@@ -238,3 +238,21 @@ def test_the_tf_s_plot_leaves_interpreter_rows_out(tmp_path):
 
     with pytest.raises(Exception, match="interpreter rows are not drawn"):
         report.plot(data, tmp_path / "q.png")
+
+
+def test_a_ratio_to_a_peer_past_its_float64_bound_is_marked(tmp_path, capsys):
+    """A bench run times a peer whatever its error: its ratio cell says the answer was wrong (bf16's bound is 1e-2),
+    on both clocks, and a note says what the mark means; a peer within its bound is shown plain."""
+    def row(variant, ms, error):
+        return {"op": "flash", "case": "B1 H1 N64 D64 bf16", "mode": "fwd", "variant": variant, "max_error": error,
+                "timing": {"median_ms": ms}, "eager": {"median_ms": 2 * ms}}
+
+    machine = {"device_name": "Test GPU", "device": "cuda", "torch": "t", "triton": "tr", "cuda": "c"}
+    out = _markdown(tmp_path, capsys, {"machine": machine, "bench": [
+        row("triton", 1.0, 2e-3), row("sdpa_flash", 1.5, 2e-3), row("sdpa_cudnn", 3.0, 0.34)]})
+    line = next(line for line in out.splitlines() if line.startswith("| B1 H1 N64 D64 bf16 |"))
+    assert "| 1.50x |" in line and "| 3.00x ! |" in line and line.count(" ! |") == 2  # GPU time and eager
+    assert "!: that variant's answer is past its float64 bound" in out
+    out = _markdown(tmp_path, capsys, {"machine": machine,
+                                       "bench": [row("triton", 1.0, 2e-3), row("sdpa_flash", 1.5, 2e-3)]})
+    assert " ! |" not in out and "past its float64 bound" not in out

@@ -128,7 +128,10 @@ def test_the_layers_product_counts_are_what_autograd_launches(monkeypatch):
     case = SparseCase("fc", 1, 3, 2, "float64")
     inputs = OP.make_inputs(case, "cpu")
     for name, cls in functional.PRODUCT_FUNCTIONS.items():
-        monkeypatch.setattr(cls, "apply", lambda *a, _apply=cls.apply, _name=name: (counts.update([_name]), _apply(*a))[1])
+        def counted(*args, _apply=cls.apply, _name=name):
+            counts.update([_name])
+            return _apply(*args)
+        monkeypatch.setattr(cls, "apply", counted)
     for mode in OP.modes:
         run = evaluate(case, inputs, _forward(case, inputs["infos"], lambda: functional.use_implementation("split")),
                        mode)

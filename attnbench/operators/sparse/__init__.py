@@ -107,7 +107,8 @@ class SparseCase(DtypeNamed):
     @property
     def is_layer(self):
         """The fully connected layer: x [N, S, C], y [N, S] (spherical harmonics), a weight w [P, C, C] shared by the
-        batch (P: the CG paths of irreps 0..L x 0..L -> 0..L), z [N, S, C] (attnbench.sparse.FullyConnectedTensorProduct)."""
+        batch (P: the CG paths of irreps 0..L x 0..L -> 0..L), z [N, S, C]
+        (attnbench.sparse.FullyConnectedTensorProduct)."""
         return self.op == "fc"
 
     @property
