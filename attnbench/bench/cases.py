@@ -12,6 +12,11 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
 
+def label_dtype(label):
+    """The dtype name (a key of DTYPES) a case label ends in, or None (every operator's labels end in SHORT_DTYPE's)."""
+    return {short: name for name, short in SHORT_DTYPE.items()}.get(label.split()[-1]) if label else None
+
+
 class DtypeNamed:
     """For a case dataclass whose ``dtype`` field is a key of DTYPES: the torch dtype and the label's form."""
 

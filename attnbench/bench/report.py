@@ -96,10 +96,10 @@ def _ratio(peer, ours, name):
 def past_bound(row):
     """The row's error against float64 where it is past its dtype's bound (verify.BOUNDS, for the dtype its label ends
     in), else None: a peer's ratio to a wrong answer is marked, not shown plain (a ``bench`` run times such a row)."""
-    from .cases import DTYPES, SHORT_DTYPE
+    from .cases import DTYPES, label_dtype
     from .verify import BOUNDS
 
-    dtype = {short: name for name, short in SHORT_DTYPE.items()}.get(row["case"].split()[-1])
+    dtype = label_dtype(row["case"])
     error = row.get("max_error")
     if dtype is None or not _measured(error) or error <= BOUNDS[DTYPES[dtype]]:
         return None

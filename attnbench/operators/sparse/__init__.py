@@ -179,8 +179,8 @@ def _layer(l_max):
 
 @functools.lru_cache(maxsize=None)
 def _layer_pairs(l_max):
-    coupling = _layer(l_max)["coupling"]
-    return len(set(zip(coupling["i3"].tolist(), coupling["i1"].tolist())))
+    """Distinct (coupled row, x row) pairs of the layer's coupling, as _cg_pairs for a product."""
+    return _distinct_pairs(_layer(l_max)["coupling"], "i1")
 
 
 def layer_paths(l_max):
@@ -232,8 +232,12 @@ def work_terms(case):
 @functools.lru_cache(maxsize=None)
 def _cg_pairs(l_max, row):
     """Distinct (output row, ``row``: "i1" or "i2") pairs of the CG structure."""
-    coo = _cg_coo(l_max)
-    return len(set(zip(torch.as_tensor(coo["i3"]).tolist(), torch.as_tensor(coo[row]).tolist())))
+    return _distinct_pairs(_cg_coo(l_max), row)
+
+
+def _distinct_pairs(terms, row):
+    """Distinct (output row, ``row``) pairs of a structure's terms ({"i1", "i2", "i3", ...})."""
+    return len(set(zip(torch.as_tensor(terms["i3"]).tolist(), torch.as_tensor(terms[row]).tolist())))
 
 
 def cg_block_macs(l_max):
@@ -414,14 +418,14 @@ def evaluate(case, inputs, forward, mode, dtype=None):
     if dtype is not None:
         operands, g, hs = [t.to(dtype) for t in operands], g.to(dtype), [h.to(dtype) for h in hs]
     names = _outputs(case)[mode]
-    args = operands + ([None] if case.is_scale else [])  # scale's forward takes (x, None)
+    no_y = [None] if case.is_scale else []  # scale's forward takes (x, None)
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
-                return {"z": forward(*args)}
+                return {"z": forward(*operands, *no_y)}
         return fwd
     leaves = [t.detach().requires_grad_() for t in operands]
-    z = forward(*leaves, *([None] if case.is_scale else []))
+    z = forward(*leaves, *no_y)
     if mode == "bwd":
         def bwd():
             return dict(zip(names, torch.autograd.grad(z, leaves, g, retain_graph=True)))
@@ -562,12 +566,12 @@ class SparseOperator(Operator, cases=CASE_SETS):
         though fp32's accuracy needs three). A derivative's products count as the forward's (2 for bwd, 4 for
         double bwd), as in the cost model."""
         fma_s = self.flops(case, mode) / (rates.fma_tflops * 1e12)
-        dense = matrix_unit_flops(case)
-        if dense is None:
-            return fma_s
         if case.is_layer:  # its products' own counts a mode
             dense = 2.0 * _layer_work(case, mode, _layer_pairs(case.l_max)) * case.batch
         else:
+            dense = matrix_unit_flops(case)
+            if dense is None:
+                return fma_s
             dense *= PRODUCTS_PER_MODE[mode]
         rate = rates.matmul_tflops if case.torch_dtype.itemsize == 2 else rates.matmul_tflops / 2
         return min(fma_s, dense / (rate * 1e12))

@@ -107,22 +107,28 @@ def _math_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _module(op, l_max, channels, method, dtype, device):
-    """cuet.SegmentedPolynomial for ``method`` on ``device``; Unsupported when cuet does not build that method (it
-    would fall back to naive with a warning: that is refused here, not timed under the kernel's name)."""
-    import cuequivariance_torch as cuet
-
+def _built(method, build, polynomial_of):
+    """``build()``'s module, Unsupported when cuet does not build ``method``: it raises, or its polynomial
+    (``polynomial_of(module)``, a cuet.SegmentedPolynomial) falls back to naive with only a warning, which is refused
+    here, not timed under the kernel's name."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            module = cuet.SegmentedPolynomial(polynomial(op, l_max, channels), method=method,
-                                              math_dtype=_math_dtype(dtype))
+            module = build()
         except (AssertionError, RuntimeError, ValueError, NotImplementedError, ImportError) as exc:
             raise Unsupported(f"cuequivariance {method}: {type(exc).__name__}: {first_line(exc, 200)}") from None
-    if module.method != method:
+    if polynomial_of(module).method != method:
         said = "; ".join(first_line(w.message, 200) for w in caught) or "no reason given"
-        raise Unsupported(f"cuequivariance: method {method} fell back to {module.method} ({said})")
-    return module.to(device)
+        raise Unsupported(f"cuequivariance: method {method} fell back to {polynomial_of(module).method} ({said})")
+    return module
+
+
+def _module(op, l_max, channels, method, dtype, device):
+    """cuet.SegmentedPolynomial for ``method`` on ``device`` (``_built``'s refusals)."""
+    import cuequivariance_torch as cuet
+
+    return _built(method, lambda: cuet.SegmentedPolynomial(polynomial(op, l_max, channels), method=method,
+                                                           math_dtype=_math_dtype(dtype)), lambda m: m).to(device)
 
 
 def _forward(case, module, device):
@@ -152,20 +158,11 @@ def _layer_module(case, method, device):
     def irreps(channels):
         return cue.Irreps("SO3", [(channels, cue.SO3(l)) for l in range(case.l_max + 1)])
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            module = cuet.FullyConnectedTensorProduct(irreps(case.channels), irreps(1), irreps(case.channels),
-                                                      layout=cue.ir_mul, shared_weights=True, internal_weights=False,
-                                                      math_dtype=_math_dtype(case.torch_dtype), method=method,
-                                                      device=device)
-        except (AssertionError, RuntimeError, ValueError, NotImplementedError, ImportError) as exc:
-            raise Unsupported(f"cuequivariance {method}: {type(exc).__name__}: {first_line(exc, 200)}") from None
-    # the layer keeps its method's name when its polynomial falls back to naive (a warning only): refused, as above
-    if module.f.method != method:
-        said = "; ".join(first_line(w.message, 200) for w in caught) or "no reason given"
-        raise Unsupported(f"cuequivariance: the layer's method {method} fell back to {module.f.method} ({said})")
-    return module
+    # the layer keeps its method's name when its polynomial (.f) falls back to naive: the polynomial's is read
+    return _built(method, lambda: cuet.FullyConnectedTensorProduct(
+        irreps(case.channels), irreps(1), irreps(case.channels), layout=cue.ir_mul, shared_weights=True,
+        internal_weights=False, math_dtype=_math_dtype(case.torch_dtype), method=method, device=device),
+        lambda m: m.f)
 
 
 def _layer_forward(case, module, device):
@@ -192,9 +189,7 @@ def prepare(case, inputs, mode):
     if case.is_scale:
         raise Unsupported("cuequivariance: SparseScale is a sparse matrix over the batch dim, not a tensor product "
                           "of irreps (cuEquivariance's gather/scatter indices apply to a product's operands)")
-    methods = CUDA_METHODS if device.type == "cuda" else ("naive",)
-    if case.is_layer:
-        methods = ("fused_tp",) if device.type == "cuda" else ("naive",)
+    methods = ("naive",) if device.type != "cuda" else ("fused_tp",) if case.is_layer else CUDA_METHODS
     declined = []
     for method in methods:
         try:
