@@ -146,7 +146,7 @@ PY
   # stage fails when any job does (memcheck's exit status, a check past its float64 bound, or SANITIZE_TIMEOUT).
   # What it takes is in docs/gpu-gate.md.
   jobs=()
-  for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper triton@dkdv-per-head triton@dq-split" \
+  for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper triton@dkdv-per-head triton@dq-split triton@copies" \
       "jvp_attention triton triton_fused" \
       "shared_context triton triton_composed triton@splits1 triton@splits32" \
       "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do

@@ -26,7 +26,7 @@ from ..kernels.offsets import INT32_MAX, slice_needs_copy
 from ..kernels.precision import lse_dtype
 from ..kernels.replay import replayed
 from ..kernels.tuning import autotune_enabled
-from ..kernels.attention import flash_bwd, flash_decode, flash_fwd
+from ..kernels.attention import copies, flash_bwd, flash_decode, flash_fwd
 from ..kernels.attention.routes import forced_routes
 from ..kernels.attention.row_dot import row_dot_launch
 
@@ -235,7 +235,7 @@ def _launch_state():
     return (forced_routes(), autotune_enabled(), torch.are_deterministic_algorithms_enabled(),
             flash_fwd.HOPPER_BY_DEFAULT, flash_fwd.TMA_BY_DEFAULT, flash_bwd.HOPPER_DKDV_BY_DEFAULT,
             flash_bwd.GROUP_PER_HEAD_BY_DEFAULT, flash_bwd.DQ_SPLIT_BY_DEFAULT, flash_decode.DECODE_MAX_NQ,
-            MAX_GRID_BATCH)
+            MAX_GRID_BATCH, copies.TRITON_COPIES_BY_DEFAULT)
 
 
 def _eager(body):

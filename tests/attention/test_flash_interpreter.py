@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnbench.bench import verify
+from attnbench.kernels.attention.copies import copy_route
 from attnbench.kernels.attention.flash_bwd import dkdv_route, dq_route, group_route
 from attnbench.kernels.attention.flash_fwd import forward_route
 from attnbench.operators.flash import TINY_SHAPES, FlashCase, reference
@@ -437,9 +438,10 @@ def test_the_default_forward_takes_the_gluon_kernel_by_head_dim_and_at_narrow_he
     assert picks(1, 1, 1, int(limit) - 1, 40) and not picks(1, 1, 1, int(limit), 40)
 
 
-@pytest.mark.parametrize("route", ["tiles", "tma"])
+# the pads and cuts by PyTorch's ops, or (the query-tile route only: the copies are the same) by copies.py's kernel
+@pytest.mark.parametrize("route,copies", [("tiles", "torch"), ("tma", "torch"), ("tiles", "triton")])
 @pytest.mark.parametrize("head_dim,causal", [(72, "top_left"), (88, None), (40, "bottom_right"), (24, "top_left")])
-def test_masked_column_block_head_dims_run_padded_and_match_float64(route, head_dim, causal):
+def test_masked_column_block_head_dims_run_padded_and_match_float64(route, head_dim, causal, copies):
     """Head dims whose column blocks would be masked (72 = 64 + 16 up to 80, 88 = 64 + 32 up to 96,
     40 = 32 + 16 up to 48, 24 in one block of 32) run zero-padded on CUDA (attnbench/kernels/attention/head_padding.py:
     Triton 3.6 goes wrong at some of them there). Here the padded path runs through the interpreter,
@@ -456,9 +458,10 @@ def test_masked_column_block_head_dims_run_padded_and_match_float64(route, head_
     oracle = reference.evaluate(q, k, v, do, head_dim ** -0.5, offset, torch.float64)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(head_padding, "PAD_ON", {"cuda", "cpu"})
-        with forward_route(route):
-            o, lse = flash_fwd(q, k, v, causal=causal)
-        grads = flash_bwd(do, q, k, v, o, lse, causal=causal)
+        with copy_route(copies):
+            with forward_route(route):
+                o, lse = flash_fwd(q, k, v, causal=causal)
+            grads = flash_bwd(do, q, k, v, o, lse, causal=causal)
     assert o.shape == q.shape and o.is_contiguous()
     for name, got in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, *grads)):
         assert got.shape == oracle[name].shape, name

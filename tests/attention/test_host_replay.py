@@ -3,6 +3,8 @@ allocations and launches instead of running the launchers' Python. Through Trito
 recording and mapping as on a GPU, where the steps are launch plans): every differentiation route must give
 bitwise what the launchers give, on new data of the signature, and anything a replay could not repeat must be
 refused, not replayed."""
+import contextlib
+
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -97,7 +99,7 @@ def test_gpu_replays_give_bitwise_the_launchers_results(route, shape, monkeypatc
     launch.forget_plans()
 
 
-def _replays_match(route, shape, monkeypatch, device, dtype, every_op=True):
+def _replays_match(route, shape, monkeypatch, device, dtype, every_op=True, refusals_checked=True):
     run = _routes(shape[-1])[route]
     used = []
     real_call = replay.Replay.__call__
@@ -108,11 +110,58 @@ def _replays_match(route, shape, monkeypatch, device, dtype, every_op=True):
         want = _without_replays(monkeypatch, lambda: run(*inputs))
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b), f"call {seed + 1}"
+    if not refusals_checked:  # the caller asserts which bodies were refused
+        return
     made = replay.replays()
     refused = {key[0]: why for key, why in made.items() if type(why) is replay.Refusal}
     # on a GPU some routes copy or sum (a padded head width, a per-head GQA backward): they may refuse
     assert made and (not refused if every_op else len(refused) < len(made)), refused
     assert used, "no call replayed"
+
+
+# the backward bodies that copy or sum besides their kernels: a padded head width (the GPU's rule, turned on here),
+# the dQ pass's keys split over programs, a dK/dV program per query head (K and V repeated, shares summed)
+COPYING = {"padded": ((1, 2, 2, 20, 20, 40, None), None, "aten.constant_pad_nd"),
+           "split dQ": ((1, 2, 1, 4, 90, 16, "bottom_right"), "split", "aten.sum"),
+           "per head": ((1, 4, 2, 20, 20, 16, None), "per-head", "aten.clone")}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's replays")
+@pytest.mark.parametrize("body", list(COPYING))
+@pytest.mark.parametrize("copies", ["torch", "triton"])
+def test_copies_by_kernel_let_the_copying_backward_bodies_replay(body, copies, replaying, monkeypatch):
+    """With PyTorch's ops the backward of these shapes is refused (each call pays the launchers' Python: 0.3-0.9 ms
+    of host time on an H200, docs/measurements/flash.md); with copies.py's kernels it replays, bit for bit."""
+    from attnbench.kernels.attention import head_padding
+    from attnbench.kernels.attention.copies import copy_route
+    from attnbench.kernels.attention.flash_bwd import dq_route, group_route
+
+    shape, route, op = COPYING[body]
+    monkeypatch.setattr(head_padding, "PAD_ON", {"cuda", "cpu"})
+
+    def routes(copies):
+        stack = contextlib.ExitStack()
+        for switch in (copy_route(copies), dq_route(route if route == "split" else None),
+                       group_route(route if route == "per-head" else None)):
+            stack.enter_context(switch)
+        return stack
+
+    with routes(copies):
+        _replays_match("fwd_bwd", shape, monkeypatch, "cpu", torch.float32, refusals_checked=copies == "triton")
+    refused = {key[0]: why for key, why in replay.replays().items() if type(why) is replay.Refusal}
+    if copies == "torch":
+        assert op in refused.get("attention_bwd", ""), refused
+        return
+    assert not refused
+    # and the kernels' values are PyTorch's ops' (tested against float64 in test_flash_interpreter.py): the copies
+    # bit for bit, the sums of fp32 shares in another order (a few fp32 roundings)
+    inputs = _inputs(shape, 7)
+    with routes("triton"):
+        got = _routes(shape[-1])["fwd_bwd"](*inputs)
+    with routes("torch"):
+        want = _routes(shape[-1])["fwd_bwd"](*inputs)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's replays")

@@ -69,7 +69,7 @@ def test_every_operator_registers_its_routes():
     expected = {
         "flash": {"triton@tiles", "triton@tma", "triton@hopper", "triton@decode", "triton@dq-atomic",
                   "triton@dq-tma-atomic", "triton@dkdv-tiles", "triton@dkdv-split", "triton@dkdv-hopper",
-                  "triton@dkdv-per-head", "triton@dq-split"},
+                  "triton@dkdv-per-head", "triton@dq-split", "triton@copies"},
         "shared_context": {f"triton@splits{n}" for n in (1, 2, 4, 8, 16, 32)}
         | {f"triton_composed@splits{n}" for n in (1, 2, 8)},
         "sparse": {"triton@segment", "triton@all-rows", "triton@two-launch", "triton@fused-dense",

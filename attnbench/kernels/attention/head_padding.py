@@ -10,12 +10,14 @@ and D 68 runs right there, so the fault would depend on the mask's runtime bound
 it is not understood. Until it is, the flash launchers run every head dim whose blocks would be masked on
 CUDA as zero-padded copies at the blocks' width: zero columns add nothing to the scores, and the outputs' padding
 is cut off. The copies cost one extra read and write of the inputs (a few percent of a long attention);
-the kernels compute the padded columns either way.
+the kernels compute the padded columns either way. copy_route("triton") makes the pads and cuts planned kernels
+(copies.py), which a host replay repeats.
 """
 import torch
 import torch.nn.functional as F
 
 from ..tuning import head_dim_blocks
+from .copies import by_kernel, copy_heads
 
 # Devices on which the launchers pad (tests add "cpu" to run the padded path through the interpreter).
 PAD_ON = {"cuda"}
@@ -31,10 +33,14 @@ def padded_width(head_dim: int, device) -> int:
 
 
 def pad_heads(width: int, *tensors):
-    """Each tensor's last dim zero-padded to ``width`` (contiguous copies)."""
+    """Each tensor's last dim zero-padded to ``width`` (contiguous copies; copies.py's kernel where it is on)."""
+    if by_kernel():
+        return [copy_heads(t, width) for t in tensors]
     return [F.pad(t, (0, width - t.shape[-1])) for t in tensors]
 
 
 def cut_heads(head_dim: int, *tensors):
     """Each tensor's first ``head_dim`` columns, contiguous."""
+    if by_kernel():
+        return [copy_heads(t, head_dim) for t in tensors]
     return [t[..., :head_dim].contiguous() for t in tensors]

@@ -18,6 +18,7 @@ from ...bench.registry import forced_route
 
 FORWARD_MODES = ("fwd", "fwd_bwd")
 BACKWARD_MODES = ("bwd", "fwd_bwd")
+ALL_MODES = ("fwd", "bwd", "fwd_bwd")
 
 
 def _refused(exc) -> bool:
@@ -74,6 +75,7 @@ def _bulk_reduction_case(case):
 
 def flash_routes(triton):
     """The forced routes of flash's ``triton`` variant."""
+    from ...kernels.attention.copies import copy_route
     from ...kernels.attention.flash_bwd import dkdv_route, dq_route, group_route
     from ...kernels.attention.flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS
     from ...kernels.attention.flash_fwd import forward_route
@@ -107,6 +109,8 @@ def flash_routes(triton):
         route("dkdv-per-head", group_route, "per-head", "backward with a dK/dV program per query head, K and V "
               "repeated and the fp32 shares summed over the head group (GQA at small batch)", BACKWARD_MODES,
               declines=_no_head_groups),
+        route("copies", copy_route, "triton", "the launchers' head padding, cuts, head repeats and share sums as "
+              "planned Triton kernels (host replays repeat them) instead of PyTorch's ops", ALL_MODES),
     ]
 
 

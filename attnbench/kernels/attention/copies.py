@@ -1,0 +1,118 @@
+"""The copies and sums the attention launchers make around their kernels, as planned Triton launches.
+
+Three launcher steps are tensor ops of PyTorch's: the zero-padded copies of a head dim the pointer kernels would
+mask and the cut of their outputs (head_padding.py), the sum of the dQ pass's fp32 shares over its key splits and
+of the per-head route's dK/dV shares over a head group (flash_bwd.py), and that route's K and V repeated per query
+head. Each costs the dispatcher's host time on every call, and each stops a host replay (replay.py refuses a body
+that runs a tensor op other than an allocation or a view), so those calls pay the launchers' Python every time: on
+an H200 the flash backward at D 40 and D 72 and the decode-shaped backward whose dQ keys are split spent 0.3-0.9 ms
+of host time a call beyond their GPU time, where replayed ones spent about 0.1 ms
+(results/nvidia-h200/flash/random-bwd-partial.md; docs/measurements/flash.md). Allocated with ``new_output`` and
+launched through ``launch.planned``, the same steps replay:
+
+    copy_heads(src, width, repeat)   [B, H, N, D] (any strides) -> contiguous [B, H * repeat, N, width]: head h
+                                     holds src's head h // repeat, its first min(D, width) columns, zeros after
+    sum_shares(src, dim, dtype)      a contiguous tensor summed over ``dim`` in the accumulator dtype, in index
+                                     order (deterministic), rounded once to ``dtype``
+
+``copy_route("triton")`` forces them, ``copy_route("torch")`` PyTorch's ops; by default PyTorch's, until the two are
+timed side by side on a GPU (TRITON_COPIES_BY_DEFAULT; the forced route ``triton@copies`` of flash).
+"""
+import math
+
+import triton
+import triton.language as tl
+
+from ..launch import planned
+from ..outputs import new_output
+from ..precision import accumulator_dtype
+from ..tuning import cdiv, next_pow2
+from .routes import RouteSwitch
+
+COPY_ROUTES = ("torch", "triton")
+_COPY_ROUTE = RouteSwitch(COPY_ROUTES, "launcher copy route")
+# Whether the launchers' copies and sums run as the kernels below where no route is forced: not until timed.
+TRITON_COPIES_BY_DEFAULT = False
+# Elements a program moves: enough per program to stream at copy bandwidth, few enough to keep the grid wide.
+BLOCK_ELEMENTS = 4096
+
+
+def copy_route(route):
+    """How the launchers copy and sum around their kernels: "torch" (PyTorch's ops: F.pad, contiguous, sum, to,
+    repeat_interleave) or "triton" (the planned kernels here, which host replays repeat); None: by default
+    (TRITON_COPIES_BY_DEFAULT). The same values either way, bit for bit for the copies; the sums in a fixed order.
+    ``with copy_route("triton"):``."""
+    return _COPY_ROUTE(route)
+
+
+def by_kernel() -> bool:
+    """Whether the launchers' copies and sums take the kernels here now."""
+    forced = _COPY_ROUTE.forced
+    return TRITON_COPIES_BY_DEFAULT if forced is None else forced == "triton"
+
+
+def _block_elements(device) -> int:
+    return 64 if device.type == "cpu" else BLOCK_ELEMENTS  # the interpreter: small tiles, several programs
+
+
+@triton.jit
+def copy_heads_kernel(SRC, DST, HEADS, N, D, WIDTH, REPEAT, s_b, s_h, s_n, s_d,
+                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One program: BLOCK_N rows of one (batch, destination head); the grid's first axis holds (batch, head)."""
+    bh = tl.program_id(0).to(tl.int64)  # over B x HEADS x REPEAT destination heads: the grid's long axis
+    b, h = bh // (HEADS * REPEAT), (bh % (HEADS * REPEAT)) // REPEAT
+    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, BLOCK_W)
+    rows = offs_n < N
+    x = tl.load(SRC + b * s_b + h * s_h + offs_n[:, None] * s_n + offs_w[None, :] * s_d,
+                mask=rows[:, None] & (offs_w < D)[None, :], other=0.0)
+    tl.store(DST + (bh * N + offs_n[:, None]) * WIDTH + offs_w[None, :], x,
+             mask=rows[:, None] & (offs_w < WIDTH)[None, :])
+
+
+def copy_heads(src, width=None, repeat=1):
+    """``src`` [B, H, N, D] as a new contiguous [B, H * repeat, N, width] (width None: D): head h is src's head
+    h // repeat, columns past D are zeros, columns past width are dropped. F.pad, a contiguous slice and
+    repeat_interleave(repeat, dim=1) in one planned launch."""
+    batch, heads, n, head_dim = src.shape
+    width = head_dim if width is None else width
+    dst = new_output((batch, heads * repeat, n, width), src.dtype, src.device)
+    if dst.numel() == 0:
+        return dst
+    block_w = next_pow2(max(head_dim, width))
+    block_n = max(1, min(next_pow2(n), _block_elements(src.device) // block_w))
+    planned(copy_heads_kernel)[(batch * heads * repeat, cdiv(n, block_n))](
+        src, dst, heads, n, head_dim, width, repeat, *src.stride(), BLOCK_N=block_n, BLOCK_W=block_w)
+    return dst
+
+
+@triton.jit
+def sum_shares_kernel(SRC, DST, SHARES, INNER, BLOCKS, BLOCK: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    """DST[o, i] = sum over s of SRC[o, s, i], s in order; the grid's one axis holds (o, block of i) pairs."""
+    pid = tl.program_id(0).to(tl.int64)
+    o, blk = pid // BLOCKS, pid % BLOCKS
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < INNER
+    share = SRC + o * SHARES * INNER + offs
+    acc = tl.zeros([BLOCK], dtype=ACC_DTYPE)
+    for _ in range(0, SHARES):
+        acc += tl.load(share, mask=mask, other=0.0).to(ACC_DTYPE)
+        share += INNER
+    tl.store(DST + o * INNER + offs, acc.to(DST.dtype.element_ty), mask=mask)
+
+
+def sum_shares(src, dim, dtype):
+    """``src`` (contiguous) summed over ``dim`` in its accumulator dtype (fp32, fp64 for fp64), the shares added
+    in index order, the sum rounded once to ``dtype``: ``src.sum(dim).to(dtype)`` in one planned launch."""
+    if not src.is_contiguous():
+        raise ValueError("sum_shares: the shares must be contiguous (the launchers write them so)")
+    shape = src.shape
+    outer, shares, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    dst = new_output(shape[:dim] + shape[dim + 1:], dtype, src.device)
+    if dst.numel() == 0:
+        return dst
+    block = min(_block_elements(src.device), next_pow2(inner))
+    blocks = cdiv(inner, block)
+    planned(sum_shares_kernel)[(outer * blocks,)](src, dst, shares, inner, blocks, BLOCK=block,
+                                                ACC_DTYPE=accumulator_dtype(src.dtype))
+    return dst

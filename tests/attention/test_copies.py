@@ -1,0 +1,72 @@
+"""The attention launchers' copies and sums as planned Triton kernels (attnbench/kernels/attention/copies.py), through
+the interpreter: the same values as the PyTorch ops they stand for (the copies bit for bit, over dtypes, strides,
+head repeats, empty tensors; the sums in fp32 or fp64, rounded once), and a refusal where the shares' layout is not
+what the kernel reads."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbench.kernels.attention.copies import by_kernel, copy_heads, copy_route, sum_shares
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def _sources(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 40, generator=g).to(dtype)
+    transposed = torch.randn(2, 5, 3, 40, generator=g).to(dtype).transpose(1, 2)  # heads and rows swapped in memory
+    return {"contiguous": x, "transposed": transposed, "narrow": x[..., :37], "one row": x[:, :, :1]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_copy_heads_pads_cuts_and_repeats_bitwise_like_torch(dtype):
+    for name, src in _sources(dtype).items():
+        for width in (48, 64, src.shape[-1], 16):  # a pad, a wider pad, a plain copy, a cut
+            want = (F.pad(src, (0, width - src.shape[-1])) if width >= src.shape[-1]
+                    else src[..., :width].contiguous())
+            got = copy_heads(src, width)
+            assert got.is_contiguous() and got.dtype == dtype and torch.equal(got, want), (name, width)
+        for repeat in (1, 3):
+            got = copy_heads(src, repeat=repeat)
+            assert torch.equal(got, src.repeat_interleave(repeat, dim=1)), (name, repeat)
+
+
+def test_copy_heads_of_an_empty_tensor_allocates_only():
+    src = torch.empty(2, 3, 0, 40)
+    assert copy_heads(src, 48).shape == (2, 3, 0, 48)
+    assert copy_heads(torch.empty(0, 3, 4, 8), repeat=2).shape == (0, 6, 4, 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sum_shares_is_the_sum_in_the_accumulator_dtype_rounded_once(dtype):
+    g = torch.Generator().manual_seed(1)
+    shares = torch.randn(3, 2, 4, 5, 7, generator=g).to(dtype if dtype == torch.float64 else torch.float32)
+    exact = shares.to(torch.float64)
+    for dim in range(shares.dim()):
+        got = sum_shares(shares, dim, dtype)
+        want = exact.sum(dim)
+        assert got.shape == want.shape and got.dtype == dtype
+        if dtype == torch.float64:  # fp64 shares added in index order, as torch adds a few: exact here
+            assert torch.equal(got, shares.sum(dim))
+        else:  # fp32 sums of <= 4 terms (error ~4e-7 relative), then one rounding to the dtype: within 1 ulp
+            ulp = torch.finfo(dtype).eps
+            assert torch.allclose(got.double(), want, rtol=2 * ulp, atol=2 * ulp), dim
+
+
+def test_sum_shares_refuses_shares_that_are_not_contiguous():
+    with pytest.raises(ValueError, match="contiguous"):
+        sum_shares(torch.randn(4, 3).t(), 0, torch.float32)
+    assert sum_shares(torch.empty(3, 0, 2), 0, torch.float32).shape == (0, 2)
+
+
+def test_the_route_switch_forces_either_way_and_the_default_is_torchs_until_timed():
+    from attnbench.kernels.attention import copies
+
+    assert copies.TRITON_COPIES_BY_DEFAULT is False and not by_kernel()
+    with copy_route("triton"):
+        assert by_kernel()
+        with copy_route("torch"):
+            assert not by_kernel()
+    with pytest.raises(ValueError, match="expected one of"):
+        with copy_route("cuda"):
+            pass
