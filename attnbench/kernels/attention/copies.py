@@ -10,7 +10,7 @@ of host time a call beyond their GPU time, where replayed ones spent about 0.1 m
 (results/nvidia-h200/flash/random-bwd-partial.md; docs/measurements/flash.md). Allocated with ``new_output`` and
 launched through ``launch.planned``, the same steps replay:
 
-    copy_heads(src, width, repeat)   [B, H, N, D] (any strides) -> contiguous [B, H * repeat, N, width]: head h
+    copy_heads(src, width, repeat)   [B, H, N, D] (any strides, 0 too) -> contiguous [B, H * repeat, N, width]: head h
                                      holds src's head h // repeat, its first min(D, width) columns, zeros after
     sum_shares(src, dim, dtype)      a contiguous tensor summed over ``dim`` in the accumulator dtype, in index
                                      order (deterministic), rounded once to ``dtype``
@@ -56,16 +56,19 @@ def _block_elements(device) -> int:
 
 
 @triton.jit
-def copy_heads_kernel(SRC, DST, HEADS, N, D, WIDTH, REPEAT, s_b, s_h, s_n, s_d,
+def copy_heads_kernel(SRC, DST, HEADS, N, D, WIDTH, REPEAT, ROW_BLOCKS, s_b, s_h, s_n, s_d,
                       BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """One program: BLOCK_N rows of one (batch, destination head); the grid's first axis holds (batch, head)."""
-    bh = tl.program_id(0).to(tl.int64)  # over B x HEADS x REPEAT destination heads: the grid's long axis
+    """One program: BLOCK_N rows of one (batch, destination head). The grid is one axis of (batch x destination
+    heads x row blocks) programs: a long sequence's row blocks on a second axis would pass CUDA's 65535 there."""
+    pid = tl.program_id(0).to(tl.int64)
+    bh, blk = pid // ROW_BLOCKS, pid % ROW_BLOCKS
     b, h = bh // (HEADS * REPEAT), (bh % (HEADS * REPEAT)) // REPEAT
-    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_w = tl.arange(0, BLOCK_W)
+    offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, BLOCK_W).to(tl.int64)  # int64: a column stride may be large (a transposed view)
     rows = offs_n < N
+    copied = offs_w < tl.minimum(D, WIDTH)  # a cut reads only the columns it keeps
     x = tl.load(SRC + b * s_b + h * s_h + offs_n[:, None] * s_n + offs_w[None, :] * s_d,
-                mask=rows[:, None] & (offs_w < D)[None, :], other=0.0)
+                mask=rows[:, None] & copied[None, :], other=0.0)
     tl.store(DST + (bh * N + offs_n[:, None]) * WIDTH + offs_w[None, :], x,
              mask=rows[:, None] & (offs_w < WIDTH)[None, :])
 
@@ -79,10 +82,11 @@ def copy_heads(src, width=None, repeat=1):
     dst = new_output((batch, heads * repeat, n, width), src.dtype, src.device)
     if dst.numel() == 0:
         return dst
-    block_w = next_pow2(max(head_dim, width))
+    block_w = next_pow2(width)  # the destination's columns: a pad's zeros and a cut's kept columns
     block_n = max(1, min(next_pow2(n), _block_elements(src.device) // block_w))
-    planned(copy_heads_kernel)[(batch * heads * repeat, cdiv(n, block_n))](
-        src, dst, heads, n, head_dim, width, repeat, *src.stride(), BLOCK_N=block_n, BLOCK_W=block_w)
+    row_blocks = cdiv(n, block_n)
+    planned(copy_heads_kernel)[(batch * heads * repeat * row_blocks,)](
+        src, dst, heads, n, head_dim, width, repeat, row_blocks, *src.stride(), BLOCK_N=block_n, BLOCK_W=block_w)
     return dst
 
 

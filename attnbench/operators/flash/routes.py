@@ -110,8 +110,21 @@ def flash_routes(triton):
               "repeated and the fp32 shares summed over the head group (GQA at small batch)", BACKWARD_MODES,
               declines=_no_head_groups),
         route("copies", copy_route, "triton", "the launchers' head padding, cuts, head repeats and share sums as "
-              "planned Triton kernels (host replays repeat them) instead of PyTorch's ops", ALL_MODES),
+              "planned Triton kernels (host replays repeat them) instead of PyTorch's ops", ALL_MODES,
+              declines=_nothing_copied),
     ]
+
+
+def _nothing_copied(case):
+    """What the copies route changes on a GPU's default routes: a padded head dim (pads and cuts), or a backward whose
+    dQ keys may split (share sums: DQ_SPLIT_MIN_SPLITS runs of DQ_SPLIT_MIN_KEYS keys at the least)."""
+    from ...kernels.attention.flash_bwd import DQ_SPLIT_MIN_KEYS, DQ_SPLIT_MIN_SPLITS
+    from ...kernels.attention.head_padding import padded_width
+
+    if padded_width(case.head_dim, "cuda") == case.head_dim and case.seqlen_k < DQ_SPLIT_MIN_KEYS * DQ_SPLIT_MIN_SPLITS:
+        return (f"head dim {case.head_dim} is not padded and {case.seqlen_k} keys are too few for a dQ split: "
+                "nothing is copied, the route is the default's")
+    return None
 
 
 def _no_head_groups(case):
