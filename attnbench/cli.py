@@ -21,6 +21,7 @@ import torch
 
 from . import __version__
 from .bench import results
+from .bench.cases import shard
 from .bench.provenance import code_version
 from .bench.registry import all_operators, get
 from .bench.roofline import ceilings, machine_info
@@ -91,6 +92,18 @@ def label_pattern(text: str):
         return re.compile(text)
     except re.error as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+
+
+def shard_part(text: str):
+    """--shard K/N: the K-th of N interleaved parts of the selected cases (a run that one call cannot hold, spread
+    over calls or GPUs), as (K, N)."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, e.g. 2/4") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 1 <= K <= N")
+    return k, n
 
 
 @dataclass
@@ -186,9 +199,21 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
                                  f"{args.match.pattern!r}")
                 continue
             set_name = f"{set_name} matching {args.match.pattern!r}"  # a report says it is not the whole set
+        if getattr(args, "shard", None):
+            k, n = args.shard
+            cases = shard(cases, k - 1, n)
+            if not cases:
+                unmatched.append(op.name)
+                if notes is not None:
+                    notes.append(f"{op.name}: left out, part {k}/{n} of its {set_name} set is empty")
+                continue
+            set_name = f"{set_name} shard {k}/{n}"
         unasked = {} if requested is not None else unavailable
         plans.append(Plan(op, set_name, cases, variants, modes, baseline or op.baseline(device, variants), unasked))
     if not plans and unmatched:
+        if getattr(args, "shard", None) and args.match is None:
+            raise UsageError(f"--shard {args.shard[0]}/{args.shard[1]}: no case of {', '.join(unmatched)} is in that "
+                             "part")
         raise UsageError(f"--match {args.match.pattern!r}: no case of {', '.join(unmatched)} matches")
     if not plans:
         raise UsageError("no selected operator has the requested variants and modes together")
@@ -613,7 +638,8 @@ def cmd_warm(args):
         print(f"# warm {op.name}: {len(plan.cases)} {plan.case_set} cases, {', '.join(variants)}, "
               f"{', '.join(plan.modes)}, {args.procs} processes", flush=True)
         _, clean = warm.warm(op, set_name, plan.cases, args.match.pattern if args.match else None, variants,
-                             plan.modes, device, args.procs, args.seed, progress=lambda line: print(line, flush=True))
+                             plan.modes, device, args.procs, args.seed, progress=lambda line: print(line, flush=True),
+                             part=args.shard)
         if not clean:
             print(f"attnbench: a warm worker of {op.name} exited with an error (its line above)", file=sys.stderr)
             status = EXIT_FAILED
@@ -728,6 +754,9 @@ def build_parser():
                                            "check: gpu, bench and run: anchor)")
             p.add_argument("--match", type=label_pattern, metavar="REGEX",
                            help="only the cases whose label matches (re.search), e.g. ' D(64|96) '")
+            p.add_argument("--shard", type=shard_part, metavar="K/N",
+                           help="only every N-th of the selected cases, from the K-th: part K of N (a long run "
+                                "spread over calls or GPUs; the parts' JSON files read as one)")
             p.add_argument("--variant", action="append",
                            help="variant (repeatable; default: every variant that can run here)")
             p.add_argument("--mode", action="append", help="mode (repeatable; default: all)")
@@ -776,6 +805,7 @@ def build_parser():
     wrm.add_argument("--op", action="append", help="operator (repeatable; default: all)")
     wrm.add_argument("--cases", help="case set (default: anchor)")
     wrm.add_argument("--match", type=label_pattern, metavar="REGEX", help="only the cases whose label matches")
+    wrm.add_argument("--shard", type=shard_part, metavar="K/N", help="part K of N of the selected cases, as bench's")
     wrm.add_argument("--variant", action="append",
                      help="variant or forced route (repeatable; default: each operator's Triton variants)")
     wrm.add_argument("--mode", action="append", help="mode (repeatable; default: all)")

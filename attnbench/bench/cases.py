@@ -12,6 +12,12 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
 
+def shard(cases, index: int, count: int) -> list:
+    """Part ``index`` of ``count`` of a case list: every count-th case, so that sizes mix across parts (a warm
+    worker's share, or a ``--shard`` run that one device call has room for)."""
+    return list(cases)[index::count]
+
+
 def label_dtype(label):
     """The dtype name (a key of DTYPES) a case label ends in, or None (every operator's labels end in SHORT_DTYPE's)."""
     return {short: name for name, short in SHORT_DTYPE.items()}.get(label.split()[-1]) if label else None

@@ -15,12 +15,8 @@ import time
 
 import torch
 
+from .cases import shard
 from .registry import Unsupported, first_line
-
-
-def shard(cases, index: int, count: int) -> list:
-    """The cases worker ``index`` of ``count`` takes: every count-th, so that sizes mix across workers."""
-    return list(cases)[index::count]
 
 
 def warm_cases(op, cases, device, variants, modes, seed=0, progress=print) -> dict:
@@ -61,18 +57,22 @@ def warm_cases(op, cases, device, variants, modes, seed=0, progress=print) -> di
     return counts
 
 
-def worker_command(op_name, case_set, pattern, variants, modes, seed, index, count, device) -> list:
-    """The command line of one worker process (``python -m attnbench.bench.warm``)."""
+def worker_command(op_name, case_set, pattern, variants, modes, seed, index, count, device, part=None) -> list:
+    """The command line of one worker process (``python -m attnbench.bench.warm``); ``part``: the run's
+    ``--shard`` (K, N), taken from the set before the worker's own share."""
     command = [sys.executable, "-m", "attnbench.bench.warm", op_name, case_set, f"{index}/{count}", str(device),
                str(seed)]
     if pattern:
         command.append(f"--match={pattern}")  # one word: a pattern may start with "-"
+    if part:
+        command.append(f"--shard={part[0]}/{part[1]}")
     command += [f"--variant={name}" for name in variants] + [f"--mode={mode}" for mode in modes]
     return command
 
 
-def warm(op, case_set, cases, pattern, variants, modes, device, procs, seed=0, progress=print) -> tuple:
-    """Compile ahead for ``cases`` (op's ``case_set``, filtered by ``pattern``) in ``procs`` worker processes;
+def warm(op, case_set, cases, pattern, variants, modes, device, procs, seed=0, progress=print, part=None) -> tuple:
+    """Compile ahead for ``cases`` (op's ``case_set``, filtered by ``pattern``, then ``part`` of it: --shard's
+    (K, N)) in ``procs`` worker processes;
     returns (each worker's last line: its counts and failures, in worker order; whether every worker
     exited cleanly)."""
     procs = max(1, min(procs, len(cases)))
@@ -86,7 +86,7 @@ def warm(op, case_set, cases, pattern, variants, modes, device, procs, seed=0, p
         for i in range(procs):
             with open(os.path.join(logs, f"{i}.log"), "w") as log:
                 workers.append(subprocess.Popen(worker_command(op.name, case_set, pattern, variants, modes, seed, i,
-                                                               procs, device),
+                                                               procs, device, part),
                                                 stdout=log, stderr=subprocess.STDOUT, text=True, env=env))
         summaries, clean = [], True
         for i, w in enumerate(workers):
@@ -116,12 +116,16 @@ def _main(argv):
     parser.add_argument("device")
     parser.add_argument("seed", type=int)
     parser.add_argument("--match")
+    parser.add_argument("--shard", help="K/N: the run's part of the set, before this worker's share")
     parser.add_argument("--variant", action="append", default=[])
     parser.add_argument("--mode", action="append", default=[])
     args = parser.parse_args(argv)
     index, count = (int(n) for n in args.part.split("/"))
     op = attnbench.get(args.op)
     cases = [c for c in op.cases(args.case_set) if not args.match or re.search(args.match, c.label)]
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        cases = shard(cases, k - 1, n)
     counts = warm_cases(op, shard(cases, index, count), torch.device(args.device), args.variant, args.mode,
                         args.seed, progress=lambda line: None)
     failed = "; ".join(counts["failed"]) or "none"

@@ -97,6 +97,24 @@ def test_match_keeps_the_cases_whose_label_matches_and_says_so(capsys):
     assert report["operators"]["flash"]["case_set"] == "tiny matching ' D(80|24) '"
 
 
+def test_shards_split_the_selected_cases_into_parts_that_cover_them_once(capsys):
+    """--shard K/N: every N-th selected case from the K-th, so N runs (calls or GPUs) cover the set once between
+    them; each part's JSON names its part, so a report does not take it for the whole set."""
+    def labels(*extra):
+        rc = main(["bench", "--op", "flash", "--mode", "fwd", "--variant", "split", "--match", r" D(80|24) ",
+                   *extra, "--json", "-"])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        report = json.loads(captured.out)
+        return [r["case"] for r in report["bench"]], report["operators"]["flash"]["case_set"]
+
+    whole, _ = labels()
+    parts = [labels("--shard", f"{k}/3") for k in (1, 2, 3)]
+    assert sorted(label for part, _ in parts for label in part) == sorted(whole)
+    assert all(part for part, _ in parts)  # 4 cases over 3 parts: 2, 1, 1
+    assert parts[1][1] == "tiny matching ' D(80|24) ' shard 2/3"
+
+
 def test_match_leaves_out_operators_without_a_matching_case(capsys):
     """--op defaults to every operator: one whose cases do not match is left out with a note, as for
     --mode and --variant, instead of failing the whole command."""

@@ -33,6 +33,10 @@ BAD_ARGUMENTS = [
     (["bench", "--op", "flash", "--match", "D(64"], "--match: 'D(64' is not a regular expression"),
     (["check", "--op", "flash", "--match", " D999 "], "--match ' D999 ': no case of flash matches"),
     (["check", "--match", " D999 "], "--match ' D999 ': no case of flash, jvp_attention"),
+    (["check", "--op", "flash", "--shard", "3/2"], "--shard: '3/2': expected 1 <= K <= N"),
+    (["bench", "--op", "flash", "--shard", "half"], "--shard: 'half': expected K/N"),
+    (["check", "--op", "flash", "--cases", "tiny", "--match", " D32 .* fp16$", "--shard", "40/40"],
+     "no case of flash matches"),
     (["check", "--graphs"], "unrecognized arguments: --graphs"),  # check times nothing
     (["bench", "--no-such-flag"], "unrecognized arguments"),
     (["nosuch"], "invalid choice"),

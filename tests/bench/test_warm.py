@@ -8,13 +8,14 @@ import torch
 
 import attnbench
 from attnbench.bench import warm
+from attnbench.bench.cases import shard
 from attnbench.bench.registry import Unsupported
 from attnbench.cli import main
 
 
 def test_the_workers_take_every_case_once():
     cases = list(range(23))
-    parts = [warm.shard(cases, i, 4) for i in range(4)]
+    parts = [shard(cases, i, 4) for i in range(4)]
     assert sorted(c for p in parts for c in p) == cases
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
@@ -75,3 +76,11 @@ def test_the_command_refuses_without_a_gpu(capsys):
 def test_a_pattern_starting_with_a_dash_reaches_the_workers_whole():
     command = warm.worker_command("flash", "random", "-top_left", ["triton"], ["fwd"], 0, 1, 4, torch.device("cuda"))
     assert "--match=-top_left" in command and "--variant=triton" in command and "--mode=fwd" in command
+
+
+def test_a_runs_shard_reaches_the_workers_before_their_own_share():
+    command = warm.worker_command("flash", "random", None, ["triton"], ["bwd"], 0, 1, 4, torch.device("cuda"),
+                                  part=(2, 3))
+    assert "--shard=2/3" in command and not any(a.startswith("--match") for a in command)
+    assert "--shard=" not in " ".join(warm.worker_command("flash", "random", None, ["triton"], ["bwd"], 0, 1, 4,
+                                                            torch.device("cuda")))
