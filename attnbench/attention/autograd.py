@@ -79,10 +79,7 @@ class Attention(DirectApply):
             return (None,) * 5
         q, k, v, o, lse = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do
-        if not torch.is_grad_enabled() and fwAD._current_level < 0 and not torch._C._are_functorch_transforms_active():
-            # a first-order backward (no create_graph, no dual level, no transform): nothing can differentiate B,
-            # so the kernels alone, without AttentionBackward's apply (host time on every training step). Under
-            # a dual level a backward without create_graph still carries tangents: the Function's jvp needs them
+        if _undifferentiated():  # a first-order backward: the kernels alone (host time on every training step)
             return (*attention_bwd(q, k, v, o, lse, do, dlse, ctx.scale, ctx.offset), None, None)
         return (*AttentionBackward.apply(q, k, v, o, lse, do, dlse, ctx.scale, ctx.offset, True), None, None)
 
@@ -126,6 +123,14 @@ class AttentionJvp(DirectApply):
                                   "for second derivatives use forward-over-reverse: torch.func.jvp(torch.func.grad(f))")
 
 
+def _undifferentiated() -> bool:
+    """Whether nothing can differentiate what a backward computes now: no create_graph, no dual level, no functorch
+    transform. A Function's backward then calls the kernels alone, without the next Function's apply (its host time:
+    the apply, setup_context, the saved tensors). Under a dual level a backward without create_graph still carries
+    tangents, which only the Functions' jvp gives."""
+    return not torch.is_grad_enabled() and fwAD._current_level < 0 and not torch._C._are_functorch_transforms_active()
+
+
 def _only_needed(grads, needs):
     return tuple(g if n else None for g, n in zip(grads, needs))
 
@@ -138,11 +143,13 @@ def _tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_o, c_lse, x_nee
         return (None,) * 6
     c_o = torch.zeros_like(o) if c_o is None else c_o
     gx = gt = (None,) * 3
+    plain = _undifferentiated()
     if any(x_needs):
-        gx = AttentionBackwardJvp.apply(q, k, v, o, lse, c_o, c_lse, tq, tk, tv, o_t, lse_t, None, None,
-                                        ctx.scale, ctx.offset)
+        args = (q, k, v, o, lse, c_o, c_lse, tq, tk, tv, o_t, lse_t, None, None, ctx.scale, ctx.offset)
+        gx = attention_bwd_jvp(*args) if plain else AttentionBackwardJvp.apply(*args)
     if any(t_needs):
-        gt = AttentionBackward.apply(q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset, True)
+        args = (q, k, v, o, lse, c_o, c_lse, ctx.scale, ctx.offset)
+        gt = attention_bwd(*args) if plain else AttentionBackward.apply(*args, True)
     return (*_only_needed(gx, x_needs), *_only_needed(gt, t_needs))
 
 
@@ -228,13 +235,15 @@ class AttentionBackward(DirectApply):
             return (None,) * 10
         q, k, v, o, lse, do, dlse = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        plain = _undifferentiated()  # a Hessian-vector product's second pass, say: the kernels alone
         o_t = lse_t = None
         if needs[5] or needs[6]:
-            o_t, lse_t = AttentionJvp.apply(q, k, v, o, lse, uq, uk, uv, ctx.scale, ctx.offset)
+            args = (q, k, v, o, lse, uq, uk, uv, ctx.scale, ctx.offset)
+            o_t, lse_t = attention_jvp(*args) if plain else AttentionJvp.apply(*args)
         gx = (None,) * 3
         if any(needs[:3]):
-            gx = _only_needed(AttentionBackwardJvp.apply(q, k, v, o, lse, do, dlse, uq, uk, uv, o_t, lse_t, None, None,
-                                                         ctx.scale, ctx.offset), needs[:3])
+            args = (q, k, v, o, lse, do, dlse, uq, uk, uv, o_t, lse_t, None, None, ctx.scale, ctx.offset)
+            gx = _only_needed(attention_bwd_jvp(*args) if plain else AttentionBackwardJvp.apply(*args), needs[:3])
         return (*gx, None, None, o_t if needs[5] else None, lse_t if needs[6] else None, None, None, None)
 
 

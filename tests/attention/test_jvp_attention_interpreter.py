@@ -224,6 +224,46 @@ def test_first_order_backward_skips_the_backward_function_but_never_a_dual_tange
     assert max_diff(hu, hvp_dual(f, x, w, u)) < 1e-12
 
 
+def test_a_second_pass_nothing_differentiates_skips_the_functions_and_keeps_the_values(monkeypatch):
+    """The second pass of a reverse-over-reverse HVP (torch.autograd.grad without create_graph) and the vjp of a
+    tangent output run kernel 3 (and B) without AttentionBackwardJvp's, AttentionJvp's and AttentionBackward's apply
+    (host time, as the first-order backward); their values are those of the Functions' path, and a second pass
+    with create_graph still goes through the Functions (a third order must still be refused there)."""
+    from attnbench.attention import autograd as ag
+
+    shape = (1, 2, 1, 7, 9, 16)
+    x, u, w = qkv(*shape), qkv(*shape, seed=10), fp64(1, 2, 7, 16, seed=20)
+    f = o_only(ours("bottom_right"))
+    applied = []
+    for function in (ag.AttentionBackwardJvp, ag.AttentionJvp, ag.AttentionBackward):
+        real = function.apply
+        monkeypatch.setattr(function, "apply", lambda *a, real=real, name=function.__name__: applied.append(name)
+                            or real(*a))
+
+    def rev_rev():
+        leaves = [a.detach().requires_grad_() for a in x]
+        grads = torch.autograd.grad(f(*leaves), leaves, w, create_graph=True)
+        return torch.autograd.grad(grads, leaves, u)
+
+    def vjp_of_tangent():  # the gradient of a tangent output, taken after its dual level closed
+        leaves = [a.detach().requires_grad_() for a in (*x, *u)]
+        with fwAD.dual_level():
+            o_t = fwAD.unpack_dual(f(*[fwAD.make_dual(a, b) for a, b in zip(leaves[:3], leaves[3:])])).tangent
+        return torch.autograd.grad(o_t, leaves, w)
+
+    fast = rev_rev()
+    assert applied == ["AttentionBackward"]  # the first pass's, with create_graph: B must be differentiable
+    applied.clear()
+    fast_tangent = vjp_of_tangent()
+    assert applied == ["AttentionJvp"]  # the forward's tangent; its vjp runs the kernels alone
+    applied.clear()
+    monkeypatch.setattr(ag, "_undifferentiated", lambda: False)  # every pass through the Functions
+    slow, slow_tangent = rev_rev(), vjp_of_tangent()
+    assert "AttentionBackwardJvp" in applied and "AttentionBackward" in applied
+    assert max_diff(fast, slow) == 0 and max_diff(fast_tangent, slow_tangent) == 0
+    assert max_diff(fast, hvp_rev_rev(o_only(ref("bottom_right")), x, w, u)) < 1e-10
+
+
 def test_hessian_is_symmetric():
     """<w, H u> = <u, H w> for the Hessian of <dO, O> (both sides from our kernels)."""
     shape = (1, 2, 1, 10, 14, 16)
