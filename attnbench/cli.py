@@ -153,7 +153,7 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
     if timing and args.host_time and device.type != "cuda":
         raise UsageError(f"--host-time times the host's part of CUDA calls: it needs a CUDA device, and this run is on "
                          f"{device.type} (whose one clock, wall time, is the eager latency)")
-    plans, unmatched = [], []
+    plans, unmatched, unsharded = [], [], []
     for op in ops:
         modes = [m for m in dict.fromkeys(args.mode)] if args.mode else list(op.modes)
         modes = [m for m in modes if m in op.modes]
@@ -203,17 +203,17 @@ def make_plans(args, device, kind, timing, notes=None) -> list:
             k, n = args.shard
             cases = shard(cases, k - 1, n)
             if not cases:
-                unmatched.append(op.name)
+                unsharded.append(op.name)
                 if notes is not None:
                     notes.append(f"{op.name}: left out, part {k}/{n} of its {set_name} set is empty")
                 continue
             set_name = f"{set_name} shard {k}/{n}"
         unasked = {} if requested is not None else unavailable
         plans.append(Plan(op, set_name, cases, variants, modes, baseline or op.baseline(device, variants), unasked))
+    if not plans and unsharded:
+        raise UsageError(f"--shard {args.shard[0]}/{args.shard[1]}: no case of {', '.join(unsharded)} is in that part"
+                         + (f" of the cases --match {args.match.pattern!r} selects" if args.match is not None else ""))
     if not plans and unmatched:
-        if getattr(args, "shard", None) and args.match is None:
-            raise UsageError(f"--shard {args.shard[0]}/{args.shard[1]}: no case of {', '.join(unmatched)} is in that "
-                             "part")
         raise UsageError(f"--match {args.match.pattern!r}: no case of {', '.join(unmatched)} matches")
     if not plans:
         raise UsageError("no selected operator has the requested variants and modes together")

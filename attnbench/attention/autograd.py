@@ -75,6 +75,7 @@ class Attention(DirectApply):
 
     @staticmethod
     def backward(ctx, do, dlse):
+        do, dlse = _real(do, dlse)
         if do is None and dlse is None:  # reached with no cotangent (a second grad through B's o, lse)
             return (None,) * 5
         q, k, v, o, lse = ctx.saved_tensors
@@ -112,6 +113,7 @@ class AttentionJvp(DirectApply):
 
     @staticmethod
     def backward(ctx, c_o, c_lse):
+        c_o, c_lse = _real(c_o, c_lse)
         q, k, v, o, lse, tq, tk, tv, o_t, lse_t = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grads = _tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_o, c_lse, needs[:3], needs[5:8])
@@ -121,6 +123,13 @@ class AttentionJvp(DirectApply):
     def jvp(ctx, *tangents):
         raise NotImplementedError("forward-over-forward (the jvp of a jvp) of attention is not supported; "
                                   "for second derivatives use forward-over-reverse: torch.func.jvp(torch.func.grad(f))")
+
+
+def _real(*cotangents):
+    """The cotangents with PyTorch's storage-less zero tensors (``_is_zerotensor``: what the engine hands a backward
+    for an output whose gradient is known to be zero, e.g. o's in the tangent of o * w under torch.func.vjp over
+    torch.func.jvp) as None, which every backward here reads as zero: a launch cannot read a tensor without storage."""
+    return tuple(None if c is not None and c._is_zerotensor() else c for c in cotangents)
 
 
 def _undifferentiated() -> bool:
@@ -177,6 +186,7 @@ class AttentionWithTangent(DirectApply):
     @staticmethod
     def backward(ctx, c_o, c_lse, c_ot, c_lset):
         """Cotangents of the tangent outputs as in AttentionJvp; those of (o, lse) add B(x, c) in x."""
+        c_o, c_lse, c_ot, c_lset = _real(c_o, c_lse, c_ot, c_lset)
         q, k, v, tq, tk, tv, o, lse, o_t, lse_t = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grads = list(_tangent_vjp(ctx, q, k, v, o, lse, tq, tk, tv, o_t, lse_t, c_ot, c_lset, needs[:3], needs[3:6]))
@@ -231,6 +241,7 @@ class AttentionBackward(DirectApply):
     def backward(ctx, uq, uk, uv):
         """The vjp of B: in x, the Hessian of <dO, o> + <dLSE, lse> along u (symmetric, so kernel 3
         at x_t = u, dO_t = 0); in dO and dLSE, the forward's tangent along u."""
+        uq, uk, uv = _real(uq, uk, uv)
         if uq is None and uk is None and uv is None:
             return (None,) * 10
         q, k, v, o, lse, do, dlse = ctx.saved_tensors
@@ -276,6 +287,7 @@ class AttentionBackwardJvp(DirectApply):
     def backward(ctx, gq, gk, gv):
         """In the tangents: the Hessian is symmetric, so (tq, tk, tv) get kernel 3 at tangent g
         (dO's tangent zero), and (tdo, tdlse) the forward's tangent along g (B is J^T dO)."""
+        gq, gk, gv = _real(gq, gk, gv)
         if _will_run(ctx.third_order_edges):
             raise NotImplementedError(THIRD_ORDER)
         if gq is None and gk is None and gv is None:

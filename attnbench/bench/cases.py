@@ -18,6 +18,11 @@ def shard(cases, index: int, count: int) -> list:
     return list(cases)[index::count]
 
 
+def base_case_set(name):
+    """The case set a run's ``case_set`` names, without what narrowed it (" matching '<regex>'", " shard K/N")."""
+    return (name or "").split(" matching ")[0].split(" shard ")[0]
+
+
 def label_dtype(label):
     """The dtype name (a key of DTYPES) a case label ends in, or None (every operator's labels end in SHORT_DTYPE's)."""
     return {short: name for name, short in SHORT_DTYPE.items()}.get(label.split()[-1]) if label else None

@@ -14,6 +14,7 @@ import os
 from collections import defaultdict
 
 from . import results
+from .cases import base_case_set
 from .provenance import describe
 
 
@@ -267,7 +268,7 @@ def plot(report, path):
     rows = [r for r in _rows(report) if r["timing"].get("method") != "interpreter"]
     if not rows:
         raise results.BadResultFile("--plot: the file has no timed rows to plot (interpreter rows are not drawn)")
-    shape_sets = {info.get("case_set") for info in (report.get("operators") or {}).values()}
+    shape_sets = {base_case_set(info.get("case_set")) for info in (report.get("operators") or {}).values()}
     if len({r["case"] for r in rows}) > MANY_CASES or shape_sets & {"random"}:
         return plot_speedups(report, path)
     import matplotlib

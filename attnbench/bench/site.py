@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from . import decisions, floors, report, results, tables, traffic
+from .cases import base_case_set
 
 MARKER = "<!-- written by `attnbench report --site`: regenerate it, do not edit -->"
 # datasheet peaks (bf16 dense tensor-core TF/s, HBM GB/s) of the GPUs results/ holds, for a GPU with no measured
@@ -198,7 +199,7 @@ def headline(site, gpu, op):
     runs = site.runs_of(gpu, op)
     anchor = [r for r in runs if r.case_set(op).startswith("anchor")]
     pool = anchor or runs
-    sets = sorted({r.case_set(op).split(" matching ")[0] or "unnamed" for r in pool})
+    sets = sorted({base_case_set(r.case_set(op)) or "unnamed" for r in pool})
     chosen, order = {}, {}
     for run in sorted(pool, key=lambda r: r.rel):  # the order the cases are listed in: by file, then as run
         for row in run.timed(op):

@@ -264,6 +264,22 @@ def test_a_second_pass_nothing_differentiates_skips_the_functions_and_keeps_the_
     assert max_diff(fast, hvp_rev_rev(o_only(ref("bottom_right")), x, w, u)) < 1e-10
 
 
+def test_a_zero_tensor_cotangent_reads_as_zero():
+    """torch.func.vjp over torch.func.jvp of (o * w).sum(): the engine hands o's backward one of PyTorch's storage-less
+    zero tensors (the tangent's o * w_t term, w_t known zero). Found by review: it reached a launch ("invalid python
+    storage"); now it reads as zero and the gradient is the reference's."""
+    x, u, w = qkv(1, 2, 1, 5, 7, 16), qkv(1, 2, 1, 5, 7, 16, seed=10), fp64(1, 2, 5, 16, seed=20)
+
+    def grad_of_tangent(att):
+        def tangent(q):
+            return tf.jvp(lambda y: (att(y, *x[1:]) * w).sum(), (q,), (u[0],))[1]
+
+        out, pull = tf.vjp(tangent, x[0])
+        return pull(torch.ones_like(out))
+
+    assert max_diff(grad_of_tangent(o_only(ours(None))), grad_of_tangent(o_only(ref(None)))) < 1e-12
+
+
 def test_hessian_is_symmetric():
     """<w, H u> = <u, H w> for the Hessian of <dO, O> (both sides from our kernels)."""
     shape = (1, 2, 1, 10, 14, 16)

@@ -36,7 +36,8 @@ BAD_ARGUMENTS = [
     (["check", "--op", "flash", "--shard", "3/2"], "--shard: '3/2': expected 1 <= K <= N"),
     (["bench", "--op", "flash", "--shard", "half"], "--shard: 'half': expected K/N"),
     (["check", "--op", "flash", "--cases", "tiny", "--match", " D32 .* fp16$", "--shard", "40/40"],
-     "no case of flash matches"),
+     "--shard 40/40: no case of flash is in that part of the cases --match ' D32 .* fp16$' selects"),
+    (["check", "--op", "flash", "--cases", "tiny", "--shard", "400/400"], "--shard 400/400: no case of flash is in"),
     (["check", "--graphs"], "unrecognized arguments: --graphs"),  # check times nothing
     (["bench", "--no-such-flag"], "unrecognized arguments"),
     (["nosuch"], "invalid choice"),
