@@ -15,11 +15,13 @@ launched through ``launch.planned``, the same steps replay:
     sum_shares(src, dim, dtype)      a contiguous tensor summed over ``dim`` in the accumulator dtype, in index
                                      order (deterministic), rounded once to ``dtype``
 
-``copy_route("triton")`` forces them, ``copy_route("torch")`` PyTorch's ops; by default PyTorch's, until the two are
-timed side by side on a GPU (TRITON_COPIES_BY_DEFAULT; the forced route ``triton@copies`` of flash).
+Both are the one place the choice is made: ``copy_route("triton")`` forces the kernels, ``copy_route("torch")``
+PyTorch's ops (the same ops the launchers made before); by default PyTorch's, until the two are timed side by side
+on a GPU (TRITON_COPIES_BY_DEFAULT; the forced route ``triton@copies`` of flash).
 """
 import math
 
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -75,10 +77,15 @@ def copy_heads_kernel(SRC, DST, HEADS, N, D, WIDTH, REPEAT, ROW_BLOCKS, s_b, s_h
 
 def copy_heads(src, width=None, repeat=1):
     """``src`` [B, H, N, D] as a new contiguous [B, H * repeat, N, width] (width None: D): head h is src's head
-    h // repeat, columns past D are zeros, columns past width are dropped. F.pad, a contiguous slice and
-    repeat_interleave(repeat, dim=1) in one planned launch."""
+    h // repeat, columns past D are zeros, columns past width are dropped: F.pad, a contiguous slice and
+    repeat_interleave(repeat, dim=1), as one planned launch where ``by_kernel()``."""
     batch, heads, n, head_dim = src.shape
     width = head_dim if width is None else width
+    if not by_kernel():  # PyTorch's ops: repeat_interleave, then F.pad or a contiguous slice
+        out = src.repeat_interleave(repeat, dim=1) if repeat > 1 else src
+        if width > head_dim:
+            return F.pad(out, (0, width - head_dim))
+        return out if width == head_dim and repeat > 1 else out[..., :width].contiguous()
     dst = new_output((batch, heads * repeat, n, width), src.dtype, src.device)
     if dst.numel() == 0:
         return dst
@@ -107,7 +114,10 @@ def sum_shares_kernel(SRC, DST, SHARES, INNER, BLOCKS, BLOCK: tl.constexpr, ACC_
 
 def sum_shares(src, dim, dtype):
     """``src`` (contiguous) summed over ``dim`` in its accumulator dtype (fp32, fp64 for fp64), the shares added
-    in index order, the sum rounded once to ``dtype``: ``src.sum(dim).to(dtype)`` in one planned launch."""
+    in index order, the sum rounded once to ``dtype``: ``src.sum(dim).to(dtype)``, as one planned launch where
+    ``by_kernel()``."""
+    if not by_kernel():
+        return src.sum(dim).to(dtype)
     if not src.is_contiguous():
         raise ValueError("sum_shares: the shares must be contiguous (the launchers write them so)")
     shape = src.shape

@@ -38,7 +38,7 @@ import triton.language as tl
 from .. import interpreting
 from .flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS, flash_bwd_dkdv_hopper_launch
 from .flash_fwd_hopper import hopper_applies
-from .copies import by_kernel, copy_heads, sum_shares
+from .copies import copy_heads, sum_shares
 from .head_padding import cut_heads, pad_heads, padded_width
 from ..launch import descriptor_scratch, kept, planned, tma_capable
 from .key_block import head_columns, key_block_mask
@@ -495,13 +495,10 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
     if _per_head(batch, heads_kv, group, n_k, q.device, hopper):
         # a program per query head (group 1 below) forms its fp32 share of dK and dV; the group sums them
-        kernel = by_kernel()  # copies.py: the repeat and the sums as planned launches, which replays repeat
-        kx, vx = (copy_heads(t, repeat=group) if kernel else t.repeat_interleave(group, dim=1) for t in (k, v))
+        kx, vx = (copy_heads(t, repeat=group) for t in (k, v))
         dq, dk, dv = flash_bwd_launch(do, q, kx, vx, o, lse, sm_scale, causal_offset, dlse,
                                       accumulator_torch_dtype(q.dtype))
-        shares = (t.unflatten(1, (heads_kv, group)) for t in (dk, dv))
-        dtype = dkdv_dtype or k.dtype
-        return (dq, *(sum_shares(t, 2, dtype) if kernel else t.sum(2).to(dtype) for t in shares))
+        return (dq, *(sum_shares(t.unflatten(1, (heads_kv, group)), 2, dkdv_dtype or k.dtype) for t in (dk, dv)))
     width = padded_width(head_dim, q.device)
     if width != head_dim and not hopper:  # head_padding.py: a column block the kernels would mask
         grads = flash_bwd_launch(*pad_heads(width, do, q, k, v, o), lse, sm_scale, causal_offset, dlse, dkdv_dtype)
@@ -541,7 +538,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
         n_q, n_k, head_dim, heads_q, group, offset, scale_hi, scale_lo, bucket, splits, keys_per_split, split_stride,
         KEY_SPLIT=splits > 1, **common)
     if splits > 1:
-        dq = sum_shares(dq, 0, q.dtype) if by_kernel() else dq.sum(0).to(q.dtype)
+        dq = sum_shares(dq, 0, q.dtype)
     return dq, dk, dv
 
 

@@ -14,10 +14,9 @@ the kernels compute the padded columns either way. copy_route("triton") makes th
 (copies.py), which a host replay repeats.
 """
 import torch
-import torch.nn.functional as F
 
 from ..tuning import head_dim_blocks
-from .copies import by_kernel, copy_heads
+from .copies import copy_heads
 
 # Devices on which the launchers pad (tests add "cpu" to run the padded path through the interpreter).
 PAD_ON = {"cuda"}
@@ -33,14 +32,10 @@ def padded_width(head_dim: int, device) -> int:
 
 
 def pad_heads(width: int, *tensors):
-    """Each tensor's last dim zero-padded to ``width`` (contiguous copies; copies.py's kernel where it is on)."""
-    if by_kernel():
-        return [copy_heads(t, width) for t in tensors]
-    return [F.pad(t, (0, width - t.shape[-1])) for t in tensors]
+    """Each tensor's last dim zero-padded to ``width`` (contiguous copies: copies.copy_heads)."""
+    return [copy_heads(t, width) for t in tensors]
 
 
 def cut_heads(head_dim: int, *tensors):
-    """Each tensor's first ``head_dim`` columns, contiguous."""
-    if by_kernel():
-        return [copy_heads(t, head_dim) for t in tensors]
-    return [t[..., :head_dim].contiguous() for t in tensors]
+    """Each tensor's first ``head_dim`` columns, contiguous (copies.copy_heads)."""
+    return [copy_heads(t, head_dim) for t in tensors]
