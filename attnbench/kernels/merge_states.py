@@ -20,6 +20,7 @@ import triton.language as tl
 from .launch import planned
 from .offsets import INT32_MAX
 from .outputs import new_output
+from .tiling import aligned, stride_align
 from .tuning import cdiv, multiprocessors, next_pow2
 
 
@@ -104,8 +105,12 @@ def merge_two_kernel(OA, LA, OB, LB, O, L, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
                      s_oa_x, s_oa_y, s_oa_z, s_la_x, s_la_y, s_la_z,
                      s_ob_x, s_ob_y, s_ob_z, s_lb_x, s_lb_y, s_lb_z,
                      s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
-                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    rows, offs_d, row_mask, d_mask = _row_tile(N_ROWS, HEAD_DIM, BLOCK_R, BLOCK_D)
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr, ALIGN: tl.constexpr):
+    # the O strides and the head dim are multiples of ALIGN (tiling.aligned: vector loads at D 40 or 72)
+    s_oa_x, s_oa_y, s_oa_z = aligned(s_oa_x, ALIGN), aligned(s_oa_y, ALIGN), aligned(s_oa_z, ALIGN)
+    s_ob_x, s_ob_y, s_ob_z = aligned(s_ob_x, ALIGN), aligned(s_ob_y, ALIGN), aligned(s_ob_z, ALIGN)
+    s_o_x, s_o_y, s_o_z = aligned(s_o_x, ALIGN), aligned(s_o_y, ALIGN), aligned(s_o_z, ALIGN)
+    rows, offs_d, row_mask, d_mask = _row_tile(N_ROWS, aligned(HEAD_DIM, ALIGN), BLOCK_R, BLOCK_D)
     m, s, acc = merge_init(BLOCK_R, BLOCK_D, ACC_DTYPE)
     lse, o = _load_state(OA, LA, _row_offsets(rows, DIM_Y, DIM_Z, s_oa_x, s_oa_y, s_oa_z),
                           _row_offsets(rows, DIM_Y, DIM_Z, s_la_x, s_la_y, s_la_z), offs_d, row_mask, d_mask, ACC_DTYPE)
@@ -121,8 +126,12 @@ def merge_two_kernel(OA, LA, OB, LB, O, L, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
 def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM, SEE_FROM,
                        s_os_s, s_os_x, s_os_y, s_os_z, s_ls_s, s_ls_x, s_ls_y, s_ls_z,
                        s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
-                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    rows, offs_d, row_mask, d_mask = _row_tile(N_ROWS, HEAD_DIM, BLOCK_R, BLOCK_D)
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr, ALIGN: tl.constexpr):
+    # the O strides and the head dim are multiples of ALIGN (tiling.aligned: vector loads at D 40 or 72)
+    s_os_s, s_os_x = aligned(s_os_s, ALIGN), aligned(s_os_x, ALIGN)
+    s_os_y, s_os_z = aligned(s_os_y, ALIGN), aligned(s_os_z, ALIGN)
+    s_o_x, s_o_y, s_o_z = aligned(s_o_x, ALIGN), aligned(s_o_y, ALIGN), aligned(s_o_z, ALIGN)
+    rows, offs_d, row_mask, d_mask = _row_tile(N_ROWS, aligned(HEAD_DIM, ALIGN), BLOCK_R, BLOCK_D)
     o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_os_x, s_os_y, s_os_z)
     l_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_ls_x, s_ls_y, s_ls_z)
     m, s, acc = merge_init(BLOCK_R, BLOCK_D, ACC_DTYPE)
@@ -187,7 +196,8 @@ def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype, out_lse_dtype=None, stat
             oa, la, ob, lb, ov, lv, n_rows, ov.shape[1], ov.shape[2], head_dim,
             *soa, *sla, *sob, *slb, *so, *sl,
             BLOCK_R=block_r, BLOCK_D=block_d,
-            ACC_DTYPE=_acc_dtype((o_a.dtype, o_b.dtype), (lse_a.dtype, lse_b.dtype), state_lse))
+            ACC_DTYPE=_acc_dtype((o_a.dtype, o_b.dtype), (lse_a.dtype, lse_b.dtype), state_lse),
+            ALIGN=stride_align(head_dim, *soa, *sob, *so))
     return o, lse
 
 
@@ -221,7 +231,8 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dty
             o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
             INT32_MAX if see_from is None else see_from,
             o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,
-            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype((o_stack.dtype,), (lse_stack.dtype,), state_lse))
+            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype((o_stack.dtype,), (lse_stack.dtype,), state_lse),
+            ALIGN=stride_align(head_dim, o_stack.stride(0), *so, *s_o))
     return o, lse
 
 

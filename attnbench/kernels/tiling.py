@@ -33,6 +33,26 @@ def visible_keys(m0, N_K, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.const
     return full_hi, hi
 
 
+@triton.jit
+def aligned(x, ALIGN: tl.constexpr):
+    """``x``, known to the compiler as a multiple of ALIGN (the launcher's ``stride_align``). Triton learns
+    only that an argument divisible by 16 is; a head dim of 40 or 72 leaves strides that are multiples of 8,
+    and without the hint every load of such a row is a 2-byte load and nothing is pipelined (a split-KV
+    decode at D 40 read 19% of copy bandwidth: docs/measurements/flash.md). tl.multiple_of does not mark a
+    kernel argument; this division and product do, at two scalar instructions."""
+    return x // ALIGN * ALIGN
+
+
+def stride_align(*values) -> int:
+    """The largest power of two up to 16 that divides every one of ``values`` (strides and sizes in elements):
+    the ALIGN a kernel may claim for them through ``aligned``."""
+    align = 16
+    for value in values:
+        while value % align:
+            align //= 2
+    return align
+
+
 def row_strides(t):
     """(batch, head, row) strides of a [B, H, N, D] tensor whose last dimension is contiguous (one stride()
     call, not three: launches pass several of these on every call)."""

@@ -177,6 +177,31 @@ def test_strided_views_match_contiguous():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("width", [41, 44, 48])
+def test_row_strides_off_the_vector_width_match_contiguous(width):
+    """Head dim 40 read from rows of ``width`` elements: the launcher claims only the alignment the strides have
+    (tiling.stride_align: 1, 4 and 8 here), and a claim too large would move every row of the interpreter's
+    reads as it would the GPU's."""
+    q, k, v = _inputs(2, 4, 2, 3, 40, 40, seed=8)
+    views = []
+    for t in (q, k, v):
+        wide = torch.zeros(*t.shape[:3], width, dtype=t.dtype)
+        wide[..., :40] = t
+        views.append(wide[..., :40])
+    a = flash_decode_launch(*views, 0.25, 37, num_splits=3)
+    b = flash_decode_launch(q, k, v, 0.25, 37, num_splits=3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_stride_align():
+    from attnbench.kernels.tiling import stride_align
+
+    assert stride_align(40, 40 * 7, 0) == 8
+    assert stride_align(64, 128) == 16  # never above 16: Triton's own specialization covers the rest
+    assert stride_align(40, 41) == 1
+    assert stride_align(72, 36) == 4
+
+
 def test_split_rule():
     """Enough programs for two an SM, never a split shorter than the minimum, the fewest splits
     that balance (interpreter: 4 SMs, 16 keys)."""

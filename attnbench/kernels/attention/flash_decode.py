@@ -22,7 +22,7 @@ from ..precision import (ROW_MAX_START, STATE_LSE_DTYPE, accumulator_dtype, accu
                          lse_dtype, softmax_scale_log2, split_scale)
 from .softmax_rows import finish_rows_where
 from ..launch import planned
-from ..tiling import row_strides
+from ..tiling import aligned, row_strides, stride_align
 from ..tuning import (autotune, cdiv, cfg, configs, config_list, multiprocessors, next_pow2, pruner,
                       registers_per_thread, seq_bucket)
 
@@ -99,7 +99,15 @@ def flash_decode_kernel(Q, K, V, O, LSE,
                         N_Q, N_K, HEAD_DIM, H_KV, GROUP, causal_offset, scale_hi, scale_lo, NUM_SPLITS,
                         ROWS_BUCKET, SEQ_BUCKET,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        ALIGN: tl.constexpr):
+    # every stride and the head dim are multiples of ALIGN (tiling.aligned: 16-byte loads at D 40 or 72)
+    stride_qb, stride_qh, stride_qn = aligned(stride_qb, ALIGN), aligned(stride_qh, ALIGN), aligned(stride_qn, ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned(stride_kb, ALIGN), aligned(stride_kh, ALIGN), aligned(stride_kn, ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned(stride_vb, ALIGN), aligned(stride_vh, ALIGN), aligned(stride_vn, ALIGN)
+    stride_os, stride_ob = aligned(stride_os, ALIGN), aligned(stride_ob, ALIGN)
+    stride_oh, stride_on = aligned(stride_oh, ALIGN), aligned(stride_on, ALIGN)
+    HEAD_DIM = aligned(HEAD_DIM, ALIGN)
     # batch and KV heads on axes of their own (CUDA caps axes 1 and 2 at 65535 each; the launch
     # layer keeps the batch under that)
     pid_m = tl.program_id(0) // NUM_SPLITS
@@ -215,6 +223,7 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         o_part = new_output((splits, *q.shape), accumulator_torch_dtype(q.dtype), q.device)
         l_part = new_output((splits, batch, heads_q, n_q), STATE_LSE_DTYPE, q.device)
         strides = (*o_part.stride()[:4], *l_part.stride()[:3])
+    align = stride_align(head_dim, *row_strides(q), *row_strides(k), *row_strides(v), *strides[:4])
     planned(flash_decode_kernel)[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part,
         *row_strides(q), *row_strides(k),
@@ -222,7 +231,7 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         n_q, n_k, head_dim, heads_kv, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
         *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(n_k, splits)),
         BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
-        ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m,
+        ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m, ALIGN=align,
     )
     if splits == 1:
         return o_part, l_part
