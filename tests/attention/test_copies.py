@@ -69,11 +69,11 @@ def test_sum_shares_refuses_shares_that_are_not_contiguous():
     assert sum_shares(torch.empty(3, 0, 2), 0, torch.float32).shape == (0, 2)
 
 
-def test_the_route_switch_forces_either_way_and_the_default_is_torchs_until_timed():
+def test_the_route_switch_forces_either_way_and_the_default_is_the_kernels_since_timed():
     from attnbench.kernels.attention import copies
 
     with copy_route(None):
-        assert copies.TRITON_COPIES_BY_DEFAULT is False and not by_kernel()
+        assert copies.TRITON_COPIES_BY_DEFAULT is True and by_kernel()
     assert by_kernel()
     with copy_route("torch"):
         assert not by_kernel()

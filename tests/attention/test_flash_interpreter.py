@@ -189,7 +189,8 @@ def test_backward_route_matches_float64_oracle(flash, oracles, route, case):
 def test_per_head_group_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, monkeypatch):
     """group_route("per-head"): a dK/dV program per query head over repeated K and V, the fp32 shares summed
     over the group: gradcheck in fp64 (GQA 3:1, causal, a masked column block); the default takes it only when
-    enabled and the shared grid is smaller than the GPU, and never without head groups."""
+    the shared grid fills under 0.7 of the GPU and each program walks enough query rows, never without head
+    groups."""
     from attnbench.kernels.attention import flash_bwd as kernels
 
     q = _fp64(1, 6, 11, 40, seed=1).requires_grad_()
@@ -202,14 +203,17 @@ def test_per_head_group_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kern
     do = torch.ones_like(o)
     spy = spy_kernel(kernels, "flash_bwd_dkdv_kernel")
     shared = flash_bwd(do, q, k, v, o, lse)
-    monkeypatch.setattr(kernels, "GROUP_PER_HEAD_BY_DEFAULT", True)
-    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 2)  # one key block x 2 KV heads: not smaller
+    assert kernels.GROUP_PER_HEAD_BY_DEFAULT
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 3)  # 2 programs under 0.7 x 3 SMs, 11 query rows
+    flash_bwd(do, q, k, v, o, lse)  # rows a program walks: 11, under the rule's minimum
+    monkeypatch.setattr(kernels, "GROUP_RULE_MIN_ROWS", 11)
+    monkeypatch.setattr(kernels, "multiprocessors", lambda device: 2)  # one key block x 2 KV heads: not under 1.4
     flash_bwd(do, q, k, v, o, lse)
     monkeypatch.setattr(kernels, "multiprocessors", lambda device: 3)
     per_head = flash_bwd(do, q, k, v, o, lse)
     heads = [args[1].shape[1] for args in spy.args]  # K's heads: a program row per KV head, or per query head
-    assert heads == [2, 2, 6], heads
-    assert spy.args[2][1].dtype == torch.float16 and spy.args[2][6].dtype == torch.float32  # K copy; dK's share
+    assert heads == [2, 2, 2, 6], heads
+    assert spy.args[3][1].dtype == torch.float16 and spy.args[3][6].dtype == torch.float32  # K copy; dK's share
     # the same fp32 sums in another order, each rounded once to fp16: measured 0 to 3e-8 (normwise); held well
     # under one fp16 rounding (4.9e-4)
     for a, b in zip(shared, per_head):

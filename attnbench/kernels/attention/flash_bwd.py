@@ -422,10 +422,15 @@ def dkdv_route(route):
 GROUP_ROUTES = ("shared", "per-head")
 _GROUP_ROUTE = RouteSwitch(GROUP_ROUTES, "head-group route")
 # Whether the default spreads a head group's dK/dV over a program per query head where one program per KV
-# head would leave multiprocessors idle: not until it is timed on a GPU (docs/measurements/flash.md).
-GROUP_PER_HEAD_BY_DEFAULT = False
+# head would leave multiprocessors idle. Timed beside the shared route over the random set's 73 GQA backward
+# shapes on an H200 (results/nvidia-h200/flash/random-bwd-*.json): 1.03-3.73x at the six where the shared grid
+# filled under GROUP_RULE_FILL of the GPU and each program walked at least GROUP_RULE_MIN_ROWS query rows; 0.07-1.18x
+# at the other 67, all but one at or below 1.01x (short rows: the K/V repeats and fp32 shares outweigh the parallelism).
+GROUP_PER_HEAD_BY_DEFAULT = True
 # The key tile the occupancy rule assumes (the autotuner's largest: BLOCK_N of _DKDV_CONFIGS).
 GROUP_RULE_BLOCK_N = 128
+GROUP_RULE_FILL = 0.7
+GROUP_RULE_MIN_ROWS = 1024
 
 
 def group_route(route):
@@ -439,14 +444,14 @@ def group_route(route):
     return _GROUP_ROUTE(route)
 
 
-def _per_head(batch, heads_kv, group, n_k, device, hopper) -> bool:
+def _per_head(batch, heads_kv, group, n_q, n_k, device, hopper) -> bool:
     if _GROUP_ROUTE.forced is not None:
         if _GROUP_ROUTE.forced == "per-head" and hopper and group > 1:
             raise ValueError("head-group route 'per-head' forms fp32 shares with the pointer kernel; the Gluon "
                              "dK/dV pass (dkdv_route('hopper')) writes the inputs' dtype")
         return _GROUP_ROUTE.forced == "per-head" and group > 1
-    return (GROUP_PER_HEAD_BY_DEFAULT and group > 1 and not hopper
-            and cdiv(n_k, GROUP_RULE_BLOCK_N) * heads_kv * batch < multiprocessors(device))
+    return (GROUP_PER_HEAD_BY_DEFAULT and group > 1 and not hopper and n_q >= GROUP_RULE_MIN_ROWS
+            and cdiv(n_k, GROUP_RULE_BLOCK_N) * heads_kv * batch < GROUP_RULE_FILL * multiprocessors(device))
 
 
 def _hopper_dkdv(do, q, k, v, atomic) -> bool:
@@ -493,7 +498,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     # (the Gluon pass writes the inputs' dtype: not the fp32 shares of the per-head route)
     hopper = dkdv_dtype in (None, k.dtype) and _hopper_dkdv(do, q, k, v, atomic)
     passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
-    if _per_head(batch, heads_kv, group, n_k, q.device, hopper):
+    if _per_head(batch, heads_kv, group, q.shape[2], n_k, q.device, hopper):
         # a program per query head (group 1 below) forms its fp32 share of dK and dV; the group sums them
         kx, vx = (copy_heads(t, repeat=group) for t in (k, v))
         dq, dk, dv = flash_bwd_launch(do, q, kx, vx, o, lse, sm_scale, causal_offset, dlse,

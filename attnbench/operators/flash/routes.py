@@ -109,8 +109,14 @@ def flash_routes(triton):
         route("dkdv-per-head", group_route, "per-head", "backward with a dK/dV program per query head, K and V "
               "repeated and the fp32 shares summed over the head group (GQA at small batch)", BACKWARD_MODES,
               declines=_no_head_groups),
+        route("dkdv-shared", group_route, "shared", "backward with one dK/dV program per KV head walking its "
+              "head group (the default but where GROUP_PER_HEAD's rule picks per-head)", BACKWARD_MODES,
+              declines=_no_head_groups),
         route("copies", copy_route, "triton", "the launchers' head padding, cuts, head repeats and share sums as "
-              "planned Triton kernels (host replays repeat them) instead of PyTorch's ops", ALL_MODES,
+              "planned Triton kernels (host replays repeat them; the default)", ALL_MODES,
+              declines=_nothing_copied),
+        route("torch-copies", copy_route, "torch", "the launchers' head padding, cuts, head repeats and share sums "
+              "by PyTorch's ops (the default before the copies were timed)", ALL_MODES,
               declines=_nothing_copied),
     ]
 
@@ -123,7 +129,7 @@ def _nothing_copied(case):
 
     if padded_width(case.head_dim, "cuda") == case.head_dim and case.seqlen_k < DQ_SPLIT_MIN_KEYS * DQ_SPLIT_MIN_SPLITS:
         return (f"head dim {case.head_dim} is not padded and {case.seqlen_k} keys are too few for a dQ split: "
-                "nothing is copied, the route is the default's")
+                "nothing is copied, the routes are the same")
     return None
 
 
