@@ -216,11 +216,13 @@ if has traffic; then
   done
 fi
 if has ab; then
-  old_tree=/tmp/attnbench-ab-old
+  # a folder of this gate's own: gates side by side on one host each check their old commit out (a shared path was
+  # removed and cloned again under the others' running processes)
+  old_tree=$(mktemp -d /tmp/attnbench-ab-old.XXXXXX)/tree
   if [[ -z "${AB_OLD:-}" || ! -f .gitbundle ]]; then
     echo "gpu_gate: ab needs AB_OLD=<commit> and a carried .gitbundle (git bundle create .gitbundle main)" >&2
     status=1
-  elif rm -rf "$old_tree" && git clone -q .gitbundle "$old_tree" && git -C "$old_tree" checkout -q "$AB_OLD"; then
+  elif git clone -q .gitbundle "$old_tree" && git -C "$old_tree" checkout -q "$AB_OLD"; then
     for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
       order="old new"
       ((round % 2 == 0)) && order="new old"  # no side always runs first (the GPU's clocks and caches drift)

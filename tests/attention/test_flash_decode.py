@@ -203,25 +203,30 @@ def test_stride_align():
 
 
 def test_split_rule():
-    """The fewest splits that give FILL (0.6) programs a multiprocessor, never a split shorter than the minimum
-    (interpreter: 4 SMs, so 3 programs; 16 keys)."""
+    """Enough programs for two an SM, never a split shorter than the minimum, the fewest splits
+    that balance (interpreter: 4 SMs, 16 keys)."""
     cpu = torch.device("cpu")
     assert decode_splits(64 * 8, 8192, cpu) == 1  # B x Hkv already fills the "GPU"
-    assert decode_splits(3, 8192, cpu) == 1
-    assert decode_splits(2, 8192, cpu) == 2
-    assert decode_splits(1, 8192, cpu) == 3
-    assert decode_splits(1, 20, cpu) == 2  # two splits of 16 keys at most
+    assert decode_splits(1, 8192, cpu) == 8
+    assert decode_splits(3, 8192, cpu) == 4  # 12 programs, 3 an SM; 3 splits (9) would leave SMs uneven
+    assert decode_splits(1, 20, cpu) == 2
     assert decode_splits(1, 3, cpu) == 1
 
 
-def test_splits_divide_the_visible_keys():
+def test_splits_divide_the_visible_keys(monkeypatch):
     """A top-left causal decode reads Nq keys, not Nk: the plan splits those (row i sees j <= i + offset)."""
+    from attnbench.kernels.attention import flash_decode
     from attnbench.kernels.attention.flash_decode import visible_key_count
 
     assert visible_key_count(12, 15778, 0) == 12
     assert visible_key_count(4, 100, 96) == 100  # bottom-right: every key
     assert visible_key_count(5, 9, -7) == 0  # no row sees a key
     assert visible_key_count(5, 9, None) == 9
+    planned = []
+    monkeypatch.setattr(flash_decode, "decode_plan", lambda *a: planned.append(a) or (16, 1, 1))
+    q, k, v = _inputs(1, 2, 2, 3, 200, 16)
+    flash_decode_launch(q, k, v, 0.25, 0)
+    assert planned[-1][4] == 3  # three rows, top-left: keys 0-2 are all any row sees
 
 
 def test_the_launch_plan_of_a_shape_is_worked_out_once(monkeypatch):

@@ -10,7 +10,6 @@ need not fill the GPU. Each split writes its partial state (O, LSE) in fp32 (fp6
 merge_states' stack kernel reduces the splits in a fixed order: the result is deterministic.
 """
 import functools
-import math
 
 import triton
 import triton.language as tl
@@ -36,13 +35,11 @@ ACC_REGISTERS = 64
 # outweigh the parallelism they buy. Under the interpreter tiny test shapes must still split.
 MIN_KEYS_PER_SPLIT = 256
 INTERPRETER_MIN_KEYS_PER_SPLIT = 16
-# Programs to aim for, as a share of the multiprocessors: the fewest splits that reach it. On an H200 a decode
-# call's time is flat from about 0.6 to 2.5 programs an SM and climbs below (B21 H8/1 Nk 11616 D96: 0.090 ms at 42
-# programs, 0.055 at 84, 0.057 at 168 and 336, 0.067 at 525), while every split past the first adds the partial
-# states' round trip and the merge's launch: the former rule's two waves took 1.03-1.25x the best count's time at
-# every decode shape of the random set (results/nvidia-h200/flash/decode-splits.json).
-FILL = 0.6
+WAVES = 2  # programs to aim for, in multiples of the multiprocessors
 MAX_SPLITS = 64
+# ... and no more than this many an SM: balance alone asked 18 splits of 133 programs at Nk 32K
+MAX_PROGRAMS_PER_SM = 8
+
 
 @triton.jit
 def _packed_query_rows(pid_m, N_Q, GROUP, BLOCK_M: tl.constexpr):
@@ -173,12 +170,25 @@ def decode_block_m(rows: int) -> int:
 
 
 def decode_splits(programs: int, n_k: int, device) -> int:
-    """Key splits for ``programs`` (row tiles x batch x KV heads) over ``n_k`` visible keys: the fewest that give
-    FILL programs a multiprocessor, none shorter than the minimum. A function of the shape and the GPU only, so a
-    run is bitwise repeatable."""
+    """Key splits for ``programs`` (row tiles x batch x KV heads) over ``n_k`` visible keys: the fewest
+    splits, none shorter than the minimum, within 4% of the best balance of programs over the
+    multiprocessors at >= WAVES programs an SM (an SM with one program more than another is what
+    costs). A function of the shape and the GPU only, so a run is bitwise repeatable. Counts near
+    the best balance take nearly the same time, so the fewest of them is taken
+    (docs/measurements/flash.md)."""
     min_keys = INTERPRETER_MIN_KEYS_PER_SPLIT if interpreting() else MIN_KEYS_PER_SPLIT
-    most = max(1, min(cdiv(n_k, min_keys), MAX_SPLITS))
-    return max(1, min(most, cdiv(math.ceil(FILL * multiprocessors(device)), max(programs, 1))))
+    sms = multiprocessors(device)
+    programs = max(programs, 1)
+    most = max(1, min(cdiv(n_k, min_keys), MAX_SPLITS, MAX_PROGRAMS_PER_SM * sms // programs))
+
+    def score(splits):
+        total = programs * splits
+        balance = total / (sms * cdiv(total, sms))
+        return balance * min(1.0, total / (WAVES * sms))
+
+    scores = {splits: score(splits) for splits in range(1, most + 1)}
+    best = max(scores.values())
+    return min(splits for splits, value in scores.items() if value >= 0.96 * best)  # fewest merges
 
 
 def visible_key_count(n_q: int, n_k: int, causal_offset) -> int:
@@ -189,7 +199,8 @@ def visible_key_count(n_q: int, n_k: int, causal_offset) -> int:
 
 def decode_plan(batch: int, heads_q: int, n_q: int, heads_kv: int, n_k: int, device) -> tuple:
     """(packed rows a program, row tiles, key splits) of the launch for these sizes (``n_k``: the visible keys,
-    visible_key_count); worked out once per sizes and device (host time a decode step would pay on every call)."""
+    visible_key_count); worked out once per sizes and device (the split search scores every candidate count: host
+    time a decode step would pay on every call)."""
     return _decode_plan(batch, heads_q, n_q, heads_kv, n_k, device, interpreting())
 
 
