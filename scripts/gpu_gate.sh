@@ -218,7 +218,8 @@ fi
 if has ab; then
   # a folder of this gate's own: gates side by side on one host each check their old commit out (a shared path was
   # removed and cloned again under the others' running processes)
-  old_tree=$(mktemp -d /tmp/attnbench-ab-old.XXXXXX)/tree
+  old_root=$(mktemp -d /tmp/attnbench-ab-old.XXXXXX) || exit 1
+  old_tree=$old_root/tree
   if [[ -z "${AB_OLD:-}" || ! -f .gitbundle ]]; then
     echo "gpu_gate: ab needs AB_OLD=<commit> and a carried .gitbundle (git bundle create .gitbundle main)" >&2
     status=1
@@ -245,6 +246,7 @@ if has ab; then
     echo "gpu_gate: ab: cannot check out $AB_OLD from .gitbundle (git's message above)" >&2
     status=1
   fi
+  rm -rf "$old_root"
 fi
 if has peers; then
   eval "$(bash scripts/peer_wheels.sh env)"

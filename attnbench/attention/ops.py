@@ -234,7 +234,8 @@ def _launch_state():
     replays by all of these)."""
     return (forced_routes(), autotune_enabled(), torch.are_deterministic_algorithms_enabled(),
             flash_fwd.HOPPER_BY_DEFAULT, flash_fwd.TMA_BY_DEFAULT, flash_bwd.HOPPER_DKDV_BY_DEFAULT,
-            flash_bwd.GROUP_PER_HEAD_BY_DEFAULT, flash_bwd.DQ_SPLIT_BY_DEFAULT, flash_decode.DECODE_MAX_NQ,
+            flash_bwd.GROUP_PER_HEAD_BY_DEFAULT, flash_bwd.GROUP_RULE_FILL, flash_bwd.GROUP_RULE_MIN_ROWS,
+            flash_bwd.DQ_SPLIT_BY_DEFAULT, flash_decode.DECODE_MAX_NQ,
             MAX_GRID_BATCH, copies.TRITON_COPIES_BY_DEFAULT)
 
 

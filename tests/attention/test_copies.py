@@ -80,3 +80,19 @@ def test_the_route_switch_forces_either_way_and_the_default_is_the_kernels_since
     with pytest.raises(ValueError, match="expected one of"):
         with copy_route("cuda"):
             pass
+
+
+def test_the_copy_routes_decline_only_where_the_default_copies_nothing():
+    """triton@copies and triton@torch-copies run where a GPU's default copies or sums: a padded head dim, a dQ split,
+    a head group the per-head rule may take (its K/V repeats and share sums); elsewhere they are the same route."""
+    from attnbench.operators.flash import FlashCase
+    from attnbench.operators.flash.routes import _nothing_copied
+
+    def case(hq, hkv, nq, nk, d):
+        return FlashCase(batch=1, heads_q=hq, heads_kv=hkv, seqlen_q=nq, seqlen_k=nk, head_dim=d)
+
+    assert "nothing is copied" in _nothing_copied(case(8, 8, 512, 512, 64))
+    assert "nothing is copied" in _nothing_copied(case(8, 2, 512, 512, 64))  # too few rows for the per-head rule
+    assert _nothing_copied(case(8, 8, 512, 512, 72)) is None  # padded to 80
+    assert _nothing_copied(case(8, 2, 2048, 512, 64)) is None  # per-head: repeats and sums
+    assert _nothing_copied(case(8, 8, 4, 8192, 64)) is None  # the dQ pass's keys may split

@@ -130,6 +130,25 @@ def test_triton_merge_equals_torch_merge_on_strided_states(dtype):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("width", [41, 42, 44])
+def test_triton_merges_of_rows_off_the_vector_width_match_contiguous(width):
+    """States of head dim 40 read from rows of ``width`` elements (and a stack whose state stride is odd): the
+    launchers claim only the alignment the strides have (tiling.stride_align), and a larger claim would move the
+    interpreter's reads as it would the GPU's."""
+    g = _gen(9)
+    o = torch.randn(3, 2, 5, width, generator=g, dtype=torch.float64)[..., :40]
+    lse = torch.randn(3, 2, 5, generator=g, dtype=torch.float64)
+    want = merge_states_triton(o[0].contiguous(), lse[0], o[1].contiguous(), lse[1])
+    got = merge_states_triton(o[0], lse[0], o[1], lse[1])
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    flat = torch.randn(3 * 2 * 5 * width + 1, generator=g, dtype=torch.float64)[1:]
+    stack = flat.view(3, 2, 5, width)[..., :40]
+    want = merge_many_triton(stack.contiguous(), lse)
+    got = merge_many_triton(stack, lse)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("lead", [(), (6,), (2, 3), (2, 3, 4), (2, 1, 3, 2)])
 def test_triton_stack_merge_any_leading_shape(lead):
     g = _gen(8)

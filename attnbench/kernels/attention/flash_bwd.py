@@ -440,7 +440,8 @@ def group_route(route):
     that head's share in fp32, and the shares are summed over the group: Hq/Hkv times the programs, for
     the small batches and few KV heads that leave the GPU's multiprocessors idle, at the cost of the
     copies and the fp32 shares in memory). Deterministic either way. None: by shape ("shared", unless
-    GROUP_PER_HEAD_BY_DEFAULT and the shared grid is smaller than the GPU). ``with group_route("per-head"):``."""
+    GROUP_PER_HEAD_BY_DEFAULT, the shared grid fills under GROUP_RULE_FILL of the GPU and each program walks at
+    least GROUP_RULE_MIN_ROWS query rows). ``with group_route("per-head"):``."""
     return _GROUP_ROUTE(route)
 
 

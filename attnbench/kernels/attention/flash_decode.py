@@ -217,8 +217,8 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
     ``causal_offset`` as in flash_fwd_launch. Returns (o, lse) with lse of shape [B, Hq, Nq]."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    block_m, row_tiles, splits = decode_plan(batch, heads_q, n_q, heads_kv, visible_key_count(n_q, n_k, causal_offset),
-                                             q.device)
+    visible = visible_key_count(n_q, n_k, causal_offset)
+    block_m, row_tiles, splits = decode_plan(batch, heads_q, n_q, heads_kv, visible, q.device)
     splits = num_splits or splits
     # the one state is the result, written in place with no merge (tensors of their own, not views of a
     # one-split stack: autograd refuses in-place edits of a view a Function returns); several are kept in fp32
@@ -236,7 +236,7 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         *row_strides(q), *row_strides(k),
         *row_strides(v), *strides,
         n_q, n_k, head_dim, heads_kv, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
-        *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(n_k, splits)),
+        *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(visible, splits)),
         BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m, ALIGN=align,
     )

@@ -122,14 +122,17 @@ def flash_routes(triton):
 
 
 def _nothing_copied(case):
-    """What the copies route changes on a GPU's default routes: a padded head dim (pads and cuts), or a backward whose
-    dQ keys may split (share sums: DQ_SPLIT_MIN_SPLITS runs of DQ_SPLIT_MIN_KEYS keys at the least)."""
-    from ...kernels.attention.flash_bwd import DQ_SPLIT_MIN_KEYS, DQ_SPLIT_MIN_SPLITS
+    """What the copy routes change on a GPU's default routes: a padded head dim (pads and cuts), a backward whose
+    dQ keys may split (share sums: DQ_SPLIT_MIN_SPLITS runs of DQ_SPLIT_MIN_KEYS keys at the least), or one the
+    per-head rule may take (K/V repeats and share sums: head groups over GROUP_RULE_MIN_ROWS query rows)."""
+    from ...kernels.attention.flash_bwd import DQ_SPLIT_MIN_KEYS, DQ_SPLIT_MIN_SPLITS, GROUP_RULE_MIN_ROWS
     from ...kernels.attention.head_padding import padded_width
 
-    if padded_width(case.head_dim, "cuda") == case.head_dim and case.seqlen_k < DQ_SPLIT_MIN_KEYS * DQ_SPLIT_MIN_SPLITS:
-        return (f"head dim {case.head_dim} is not padded and {case.seqlen_k} keys are too few for a dQ split: "
-                "nothing is copied, the routes are the same")
+    per_head = case.heads_q > case.heads_kv and case.seqlen_q >= GROUP_RULE_MIN_ROWS
+    if (padded_width(case.head_dim, "cuda") == case.head_dim and case.seqlen_k < DQ_SPLIT_MIN_KEYS * DQ_SPLIT_MIN_SPLITS
+            and not per_head):
+        return (f"head dim {case.head_dim} is not padded, {case.seqlen_k} keys are too few for a dQ split and no "
+                "head group is spread per head: nothing is copied, the routes are the same")
     return None
 
 
