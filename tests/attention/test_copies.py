@@ -24,8 +24,10 @@ def _sources(dtype):
     transposed = torch.randn(2, 5, 3, 40, generator=g).to(dtype).transpose(1, 2)  # heads and rows swapped in memory
     columns_strided = torch.randn(2, 3, 40, 5, generator=g).to(dtype).transpose(2, 3)  # a column stride of 5
     expanded = x[:, :1].expand(2, 3, 5, 40)  # head stride 0
+    rows_41 = torch.randn(2, 3, 5, 41, generator=g).to(dtype)[..., :40]  # strides claim alignment 1 (tiling.aligned)
+    rows_44 = torch.randn(2, 3, 5, 44, generator=g).to(dtype)[..., :40]  # ... and 4
     return {"contiguous": x, "transposed": transposed, "narrow": x[..., :37], "one row": x[:, :, :1],
-            "column stride 5": columns_strided, "expanded": expanded}
+            "column stride 5": columns_strided, "expanded": expanded, "rows of 41": rows_41, "rows of 44": rows_44}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

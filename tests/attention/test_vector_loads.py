@@ -1,4 +1,4 @@
-"""The split-KV decode and the merge of its states at head dims whose rows are not 16-element multiples (40, 72):
+"""The split-KV decode, the merge of its states and the launchers' head copies at head dims whose rows are not 16-element multiples (40, 72):
 compiled for sm_90 on this machine (Triton compiles to PTX without a GPU; nothing runs), their K/V reads must be
 16-byte asynchronous copies and their state reads 16-byte vectors, not 2-byte loads (tiling.aligned). Without the
 launcher's alignment hint the decode at D 40 read 19% of copy bandwidth on an H200 (docs/measurements/flash.md)."""
@@ -71,7 +71,18 @@ merge = ptx(merge_states.merge_stack_kernel, merge_values,
             dict(BLOCK_R=16, BLOCK_D=triton.next_power_of_2(head_dim), ACC_DTYPE=tl.float32,
                  ALIGN=stride_align(head_dim, state, 12 * state)),
             dict(OS="*fp32", LS="*fp64", O="*fp16", L="*fp32"))
-print(json.dumps(dict(align=align, decode=decode, merge=merge)))
+from attnbench.kernels.attention import copies
+copy_values = dict(HEADS=2, N=3660, D=head_dim, WIDTH=head_dim + 8, ROW_BLOCKS=115, s_b=2 * 3660 * head_dim,
+                   s_h=3660 * head_dim, s_n=head_dim, s_d=1)
+repeats = {}
+for repeat in (1, 4):  # REPEAT 1 is a specialization of its own (Triton makes an int argument equal to 1 a constant)
+    constexprs = dict(BLOCK_N=32, BLOCK_W=triton.next_power_of_2(head_dim + 8), s_d=1,
+                      ALIGN=stride_align(head_dim, head_dim + 8, *(copy_values[k] for k in ("s_b", "s_h", "s_n"))))
+    if repeat == 1:
+        constexprs["REPEAT"] = 1
+    repeats[repeat] = ptx(copies.copy_heads_kernel, dict(copy_values, REPEAT=repeat), constexprs,
+                          dict(SRC="*bf16", DST="*bf16"), num_stages=1)
+print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats)))
 """
 
 
@@ -93,3 +104,7 @@ def test_decode_and_merge_read_16_byte_vectors_at_narrow_row_strides(head_dim):
     assert decode.get("cp.async.cg.shared.global", 0) > 0, decode  # K and V pipelined, 16 bytes a copy
     assert "ld.global.b16" not in decode, decode  # q too: no 2-byte loads
     assert "ld.global.b32" not in merge and merge.get("ld.global.v4.b32", 0) > 0, merge
+    # the launchers' pads and the per-head route's K/V repeats (copies.py), both specializations: they compile for
+    # sm_90 (the repeat has run on the interpreter only) and read whole 16-byte vectors
+    for repeat, copy in found["copies"].items():
+        assert copy.get("ld.global.v4.b32", 0) > 0 and "ld.global.b16" not in copy, (repeat, copy)

@@ -28,6 +28,7 @@ import triton.language as tl
 from ..launch import planned
 from ..outputs import new_output
 from ..precision import accumulator_dtype
+from ..tiling import aligned, stride_align
 from ..tuning import cdiv, next_pow2
 from .routes import RouteSwitch
 
@@ -61,9 +62,13 @@ def _block_elements(device) -> int:
 
 @triton.jit
 def copy_heads_kernel(SRC, DST, HEADS, N, D, WIDTH, REPEAT, ROW_BLOCKS, s_b, s_h, s_n, s_d,
-                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, ALIGN: tl.constexpr):
     """One program: BLOCK_N rows of one (batch, destination head). The grid is one axis of (batch x destination
     heads x row blocks) programs: a long sequence's row blocks on a second axis would pass CUDA's 65535 there."""
+    # the source's batch, head and row strides, D and WIDTH are multiples of ALIGN (tiling.aligned): a pad of D 40
+    # rows to 48 compiled to 2-byte loads without it (tests/attention/test_vector_loads.py)
+    s_b, s_h, s_n = aligned(s_b, ALIGN), aligned(s_h, ALIGN), aligned(s_n, ALIGN)
+    D, WIDTH = aligned(D, ALIGN), aligned(WIDTH, ALIGN)
     pid = tl.program_id(0).to(tl.int64)
     bh, blk = pid // ROW_BLOCKS, pid % ROW_BLOCKS
     b, h = bh // (HEADS * REPEAT), (bh % (HEADS * REPEAT)) // REPEAT
@@ -95,7 +100,8 @@ def copy_heads(src, width=None, repeat=1):
     block_n = max(1, min(next_pow2(n), _block_elements(src.device) // block_w))
     row_blocks = cdiv(n, block_n)
     planned(copy_heads_kernel)[(batch * heads * repeat * row_blocks,)](
-        src, dst, heads, n, head_dim, width, repeat, row_blocks, *src.stride(), BLOCK_N=block_n, BLOCK_W=block_w)
+        src, dst, heads, n, head_dim, width, repeat, row_blocks, *src.stride(), BLOCK_N=block_n, BLOCK_W=block_w,
+        ALIGN=stride_align(head_dim, width, *src.stride()[:3]))
     return dst
 
 
