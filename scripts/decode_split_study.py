@@ -10,7 +10,8 @@ import sys
 
 import torch
 
-from attnbench.kernels.attention.flash_decode import decode_plan, flash_decode_launch, visible_key_count
+from attnbench.kernels.attention.flash_decode import decode_plan, flash_decode_launch
+from attnbench.kernels.tiling import visible_key_count
 from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.operators.flash import _random
 

@@ -216,7 +216,7 @@ def test_split_rule():
 def test_splits_divide_the_visible_keys(monkeypatch):
     """A top-left causal decode reads Nq keys, not Nk: the plan splits those (row i sees j <= i + offset)."""
     from attnbench.kernels.attention import flash_decode
-    from attnbench.kernels.attention.flash_decode import visible_key_count
+    from attnbench.kernels.tiling import visible_key_count
 
     assert visible_key_count(12, 15778, 0) == 12
     assert visible_key_count(4, 100, 96) == 100  # bottom-right: every key

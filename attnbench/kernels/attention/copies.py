@@ -99,9 +99,10 @@ def copy_heads(src, width=None, repeat=1):
     block_w = next_pow2(width)  # the destination's columns: a pad's zeros and a cut's kept columns
     block_n = max(1, min(next_pow2(n), _block_elements(src.device) // block_w))
     row_blocks = cdiv(n, block_n)
+    strides = src.stride()
     planned(copy_heads_kernel)[(batch * heads * repeat * row_blocks,)](
-        src, dst, heads, n, head_dim, width, repeat, row_blocks, *src.stride(), BLOCK_N=block_n, BLOCK_W=block_w,
-        ALIGN=stride_align(head_dim, width, *src.stride()[:3]))
+        src, dst, heads, n, head_dim, width, repeat, row_blocks, *strides, BLOCK_N=block_n, BLOCK_W=block_w,
+        ALIGN=stride_align(head_dim, width, *strides[:3]))
     return dst
 
 

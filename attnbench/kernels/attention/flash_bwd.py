@@ -48,7 +48,7 @@ from ..precision import (LOG2E, accumulator_dtype, accumulator_torch_dtype, dot_
 from .routes import RouteSwitch
 from .row_dot import row_dot_launch
 from .softmax_rows import blind_rows, load_lse_log2
-from ..tiling import query_tile, row_strides, visible_keys
+from ..tiling import query_tile, row_strides, visible_key_count, visible_keys
 from ..tuning import (autotune, cdiv, cfg, configs, config_list, head_dim_blocks, head_width, multiprocessors,
                       pruner, registers_per_thread, seq_bucket)
 
@@ -499,7 +499,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     # (the Gluon pass writes the inputs' dtype: not the fp32 shares of the per-head route)
     hopper = dkdv_dtype in (None, k.dtype) and _hopper_dkdv(do, q, k, v, atomic)
     passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
-    if _per_head(batch, heads_kv, group, q.shape[2], n_k, q.device, hopper):
+    if _per_head(batch, heads_kv, group, n_q, n_k, q.device, hopper):
         # a program per query head (group 1 below) forms its fp32 share of dK and dV; the group sums them
         kx, vx = (copy_heads(t, repeat=group) for t in (k, v))
         dq, dk, dv = flash_bwd_launch(do, q, kx, vx, o, lse, sm_scale, causal_offset, dlse,
@@ -529,7 +529,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
                             atomic, tma, forms, common)
     if atomic:
         return (dq_acc * sm_scale).to(q.dtype), dk, dv
-    visible = n_k if not causal else max(0, min(n_k, n_q + offset))  # row n_q - 1 sees keys j <= n_q - 1 + offset
+    visible = visible_key_count(n_q, n_k, causal_offset)
     splits, keys_per_split = _dq_splits(batch, heads_q, n_q, n_k, visible, q.device)
     if splits > 1:  # each split's share of dQ in the accumulator dtype, summed below and rounded once
         dq = new_output((splits, *q.shape), acc, q.device)

@@ -22,7 +22,7 @@ from ..precision import (ROW_MAX_START, STATE_LSE_DTYPE, accumulator_dtype, accu
                          lse_dtype, softmax_scale_log2, split_scale)
 from .softmax_rows import finish_rows_where
 from ..launch import planned
-from ..tiling import aligned, row_strides, stride_align
+from ..tiling import aligned, row_strides, stride_align, visible_key_count
 from ..tuning import (autotune, cdiv, cfg, configs, config_list, multiprocessors, next_pow2, pruner,
                       registers_per_thread, seq_bucket)
 
@@ -191,15 +191,9 @@ def decode_splits(programs: int, n_k: int, device) -> int:
     return min(splits for splits, value in scores.items() if value >= 0.96 * best)  # fewest merges
 
 
-def visible_key_count(n_q: int, n_k: int, causal_offset) -> int:
-    """The keys the last query row sees (row i sees j <= i + offset): what the splits divide. A top-left causal
-    decode of 12 rows over 15778 keys reads 12 of them; split as 15778 it took 0.020 ms against 0.008 unsplit."""
-    return n_k if causal_offset is None else min(n_k, max(0, n_q + int(causal_offset)))
-
-
 def decode_plan(batch: int, heads_q: int, n_q: int, heads_kv: int, n_k: int, device) -> tuple:
     """(packed rows a program, row tiles, key splits) of the launch for these sizes (``n_k``: the visible keys,
-    visible_key_count); worked out once per sizes and device (the split search scores every candidate count: host
+    tiling.visible_key_count: split as all 15778 keys, a top-left decode of 12 rows took 0.020 ms against 0.008); worked out once per sizes and device (the split search scores every candidate count: host
     time a decode step would pay on every call)."""
     return _decode_plan(batch, heads_q, n_q, heads_kv, n_k, device, interpreting())
 
@@ -230,15 +224,14 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         o_part = new_output((splits, *q.shape), accumulator_torch_dtype(q.dtype), q.device)
         l_part = new_output((splits, batch, heads_q, n_q), STATE_LSE_DTYPE, q.device)
         strides = (*o_part.stride()[:4], *l_part.stride()[:3])
-    align = stride_align(head_dim, *row_strides(q), *row_strides(k), *row_strides(v), *strides[:4])
+    inputs = (*row_strides(q), *row_strides(k), *row_strides(v))
     planned(flash_decode_kernel)[(row_tiles * splits, heads_kv, batch)](
-        q, k, v, o_part, l_part,
-        *row_strides(q), *row_strides(k),
-        *row_strides(v), *strides,
+        q, k, v, o_part, l_part, *inputs, *strides,
         n_q, n_k, head_dim, heads_kv, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
         *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(visible, splits)),
         BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
-        ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m, ALIGN=align,
+        ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m,
+        ALIGN=stride_align(head_dim, *inputs, *strides[:4]),
     )
     if splits == 1:
         return o_part, l_part
