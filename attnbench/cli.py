@@ -749,7 +749,7 @@ def build_parser():
         p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
         if cases:
             p.add_argument("--cases", help="case set: tiny, gpu, anchor, sweep, odd (odd shapes, every operator), "
-                                           "decode, random, host (flash; host for jvp_attention too), "
+                                           "decode, random, host (flash; random and host for jvp_attention too), "
                                            "tabpfn (shared_context), layer (sparse) (default: tiny on CPU; on CUDA "
                                            "check: gpu, bench and run: anchor)")
             p.add_argument("--match", type=label_pattern, metavar="REGEX",

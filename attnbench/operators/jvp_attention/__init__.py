@@ -25,7 +25,7 @@ import torch
 
 from ...bench.cases import seeded_inputs, table_sets
 from ...bench.registry import Operator, Unsupported, Variant, first_line, register
-from ..flash import ATTENTION_GPU_SHAPES, HOST_SHAPES, ODD_SHAPES, FlashCase, _shapes
+from ..flash import ATTENTION_GPU_SHAPES, HOST_SHAPES, ODD_SHAPES, FlashCase, _random, _shapes
 from ..flash.peers import SDPA_BACKENDS
 from . import peers, reference, routes, split
 
@@ -64,6 +64,8 @@ CASE_SETS = {
     "odd": lambda: _shapes(ODD_SHAPES["float16"], ("float16",)),
     # flash's host-bound shapes and the fwd+JVP / HVP targets' B2 H8 N2048 D64, for the eager clock
     "host": lambda: _shapes(HOST_SHAPES + [ANCHOR_SHAPES[3]], ("bfloat16",)),
+    # flash's seeded random shapes (decode, self and cross lengths, GQA, head dims off the powers of two)
+    "random": _random,
 }
 
 
