@@ -2,6 +2,7 @@
 goes before cutting").
 
     .venv/bin/python scripts/host_profile.py [--device cuda] [--shape 1 2 128 64] [--calls 1500]
+        [--kv-heads HKV] [--keys NK] [--causal top_left|bottom_right]
 
 For each differentiation route (forward, forward + backward, torch.func.jvp, the three HVP routes) it times one
 eager call, back to back, at up to four levels:
@@ -17,7 +18,7 @@ eager call, back to back, at up to four levels:
 
 real - launches is the launch path and the GPU; launches - ops our launchers' Python (what replays leave of it);
 unreplayed - real what replays save; ops - floor our Functions and checks above PyTorch's own. On a GPU, FLASH and
-MATH are SDPA pinned to that backend on the same tensors, timed the same way (the issue's bars are ratios to them;
+cuDNN and MATH are SDPA pinned to that backend on the same tensors, timed the same way (the issue's bars are ratios to them;
 - where the backend refuses the route). The stubbed levels compute garbage (empty outputs) and are for timing
 only. --trace and --cprofile profile the real call (GPU only). Each number is the best of 5 rounds' mean per call, in microseconds; a round is at most
 --calls calls and --round-s seconds.
@@ -39,6 +40,7 @@ ROUTES = ("fwd", "fwd_bwd", "func_jvp", "hvp_fwd_rev", "hvp_rev_rev", "hvp_func"
 
 
 def routes(f, q, k, v, u):
+    # u is the cotangent of o (q's shape); k and v may have fewer heads and another length
     """Each route as a no-argument call over f(q, k, v) -> o."""
     def fwd():
         with torch.no_grad():
@@ -94,15 +96,20 @@ def per_call_us(call, device, calls, round_s):
     return best
 
 
-def sdpa_routes(backend, q, k, v, u):
+def sdpa_routes(backend, q, k, v, u, causal=None):
     """``routes`` over SDPA pinned to one backend (the issue's bars are ratios to SDPA FLASH and MATH in the same
-    process); each call enters the backend's context, as a user's code would around its own calls."""
+    process); each call enters the backend's context, as a user's code would around its own calls. SDPA's
+    ``is_causal`` is the top-left mask, so a bottom-right one is refused here (the route's cell reads -)."""
     from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
 
+    gqa = q.shape[1] != k.shape[1]
+
     def f(q, k, v):
+        if causal == "bottom_right" and q.shape[2] != k.shape[2]:
+            raise NotImplementedError("SDPA's is_causal is top-left")
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal is not None, enable_gqa=gqa)
 
     return routes(f, q, k, v, u)
 
@@ -164,6 +171,9 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--shape", type=int, nargs=4, default=[1, 2, 128, 64], metavar=("B", "H", "N", "D"))
+    parser.add_argument("--kv-heads", type=int, help="K/V heads (GQA; default: H)")
+    parser.add_argument("--keys", type=int, help="key length Nk (default: N, the query length)")
+    parser.add_argument("--causal", choices=["top_left", "bottom_right"], help="the causal mask's alignment")
     parser.add_argument("--calls", type=int, default=1500, help="calls per timed round, at most")
     parser.add_argument("--round-s", type=float, default=0.15,
                         help="seconds a timed round may take at most (fewer calls for slow routes; default 0.15)")
@@ -183,18 +193,24 @@ def main():
     # the interpreter runs bf16 as a float32 upcast (extra copies that a GPU does not make): time float32 there
     dtype = getattr(torch, args.dtype) if device.type == "cuda" else torch.float32
     g = torch.Generator().manual_seed(0)
-    q, k, v, u = (torch.randn(*args.shape, generator=g).to(device, dtype) for _ in range(4))
-    ours = routes(lambda q, k, v: api.flash_attention(q, k, v), q, k, v, u)
-    floor = routes(lambda q, k, v: q * q + v, q, k, v, u)
-    levels = (["real", "unreplayed"] if device.type == "cuda" else []) + ["launches", "ops", "floor"]
+    batch, heads, n_q, head_dim = args.shape
+    kv_shape = (batch, args.kv_heads or heads, args.keys or n_q, head_dim)
+    q, u = (torch.randn(*args.shape, generator=g).to(device, dtype) for _ in range(2))
+    k, v = (torch.randn(*kv_shape, generator=g).to(device, dtype) for _ in range(2))
+    ours = routes(lambda q, k, v: api.flash_attention(q, k, v, causal=args.causal), q, k, v, u)
+    levels = (["real", "unreplayed"] if device.type == "cuda" else []) + ["launches", "ops"]
+    if kv_shape == tuple(args.shape):  # the floor's q * q + v needs v shaped like o
+        floor = routes(lambda q, k, v: q * q + v, q, k, v, u)
+        levels.append("floor")
     peers = {}
     if device.type == "cuda":  # what a user pays for SDPA on the same tensors, in the same process
         from torch.nn.attention import SDPBackend
 
-        peers = {"FLASH": sdpa_routes(SDPBackend.FLASH_ATTENTION, q, k, v, u),
-                 "MATH": sdpa_routes(SDPBackend.MATH, q, k, v, u)}
-    print(f"host time per eager call (us), {device} {dtype} B{args.shape[0]} H{args.shape[1]} N{args.shape[2]} "
-          f"D{args.shape[3]}, best of 5 rounds of up to {args.calls} calls or {args.round_s} s")
+        peers = {name: sdpa_routes(backend, q, k, v, u, args.causal)
+                 for name, backend in (("FLASH", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION),
+                                       ("MATH", SDPBackend.MATH))}
+    print(f"host time per eager call (us), {device} {dtype} B{batch} H{heads}/{kv_shape[1]} N{n_q}x{kv_shape[2]} "
+          f"D{head_dim} causal {args.causal}, best of 5 rounds of up to {args.calls} calls or {args.round_s} s")
     print(f"{'route':12s}" + "".join(f"{name:>11s}" for name in [*levels, *peers]))
     refused = {}
     for route in args.routes:

@@ -651,3 +651,22 @@ def test_traced_and_fake_torch_func_jvp_see_the_custom_op():
         fake = [mode.from_tensor(a) for a in (*x, *t)]
         o, o_t = jvp_of(f)(*fake)
     assert o.shape == o_t.shape == x[0].shape
+
+
+@pytest.mark.parametrize("width", [41, 44, 48])
+def test_row_strides_off_the_vector_width_match_contiguous(width):
+    """Head dim 40 read from rows of ``width`` elements (primals and tangents): the JVP kernel claims only the
+    alignment the strides have (tiling.stride_align: 1, 4 and 8 here; test_vector_loads.py shows the claim's
+    16-byte loads on sm_90), and a claim too large would move every row of the interpreter's reads as it would the
+    GPU's."""
+    g = torch.Generator().manual_seed(11)
+    tensors = [torch.randn(2, 2, 5, 40, generator=g) for _ in range(6)]
+    views = []
+    for t in tensors:
+        wide = torch.zeros(*t.shape[:3], width)
+        wide[..., :40] = t
+        views.append(wide[..., :40])
+    for causal in (None, "bottom_right"):
+        a = attention_jvp(*views, causal=causal)
+        b = attention_jvp(*tensors, causal=causal)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), (width, causal)

@@ -1,4 +1,4 @@
-"""The split-KV decode, the merge of its states and the launchers' head copies at head dims whose rows are not 16-element multiples (40, 72):
+"""The split-KV decode, the merge of its states, forward-mode attention and the launchers' head copies at head dims whose rows are not 16-element multiples (40, 72):
 compiled for sm_90 on this machine (Triton compiles to PTX without a GPU; nothing runs), their K/V reads must be
 16-byte asynchronous copies and their state reads 16-byte vectors, not 2-byte loads (tiling.aligned). Without the
 launcher's alignment hint the decode at D 40 read 19% of copy bandwidth on an H200 (docs/measurements/flash.md)."""
@@ -82,7 +82,19 @@ for repeat in (1, 4):  # REPEAT 1 is a specialization of its own (Triton makes a
         constexprs["REPEAT"] = 1
     repeats[repeat] = ptx(copies.copy_heads_kernel, dict(copy_values, REPEAT=repeat), constexprs,
                           dict(SRC="*bf16", DST="*bf16"), num_stages=1)
-print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats)))
+from attnbench.kernels.attention import attention_jvp
+jvp_values = dict(N_Q=1962, N_K=1962, HEAD_DIM=head_dim, H_Q=heads, GROUP=1, causal_offset=0, scale_hi=0.125,
+                  scale_lo=0.0, SEQ_BUCKET=2048)
+for name in ("q", "k", "v", "tq", "tk", "tv", "o", "ot"):
+    jvp_values.update({f"stride_{name}n": head_dim, f"stride_{name}h": 1962 * head_dim,
+                       f"stride_{name}b": heads * 1962 * head_dim})
+jvp = ptx(attention_jvp.attention_jvp_kernel, jvp_values,
+          dict(BLOCK_D=triton.next_power_of_2(head_dim), CAUSAL=False, LSE_GIVEN=False, HAS_TQ=True, HAS_TK=True,
+               HAS_TV=True, ACC_DTYPE=tl.float32, DOT_PRECISION="ieee", BLOCK_M=64, BLOCK_N=64,
+               ALIGN=stride_align(head_dim, 1962 * head_dim, heads * 1962 * head_dim)),
+          dict(Q="*bf16", K="*bf16", V="*bf16", TQ="*bf16", TK="*bf16", TV="*bf16", O="*bf16", LSE="*fp32",
+               OT="*bf16", LSET="*fp32"), num_stages=2)
+print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats, jvp=jvp)))
 """
 
 
@@ -108,3 +120,6 @@ def test_decode_and_merge_read_16_byte_vectors_at_narrow_row_strides(head_dim):
     # sm_90 (the repeat has run on the interpreter only) and read whole 16-byte vectors
     for repeat, copy in found["copies"].items():
         assert copy.get("ld.global.v4.b32", 0) > 0 and "ld.global.b16" not in copy, (repeat, copy)
+    # forward-mode attention (jvp_attention): before its hint it read K, V and their tangents with 2-byte loads
+    jvp = found["jvp"]
+    assert jvp.get("cp.async.cg.shared.global", 0) > 0 and "ld.global.b16" not in jvp, jvp

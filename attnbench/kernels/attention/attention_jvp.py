@@ -23,7 +23,7 @@ from ..precision import (ROW_MAX_START, accumulator_dtype, dot_precision, lse_dt
                          split_scale)
 from .key_block import key_block_mask
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
-from ..tiling import query_tile, row_strides, visible_keys
+from ..tiling import aligned, query_tile, row_strides, stride_align, visible_keys
 from ..launch import planned
 from ..tuning import autotune, cdiv, cfg, configs, config_list, next_pow2, pruner, seq_bucket
 
@@ -105,8 +105,20 @@ def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
                          N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                          BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, LSE_GIVEN: tl.constexpr,
                          HAS_TQ: tl.constexpr, HAS_TK: tl.constexpr, HAS_TV: tl.constexpr,
-                         ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # every stride and the head dim are multiples of ALIGN (tiling.aligned: 16-byte loads at D 40 or 72)
+    stride_qb, stride_qh, stride_qn = aligned(stride_qb, ALIGN), aligned(stride_qh, ALIGN), aligned(stride_qn, ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned(stride_kb, ALIGN), aligned(stride_kh, ALIGN), aligned(stride_kn, ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned(stride_vb, ALIGN), aligned(stride_vh, ALIGN), aligned(stride_vn, ALIGN)
+    stride_tqb, stride_tqh = aligned(stride_tqb, ALIGN), aligned(stride_tqh, ALIGN)
+    stride_tkb, stride_tkh = aligned(stride_tkb, ALIGN), aligned(stride_tkh, ALIGN)
+    stride_tvb, stride_tvh = aligned(stride_tvb, ALIGN), aligned(stride_tvh, ALIGN)
+    stride_tqn, stride_tkn, stride_tvn = aligned(stride_tqn, ALIGN), aligned(stride_tkn, ALIGN), aligned(stride_tvn, ALIGN)
+    stride_ob, stride_oh, stride_on = aligned(stride_ob, ALIGN), aligned(stride_oh, ALIGN), aligned(stride_on, ALIGN)
+    stride_otb, stride_oth = aligned(stride_otb, ALIGN), aligned(stride_oth, ALIGN)
+    stride_otn = aligned(stride_otn, ALIGN)
+    HEAD_DIM = aligned(HEAD_DIM, ALIGN)
     pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -191,14 +203,13 @@ def attention_jvp_launch(q, k, v, tq, tk, tv, sm_scale: float, causal_offset, o=
     def grid(meta):
         return (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)
 
+    strides = [s for t in (q, k, v, tq_, tk_, tv_, o, o_t) for s in row_strides(t)]
     planned(attention_jvp_kernel)[grid](
-        q, k, v, tq_, tk_, tv_, o, lse, o_t, lse_t,
-        *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(tq_), *row_strides(tk_), *row_strides(tv_),
-        *row_strides(o), *row_strides(o_t),
-        n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
+        q, k, v, tq_, tk_, tv_, o, lse, o_t, lse_t, *strides, n_q, n_k, head_dim, heads_q, heads_q // heads_kv,
         0 if causal_offset is None else int(causal_offset), *split_scale(sm_scale), seq_bucket(max(n_q, n_k)),
         BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None, LSE_GIVEN=lse_given,
         HAS_TQ=tq is not None, HAS_TK=tk is not None, HAS_TV=tv is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        ALIGN=stride_align(head_dim, *strides),
     )
     return (o_t, lse_t) if lse_given else (o, lse, o_t, lse_t)
