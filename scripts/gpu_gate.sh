@@ -50,6 +50,10 @@ mkdir -p "$OUT"
 stages=${*:-tests bench graphs capabilities sanitize asv}
 ART=$(mktemp -d)
 trap 'tar czf "$OUT/gpu-gate-${stages// /-}.tgz" -C "$ART" .' EXIT
+# Stopped by `timeout` (TERM to the process group): the running step gets the signal too and writes what it finished
+# (a bench keeps its rows). Without a TERM trap bash ran the EXIT trap at once and archived while that step was
+# still writing: a call lost a finished shard's JSON so. With one, bash lets the step exit first, then archives.
+trap 'exit 143' TERM
 export PYTHONUNBUFFERED=1
 status=0
 has() { [[ " $stages " == *" $1 "* ]]; }
