@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbench.kernels.attention.copies import by_kernel, copy_heads, copy_route, sum_shares
+from attnbench.kernels.attention.copies import by_kernel, copy_heads, copy_heads_each, copy_route, grouped, sum_shares
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -43,6 +43,32 @@ def test_copy_heads_pads_cuts_and_repeats_bitwise_like_torch(dtype):
             assert torch.equal(got, src.repeat_interleave(repeat, dim=1)), (name, repeat)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
+def test_grouped_copies_are_each_copy_bit_for_bit_in_a_launch_per_layout(dtype, monkeypatch):
+    """copy_heads_each by the "grouped" route: each result is copy_heads' own, bit for bit, while the sources of one
+    layout (up to GROUP_MAX) share a launch: a padded backward's do, q, o and k, v make two, not five."""
+    from attnbench.kernels.attention import copies
+
+    sources = _sources(dtype)
+    g = torch.Generator().manual_seed(5)
+    group = [sources["contiguous"], *(torch.randn(2, 3, 5, 40, generator=g).to(dtype) for _ in range(3))]
+    mixed = [*group, sources["transposed"], sources["rows of 41"], sources["expanded"]]
+    launches = []
+    real = copies._launch_copies
+    monkeypatch.setattr(copies, "_launch_copies", lambda s, w, r: launches.append(len(s)) or real(s, w, r))
+    for width, repeat in ((48, 1), (40, 1), (16, 1), (None, 3)):
+        want = [copy_heads(t, width, repeat) for t in mixed]
+        launches.clear()
+        with copy_route("grouped"):
+            got = copy_heads_each(width, *mixed, repeat=repeat)
+        assert all(a.is_contiguous() and torch.equal(a, b) for a, b in zip(got, want, strict=True)), width
+        # four of one layout: three, then one; each other source alone
+        assert sorted(launches) == [1, 1, 1, 1, 3], launches
+    launches.clear()
+    copy_heads_each(48, *group)  # the default: a launch a tensor until the grouped launch is timed
+    assert launches == [1, 1, 1, 1]
+
+
 def test_copy_heads_of_an_empty_tensor_allocates_only():
     src = torch.empty(2, 3, 0, 40)
     assert copy_heads(src, 48).shape == (2, 3, 0, 48)
@@ -76,9 +102,12 @@ def test_the_route_switch_forces_either_way_and_the_default_is_the_kernels_since
 
     with copy_route(None):
         assert copies.TRITON_COPIES_BY_DEFAULT is True and by_kernel()
-    assert by_kernel()
+        assert copies.GROUPED_COPIES_BY_DEFAULT is False and not grouped()  # untimed on a GPU
+    assert by_kernel() and not grouped()
     with copy_route("torch"):
-        assert not by_kernel()
+        assert not by_kernel() and not grouped()
+    with copy_route("grouped"):
+        assert by_kernel() and grouped()
     with pytest.raises(ValueError, match="expected one of"):
         with copy_route("cuda"):
             pass

@@ -442,12 +442,14 @@ def test_the_default_forward_takes_the_gluon_kernel_by_head_dim_and_at_narrow_he
     assert picks(1, 1, 1, int(limit) - 1, 40) and not picks(1, 1, 1, int(limit), 40)
 
 
-# the pads and cuts by PyTorch's ops, or by copies.py's kernel (test_copies.py holds it to torch's ops bit for bit)
+# the pads and cuts by PyTorch's ops, or by copies.py's kernel, a launch a tensor or a launch a layout (test_copies.py
+# holds it to torch's ops bit for bit)
 @pytest.mark.parametrize("head_dim,causal,route,copies", [
     (72, "top_left", "tiles", "torch"), (88, None, "tiles", "torch"), (40, "bottom_right", "tiles", "torch"),
     (24, "top_left", "tiles", "torch"), (72, "top_left", "tma", "torch"), (88, None, "tma", "torch"),
     (40, "bottom_right", "tma", "torch"), (24, "top_left", "tma", "torch"),
-    (72, "top_left", "tiles", "triton"), (40, "bottom_right", "tma", "triton")])
+    (72, "top_left", "tiles", "triton"), (40, "bottom_right", "tma", "triton"), (88, None, "tiles", "grouped"),
+    (40, "bottom_right", "tma", "grouped")])
 def test_masked_column_block_head_dims_run_padded_and_match_float64(route, head_dim, causal, copies):
     """Head dims whose column blocks would be masked (72 = 64 + 16 up to 80, 88 = 64 + 32 up to 96,
     40 = 32 + 16 up to 48, 24 in one block of 32) run zero-padded on CUDA (attnbench/kernels/attention/head_padding.py:

@@ -128,7 +128,8 @@ COPYING = {"padded": ((1, 2, 2, 20, 20, 40, None), None, "aten.constant_pad_nd")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's replays")
 @pytest.mark.parametrize("body,copies", [("padded", "torch"), ("split dQ", "torch"), ("padded", "triton"),
-                                         ("split dQ", "triton"), ("per head", "triton")])
+                                         ("split dQ", "triton"), ("per head", "triton"), ("padded", "grouped"),
+                                         ("per head", "grouped")])
 def test_copies_by_kernel_let_the_copying_backward_bodies_replay(body, copies, replaying, monkeypatch):
     """With PyTorch's ops the backward of these shapes is refused (each call pays the launchers' Python: 0.3-0.9 ms
     of host time on an H200, docs/measurements/flash.md); with copies.py's kernels it replays, bit for bit."""

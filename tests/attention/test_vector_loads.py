@@ -75,13 +75,15 @@ from attnbench.kernels.attention import copies
 copy_values = dict(HEADS=2, N=3660, D=head_dim, WIDTH=head_dim + 8, ROW_BLOCKS=115, s_b=2 * 3660 * head_dim,
                    s_h=3660 * head_dim, s_n=head_dim, s_d=1)
 repeats = {}
-for repeat in (1, 4):  # REPEAT 1 is a specialization of its own (Triton makes an int argument equal to 1 a constant)
-    constexprs = dict(BLOCK_N=32, BLOCK_W=triton.next_power_of_2(head_dim + 8), s_d=1,
+for repeat, count in ((1, 1), (4, 1), (1, 3)):  # REPEAT 1 is a specialization of its own (Triton makes an int
+    # argument equal to 1 a constant); COUNT 3 picks one of three grouped sources by scalar branches
+    constexprs = dict(BLOCK_N=32, BLOCK_W=triton.next_power_of_2(head_dim + 8), s_d=1, COUNT=count,
                       ALIGN=stride_align(head_dim, head_dim + 8, *(copy_values[k] for k in ("s_b", "s_h", "s_n"))))
     if repeat == 1:
         constexprs["REPEAT"] = 1
-    repeats[repeat] = ptx(copies.copy_heads_kernel, dict(copy_values, REPEAT=repeat), constexprs,
-                          dict(SRC="*bf16", DST="*bf16"), num_stages=1)
+    repeats[f"repeat {repeat}, {count} sources"] = ptx(
+        copies.copy_heads_kernel, dict(copy_values, REPEAT=repeat), constexprs,
+        {name: "*bf16" for name in ("SRC", "DST", "SRC1", "DST1", "SRC2", "DST2")}, num_stages=1)
 from attnbench.kernels.attention import attention_jvp
 jvp_values = dict(N_Q=1962, N_K=1962, HEAD_DIM=head_dim, H_Q=heads, GROUP=1, causal_offset=0, scale_hi=0.125,
                   scale_lo=0.0, SEQ_BUCKET=2048)

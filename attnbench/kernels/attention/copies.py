@@ -12,6 +12,7 @@ launched through ``launch.planned``, the same steps replay:
 
     copy_heads(src, width, repeat)   [B, H, N, D] (any strides, 0 too) -> contiguous [B, H * repeat, N, width]: head h
                                      holds src's head h // repeat, its first min(D, width) columns, zeros after
+    copy_heads_each(width, *srcs)    copy_heads of each; by the "grouped" route, those of one layout in one launch
     sum_shares(src, dim, dtype)      a contiguous tensor summed over ``dim`` in the accumulator dtype, in index
                                      order (deterministic), rounded once to ``dtype``
 
@@ -32,20 +33,27 @@ from ..tiling import aligned, stride_align
 from ..tuning import cdiv, next_pow2
 from .routes import RouteSwitch
 
-COPY_ROUTES = ("torch", "triton")
+COPY_ROUTES = ("torch", "triton", "grouped")
 _COPY_ROUTE = RouteSwitch(COPY_ROUTES, "launcher copy route")
 # Whether the launchers' copies and sums run as the kernels below where no route is forced. Timed beside PyTorch's
 # ops over the random set on an H200 (results/nvidia-h200/flash/random-{fwd,bwd}-*.json): the backward took
 # 0.59-1.06x the time, median 0.94x (GPU) and 0.79x (eager; 0.30-1.16x); the forward the same GPU time (0.93-1.06x).
 TRITON_COPIES_BY_DEFAULT = True
+# Whether the default copies the pads and cuts of tensors of one layout in one launch ("grouped"): a padded backward
+# makes 4 launches for its 5 pads and 3 cuts instead of 8. Off until timed beside the one-launch-a-tensor kernels
+# (the forced routes triton@copies and triton@grouped-copies): the padded backward shapes of the random set lose to
+# FLASH by 0.70-0.84x in 25-61 us calls, and 11 launches' GPU floor (calibrate: about 4 us each) is much of that.
+GROUPED_COPIES_BY_DEFAULT = False
+GROUP_MAX = 3  # sources a grouped launch takes (the kernel's pointer arguments)
 # Elements a program moves: enough per program to stream at copy bandwidth, few enough to keep the grid wide.
 BLOCK_ELEMENTS = 4096
 
 
 def copy_route(route):
     """How the launchers copy and sum around their kernels: "torch" (PyTorch's ops: F.pad, contiguous, sum, to,
-    repeat_interleave) or "triton" (the planned kernels here, which host replays repeat); None: by default
-    (TRITON_COPIES_BY_DEFAULT). The same values either way, bit for bit for the copies; the sums in a fixed order.
+    repeat_interleave), "triton" (the planned kernels here, which host replays repeat: a launch a tensor) or
+    "grouped" (the same kernels, the pads and cuts of tensors of one layout sharing a launch: copy_heads_each);
+    None: by default (TRITON_COPIES_BY_DEFAULT, GROUPED_COPIES_BY_DEFAULT). The same values either way, bit for bit for the copies; the sums in a fixed order.
     ``with copy_route("triton"):``."""
     return _COPY_ROUTE(route)
 
@@ -53,7 +61,13 @@ def copy_route(route):
 def by_kernel() -> bool:
     """Whether the launchers' copies and sums take the kernels here now."""
     forced = _COPY_ROUTE.forced
-    return TRITON_COPIES_BY_DEFAULT if forced is None else forced == "triton"
+    return TRITON_COPIES_BY_DEFAULT if forced is None else forced in ("triton", "grouped")
+
+
+def grouped() -> bool:
+    """Whether pads and cuts of tensors of one layout share a launch now (copy_heads_each)."""
+    forced = _COPY_ROUTE.forced
+    return TRITON_COPIES_BY_DEFAULT and GROUPED_COPIES_BY_DEFAULT if forced is None else forced == "grouped"
 
 
 def _block_elements(device) -> int:
@@ -61,14 +75,22 @@ def _block_elements(device) -> int:
 
 
 @triton.jit
-def copy_heads_kernel(SRC, DST, HEADS, N, D, WIDTH, REPEAT, ROW_BLOCKS, s_b, s_h, s_n, s_d,
-                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, ALIGN: tl.constexpr):
-    """One program: BLOCK_N rows of one (batch, destination head). The grid is one axis of (batch x destination
-    heads x row blocks) programs: a long sequence's row blocks on a second axis would pass CUDA's 65535 there."""
+def copy_heads_kernel(SRC, DST, SRC1, DST1, SRC2, DST2, HEADS, N, D, WIDTH, REPEAT, ROW_BLOCKS, s_b, s_h, s_n, s_d,
+                      COUNT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, ALIGN: tl.constexpr):
+    """One program: BLOCK_N rows of one (batch, destination head) of one of COUNT (1-3) sources of one layout, the
+    second grid axis. The first axis is (batch x destination heads x row blocks): a long sequence's row blocks on an
+    axis of their own would pass CUDA's 65535 there."""
     # the source's batch, head and row strides, D and WIDTH are multiples of ALIGN (tiling.aligned): a pad of D 40
     # rows to 48 compiled to 2-byte loads without it (tests/attention/test_vector_loads.py)
     s_b, s_h, s_n = aligned(s_b, ALIGN), aligned(s_h, ALIGN), aligned(s_n, ALIGN)
     D, WIDTH = aligned(D, ALIGN), aligned(WIDTH, ALIGN)
+    which = tl.program_id(1)
+    if COUNT > 1:  # the pointers chosen by scalar branches keep their 16-byte vectors (test_vector_loads.py)
+        if which == 1:
+            SRC, DST = SRC1, DST1
+    if COUNT > 2:
+        if which == 2:
+            SRC, DST = SRC2, DST2
     pid = tl.program_id(0).to(tl.int64)
     bh, blk = pid // ROW_BLOCKS, pid % ROW_BLOCKS
     b, h = bh // (HEADS * REPEAT), (bh % (HEADS * REPEAT)) // REPEAT
@@ -93,17 +115,44 @@ def copy_heads(src, width=None, repeat=1):
         if width > head_dim:
             return F.pad(out, (0, width - head_dim))
         return out if width == head_dim and repeat > 1 else out[..., :width].contiguous()
-    dst = new_output((batch, heads * repeat, n, width), src.dtype, src.device)
-    if dst.numel() == 0:
-        return dst
+    return _launch_copies([src], width, repeat)[0]
+
+
+def copy_heads_each(width, *sources, repeat=1):
+    """``copy_heads(t, width, repeat)`` of each source. Where ``grouped()``, the sources of one layout (shape, strides,
+    dtype, device) share a launch, up to GROUP_MAX of them: the backward's pads of do, q and o are one launch, of k
+    and v another."""
+    if not grouped():
+        return [copy_heads(t, width, repeat) for t in sources]
+    out, layouts = [None] * len(sources), {}
+    for i, t in enumerate(sources):
+        layouts.setdefault((t.shape, t.stride(), t.dtype, t.device), []).append(i)
+    for members in layouts.values():
+        for start in range(0, len(members), GROUP_MAX):
+            part = members[start:start + GROUP_MAX]
+            for i, copied in zip(part, _launch_copies([sources[i] for i in part], width, repeat)):
+                out[i] = copied
+    return out
+
+
+def _launch_copies(sources, width, repeat):
+    """copy_heads of 1 to GROUP_MAX sources of one layout as one planned launch."""
+    src = sources[0]
+    batch, heads, n, head_dim = src.shape
+    width = head_dim if width is None else width
+    outputs = [new_output((batch, heads * repeat, n, width), src.dtype, src.device) for _ in sources]
+    if outputs[0].numel() == 0:
+        return outputs
     block_w = next_pow2(width)  # the destination's columns: a pad's zeros and a cut's kept columns
     block_n = max(1, min(next_pow2(n), _block_elements(src.device) // block_w))
     row_blocks = cdiv(n, block_n)
     strides = src.stride()
-    planned(copy_heads_kernel)[(batch * heads * repeat * row_blocks,)](
-        src, dst, heads, n, head_dim, width, repeat, row_blocks, *strides, BLOCK_N=block_n, BLOCK_W=block_w,
-        ALIGN=stride_align(head_dim, width, *strides[:3]))
-    return dst
+    pairs = [a for pair in zip(sources, outputs) for a in pair]
+    pairs += pairs[:2] * (GROUP_MAX - len(sources))  # unread placeholders: the first pair again
+    planned(copy_heads_kernel)[(batch * heads * repeat * row_blocks, len(sources))](
+        *pairs, heads, n, head_dim, width, repeat, row_blocks, *strides, COUNT=len(sources), BLOCK_N=block_n,
+        BLOCK_W=block_w, ALIGN=stride_align(head_dim, width, *strides[:3]))
+    return outputs
 
 
 @triton.jit

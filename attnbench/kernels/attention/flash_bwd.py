@@ -38,7 +38,7 @@ import triton.language as tl
 from .. import interpreting
 from .flash_bwd_hopper import HOPPER_DKDV_HEAD_DIMS, flash_bwd_dkdv_hopper_launch
 from .flash_fwd_hopper import hopper_applies
-from .copies import copy_heads, sum_shares
+from .copies import copy_heads_each, sum_shares
 from .head_padding import cut_heads, pad_heads, padded_width
 from ..launch import descriptor_scratch, kept, planned, tma_capable
 from .key_block import head_columns, key_block_mask
@@ -501,7 +501,7 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     passes = SPLIT_PASSES if _split_dkdv(block_d + block_d2, atomic) else (BOTH_PASS, )
     if _per_head(batch, heads_kv, group, n_q, n_k, q.device, hopper):
         # a program per query head (group 1 below) forms its fp32 share of dK and dV; the group sums them
-        kx, vx = (copy_heads(t, repeat=group) for t in (k, v))
+        kx, vx = copy_heads_each(None, k, v, repeat=group)
         dq, dk, dv = flash_bwd_launch(do, q, kx, vx, o, lse, sm_scale, causal_offset, dlse,
                                       accumulator_torch_dtype(q.dtype))
         return (dq, *(sum_shares(t.unflatten(1, (heads_kv, group)), 2, dkdv_dtype or k.dtype) for t in (dk, dv)))

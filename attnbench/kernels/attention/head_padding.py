@@ -16,7 +16,7 @@ the kernels compute the padded columns either way. copy_route("triton") makes th
 import torch
 
 from ..tuning import head_dim_blocks
-from .copies import copy_heads
+from .copies import copy_heads_each
 
 # Devices on which the launchers pad (tests add "cpu" to run the padded path through the interpreter).
 PAD_ON = {"cuda"}
@@ -32,10 +32,10 @@ def padded_width(head_dim: int, device) -> int:
 
 
 def pad_heads(width: int, *tensors):
-    """Each tensor's last dim zero-padded to ``width`` (contiguous copies: copies.copy_heads)."""
-    return [copy_heads(t, width) for t in tensors]
+    """Each tensor's last dim zero-padded to ``width`` (contiguous copies: copies.copy_heads_each)."""
+    return copy_heads_each(width, *tensors)
 
 
 def cut_heads(head_dim: int, *tensors):
-    """Each tensor's first ``head_dim`` columns, contiguous (copies.copy_heads)."""
-    return [copy_heads(t, head_dim) for t in tensors]
+    """Each tensor's first ``head_dim`` columns, contiguous (copies.copy_heads_each)."""
+    return copy_heads_each(head_dim, *tensors)

@@ -115,6 +115,9 @@ def flash_routes(triton):
         route("copies", copy_route, "triton", "the launchers' head padding, cuts, head repeats and share sums as "
               "planned Triton kernels (host replays repeat them; the default)", ALL_MODES,
               declines=_nothing_copied),
+        route("grouped-copies", copy_route, "grouped", "the Triton copies with the pads and cuts of tensors of one "
+              "layout in one launch (4 launches for a padded backward's 5 pads and 3 cuts; untimed)", ALL_MODES,
+              declines=_nothing_grouped),
         route("torch-copies", copy_route, "torch", "the launchers' head padding, cuts, head repeats and share sums "
               "by PyTorch's ops (the default before the copies were timed)", ALL_MODES,
               declines=_nothing_copied),
@@ -133,6 +136,18 @@ def _nothing_copied(case):
             and not per_head):
         return (f"head dim {case.head_dim} is not padded, {case.seqlen_k} keys are too few for a dQ split and no "
                 "head group is spread per head: nothing is copied, the routes are the same")
+    return None
+
+
+def _nothing_grouped(case):
+    """Where the grouped copies differ from triton@copies: a padded head dim, or the per-head rule's K/V repeats."""
+    from ...kernels.attention.flash_bwd import GROUP_RULE_MIN_ROWS
+    from ...kernels.attention.head_padding import padded_width
+
+    if padded_width(case.head_dim, "cuda") == case.head_dim and not (
+            case.heads_q > case.heads_kv and case.seqlen_q >= GROUP_RULE_MIN_ROWS):
+        return (f"head dim {case.head_dim} is not padded and no head group is spread per head: no two copies share a "
+                "launch, the route is triton@copies")
     return None
 
 
