@@ -50,10 +50,13 @@ mkdir -p "$OUT"
 stages=${*:-tests bench graphs capabilities sanitize asv}
 ART=$(mktemp -d)
 trap 'tar czf "$OUT/gpu-gate-${stages// /-}.tgz" -C "$ART" .' EXIT
-# Stopped by `timeout` (TERM to the process group): the running step gets the signal too and writes what it finished
-# (a bench keeps its rows). Without a TERM trap bash ran the EXIT trap at once and archived while that step was
-# still writing: a call lost a finished shard's JSON so. With one, bash lets the step exit first, then archives.
-trap 'exit 143' TERM
+# Stopped by `timeout` (TERM to the process group), bash runs the EXIT trap at once, and archives while the running
+# step, which got the TERM too, may still be writing what it finished: a call lost a finished bench shard's JSON so.
+# Around the stages whose steps run in the foreground of this process group (bench, graphs, capabilities, ab) a TERM
+# trap makes bash let the step exit first. Not around the others: a step under a `timeout` of its own is in a group
+# of its own and never sees the TERM (bash would wait it out), and `wait` on background jobs returns at a trapped
+# signal anyway.
+finish_steps_on_term() { trap 'exit 143' TERM; }
 export PYTHONUNBUFFERED=1
 status=0
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -100,6 +103,7 @@ if has tests; then
   fi
   grep -hE "^(FAILED|ERROR)|^=+ .*(passed|failed|error).* =+$|^[0-9]+ (passed|failed)" "$ART"/gpu-tests*.log
 fi
+finish_steps_on_term
 if has bench; then
   for op in $ops; do
     name="$op${TAG:+-$TAG}"
@@ -125,6 +129,7 @@ if has capabilities; then
       2>"$ART/capabilities-progress.log" | tee "$ART/capabilities-$machine.txt"
   status=$((status | $?))
 fi
+trap - TERM
 if has sanitize; then
   # compute-sanitizer memcheck over each operator's odd case set (`attnbench check --cases odd`: lengths off
   # every block, head dims in masked column blocks, odd channel counts, empty segments and buffers, batch sums
@@ -150,7 +155,7 @@ PY
   # stage fails when any job does (memcheck's exit status, a check past its float64 bound, or SANITIZE_TIMEOUT).
   # What it takes is in docs/gpu-gate.md.
   jobs=()
-  for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper triton@dkdv-per-head triton@dq-split triton@copies" \
+  for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper triton@dkdv-per-head triton@dq-split triton@copies triton@grouped-copies" \
       "jvp_attention triton triton_fused" \
       "shared_context triton triton_composed triton@splits1 triton@splits32" \
       "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do
@@ -220,6 +225,7 @@ if has traffic; then
   done
 fi
 if has ab; then
+  finish_steps_on_term
   # a folder of this gate's own: gates side by side on one host each check their old commit out (a shared path was
   # removed and cloned again under the others' running processes)
   old_root=$(mktemp -d /tmp/attnbench-ab-old.XXXXXX) || exit 1
@@ -251,6 +257,7 @@ if has ab; then
     status=1
   fi
   rm -rf "$old_root"
+  trap - TERM
 fi
 if has peers; then
   eval "$(bash scripts/peer_wheels.sh env)"

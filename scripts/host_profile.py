@@ -39,9 +39,11 @@ from attnbench.kernels.precision import lse_dtype
 ROUTES = ("fwd", "fwd_bwd", "func_jvp", "hvp_fwd_rev", "hvp_rev_rev", "hvp_func")
 
 
-def routes(f, q, k, v, u):
-    # u is the cotangent of o (q's shape); k and v may have fewer heads and another length
-    """Each route as a no-argument call over f(q, k, v) -> o."""
+def routes(f, q, k, v, u, uk=None):
+    """Each route as a no-argument call over f(q, k, v) -> o. ``u``: o's cotangent and q's tangent (q's shape);
+    ``uk``: k's and v's tangent (they may have fewer heads and another length; None: u)."""
+    tk = u if uk is None else uk
+
     def fwd():
         with torch.no_grad():
             f(q, k, v)
@@ -51,7 +53,7 @@ def routes(f, q, k, v, u):
         f(x, y, z).backward(u)
 
     def func_jvp():
-        torch.func.jvp(f, (q, k, v), (u, u, u))
+        torch.func.jvp(f, (q, k, v), (u, tk, tk))
 
     def hvp_fwd_rev():  # forward over reverse through autograd: a dual input, then grad
         x = q.detach().requires_grad_()
@@ -96,7 +98,7 @@ def per_call_us(call, device, calls, round_s):
     return best
 
 
-def sdpa_routes(backend, q, k, v, u, causal=None):
+def sdpa_routes(backend, q, k, v, u, uk, causal=None):
     """``routes`` over SDPA pinned to one backend (the issue's bars are ratios to SDPA FLASH and MATH in the same
     process); each call enters the backend's context, as a user's code would around its own calls. SDPA's
     ``is_causal`` is the top-left mask, so a bottom-right one is refused here (the route's cell reads -)."""
@@ -111,7 +113,7 @@ def sdpa_routes(backend, q, k, v, u, causal=None):
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal is not None, enable_gqa=gqa)
 
-    return routes(f, q, k, v, u)
+    return routes(f, q, k, v, u, uk)
 
 
 def peer_us(call, device, calls, round_s):
@@ -197,7 +199,8 @@ def main():
     kv_shape = (batch, args.kv_heads or heads, args.keys or n_q, head_dim)
     q, u = (torch.randn(*args.shape, generator=g).to(device, dtype) for _ in range(2))
     k, v = (torch.randn(*kv_shape, generator=g).to(device, dtype) for _ in range(2))
-    ours = routes(lambda q, k, v: api.flash_attention(q, k, v, causal=args.causal), q, k, v, u)
+    uk = torch.randn(*kv_shape, generator=g).to(device, dtype)
+    ours = routes(lambda q, k, v: api.flash_attention(q, k, v, causal=args.causal), q, k, v, u, uk)
     levels = (["real", "unreplayed"] if device.type == "cuda" else []) + ["launches", "ops"]
     if kv_shape == tuple(args.shape):  # the floor's q * q + v needs v shaped like o
         floor = routes(lambda q, k, v: q * q + v, q, k, v, u)
@@ -206,7 +209,7 @@ def main():
     if device.type == "cuda":  # what a user pays for SDPA on the same tensors, in the same process
         from torch.nn.attention import SDPBackend
 
-        peers = {name: sdpa_routes(backend, q, k, v, u, args.causal)
+        peers = {name: sdpa_routes(backend, q, k, v, u, uk, args.causal)
                  for name, backend in (("FLASH", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION),
                                        ("MATH", SDPBackend.MATH))}
     print(f"host time per eager call (us), {device} {dtype} B{batch} H{heads}/{kv_shape[1]} N{n_q}x{kv_shape[2]} "

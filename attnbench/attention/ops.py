@@ -236,7 +236,7 @@ def _launch_state():
             flash_fwd.HOPPER_BY_DEFAULT, flash_fwd.TMA_BY_DEFAULT, flash_bwd.HOPPER_DKDV_BY_DEFAULT,
             flash_bwd.GROUP_PER_HEAD_BY_DEFAULT, flash_bwd.GROUP_RULE_FILL, flash_bwd.GROUP_RULE_MIN_ROWS,
             flash_bwd.DQ_SPLIT_BY_DEFAULT, flash_decode.DECODE_MAX_NQ,
-            MAX_GRID_BATCH, copies.TRITON_COPIES_BY_DEFAULT)
+            MAX_GRID_BATCH, copies.TRITON_COPIES_BY_DEFAULT, copies.GROUPED_COPIES_BY_DEFAULT)
 
 
 def _eager(body):

@@ -148,7 +148,7 @@ def test_copies_by_kernel_let_the_copying_backward_bodies_replay(body, copies, r
         return stack
 
     with routes(copies):
-        _replays_match("fwd_bwd", shape, monkeypatch, "cpu", torch.float32, refusals_checked=copies == "triton")
+        _replays_match("fwd_bwd", shape, monkeypatch, "cpu", torch.float32, refusals_checked=copies != "torch")
     refused = {key[0]: why for key, why in replay.replays().items() if type(why) is replay.Refusal}
     if copies == "torch":
         assert op in refused.get("attention_bwd", ""), refused
@@ -157,7 +157,7 @@ def test_copies_by_kernel_let_the_copying_backward_bodies_replay(body, copies, r
     # and the kernels' values are PyTorch's ops' (tested against float64 in test_flash_interpreter.py): the copies
     # bit for bit, the sums of fp32 shares in another order (a few fp32 roundings)
     inputs = _inputs(shape, 7)
-    with routes("triton"):
+    with routes(copies):
         got = _routes(shape[-1])["fwd_bwd"](*inputs)
     with routes("torch"):
         want = _routes(shape[-1])["fwd_bwd"](*inputs)
@@ -290,3 +290,20 @@ def test_two_threads_recording_at_once_each_see_their_own_strays(replaying):
     assert "not made through launch.planned" in made["raw"]
     from triton.runtime.jit import KernelInterface
     assert KernelInterface.__getitem__ is replay._COUNTING[0]
+
+
+def test_every_default_switch_of_the_launchers_keys_the_replays(monkeypatch):
+    """A module switch that picks a route by default (``*_BY_DEFAULT``, and the rules' thresholds) changes what a
+    launcher does with the same arguments: a replay recorded before a study flips it would keep timing the old route.
+    Each one must change ops._launch_state(), which keys the replays."""
+    from attnbench.attention import ops
+    from attnbench.kernels.attention import copies, flash_bwd, flash_decode, flash_fwd
+
+    switches = [(module, name) for module in (flash_fwd, flash_bwd, flash_decode, copies)
+                for name in dir(module) if name.endswith("_BY_DEFAULT")]
+    assert (copies, "GROUPED_COPIES_BY_DEFAULT") in switches and len(switches) >= 7
+    for module, name in switches:
+        before = ops._launch_state()
+        monkeypatch.setattr(module, name, not getattr(module, name))
+        assert ops._launch_state() != before, f"{module.__name__}.{name} is not in ops._launch_state()"
+        monkeypatch.undo()

@@ -94,7 +94,7 @@ _JVP_CONFIGS = config_list(
     cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
 
-@autotune(_JVP_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "LSE_GIVEN", "HAS_TQ", "HAS_TK", "HAS_TV"],
+@autotune(_JVP_CONFIGS, key=["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "LSE_GIVEN", "HAS_TQ", "HAS_TK", "HAS_TV", "ALIGN"],
                  prune_configs_by={"early_config_prune": pruner(_jvp_shared_bytes)})
 @triton.jit
 def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
@@ -114,7 +114,8 @@ def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
     stride_tqb, stride_tqh = aligned(stride_tqb, ALIGN), aligned(stride_tqh, ALIGN)
     stride_tkb, stride_tkh = aligned(stride_tkb, ALIGN), aligned(stride_tkh, ALIGN)
     stride_tvb, stride_tvh = aligned(stride_tvb, ALIGN), aligned(stride_tvh, ALIGN)
-    stride_tqn, stride_tkn, stride_tvn = aligned(stride_tqn, ALIGN), aligned(stride_tkn, ALIGN), aligned(stride_tvn, ALIGN)
+    stride_tqn, stride_tkn = aligned(stride_tqn, ALIGN), aligned(stride_tkn, ALIGN)
+    stride_tvn = aligned(stride_tvn, ALIGN)
     stride_ob, stride_oh, stride_on = aligned(stride_ob, ALIGN), aligned(stride_oh, ALIGN), aligned(stride_on, ALIGN)
     stride_otb, stride_oth = aligned(stride_otb, ALIGN), aligned(stride_oth, ALIGN)
     stride_otn = aligned(stride_otn, ALIGN)

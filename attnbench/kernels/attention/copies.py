@@ -40,9 +40,10 @@ _COPY_ROUTE = RouteSwitch(COPY_ROUTES, "launcher copy route")
 # 0.59-1.06x the time, median 0.94x (GPU) and 0.79x (eager; 0.30-1.16x); the forward the same GPU time (0.93-1.06x).
 TRITON_COPIES_BY_DEFAULT = True
 # Whether the default copies the pads and cuts of tensors of one layout in one launch ("grouped"): a padded backward
-# makes 4 launches for its 5 pads and 3 cuts instead of 8. Off until timed beside the one-launch-a-tensor kernels
-# (the forced routes triton@copies and triton@grouped-copies): the padded backward shapes of the random set lose to
-# FLASH by 0.70-0.84x in 25-61 us calls, and 11 launches' GPU floor (calibrate: about 4 us each) is much of that.
+# makes at most 4 launches for its 5 pads and 3 cuts instead of 8 (3 where q and k have one shape). Off until timed
+# beside the one-launch-a-tensor kernels (the forced routes triton@copies and triton@grouped-copies): the padded
+# backward shapes of the random set lose to FLASH by 0.70-0.84x in 25-61 us calls, and 11 launches' GPU floor
+# (calibrate: about 4 us each) is much of that.
 GROUPED_COPIES_BY_DEFAULT = False
 GROUP_MAX = 3  # sources a grouped launch takes (the kernel's pointer arguments)
 # Elements a program moves: enough per program to stream at copy bandwidth, few enough to keep the grid wide.
@@ -52,8 +53,9 @@ BLOCK_ELEMENTS = 4096
 def copy_route(route):
     """How the launchers copy and sum around their kernels: "torch" (PyTorch's ops: F.pad, contiguous, sum, to,
     repeat_interleave), "triton" (the planned kernels here, which host replays repeat: a launch a tensor) or
-    "grouped" (the same kernels, the pads and cuts of tensors of one layout sharing a launch: copy_heads_each);
-    None: by default (TRITON_COPIES_BY_DEFAULT, GROUPED_COPIES_BY_DEFAULT). The same values either way, bit for bit for the copies; the sums in a fixed order.
+    "grouped" (the same kernels, tensors of one layout sharing a launch: copy_heads_each); None: by default
+    (TRITON_COPIES_BY_DEFAULT, GROUPED_COPIES_BY_DEFAULT). The same values either way, bit for bit for the copies; the
+    sums in a fixed order.
     ``with copy_route("triton"):``."""
     return _COPY_ROUTE(route)
 
@@ -120,13 +122,14 @@ def copy_heads(src, width=None, repeat=1):
 
 def copy_heads_each(width, *sources, repeat=1):
     """``copy_heads(t, width, repeat)`` of each source. Where ``grouped()``, the sources of one layout (shape, strides,
-    dtype, device) share a launch, up to GROUP_MAX of them: the backward's pads of do, q and o are one launch, of k
-    and v another."""
+    dtype, device, pointer alignment) share a launch, up to GROUP_MAX of them: the backward's pads of do, q and o are
+    one launch, of k and v another."""
     if not grouped():
         return [copy_heads(t, width, repeat) for t in sources]
     out, layouts = [None] * len(sources), {}
     for i, t in enumerate(sources):
-        layouts.setdefault((t.shape, t.stride(), t.dtype, t.device), []).append(i)
+        # the pointer's remainder too: one source off 16 bytes would cost its partners their 16-byte loads
+        layouts.setdefault((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16), []).append(i)
     for members in layouts.values():
         for start in range(0, len(members), GROUP_MAX):
             part = members[start:start + GROUP_MAX]

@@ -116,7 +116,7 @@ def flash_routes(triton):
               "planned Triton kernels (host replays repeat them; the default)", ALL_MODES,
               declines=_nothing_copied),
         route("grouped-copies", copy_route, "grouped", "the Triton copies with the pads and cuts of tensors of one "
-              "layout in one launch (4 launches for a padded backward's 5 pads and 3 cuts; untimed)", ALL_MODES,
+              "layout in one launch (at most 4 launches for a padded backward's 5 pads and 3 cuts; untimed)", ALL_MODES,
               declines=_nothing_grouped),
         route("torch-copies", copy_route, "torch", "the launchers' head padding, cuts, head repeats and share sums "
               "by PyTorch's ops (the default before the copies were timed)", ALL_MODES,
