@@ -10,23 +10,24 @@ import sys
 
 import torch
 
+from attnbench.bench.roofline import ceilings
 from attnbench.kernels.attention.flash_decode import decode_plan, flash_decode_launch
 from attnbench.kernels.tiling import visible_key_count
 from attnbench.kernels.gpu_time import gpu_time_median_ms
 from attnbench.operators.flash import _random
 
-COPY_BYTES_PER_S = 4.26e12  # the H200's measured device copy (attnbench calibrate)
 MIN_COPY_S = 10e-6
 
 
 def main(out):
+    copy_bytes_per_s = ceilings(torch.device("cuda")).copy_gbps * 1e9  # this GPU's measured copy (attnbench calibrate)
     rows = []
     for case in _random():
         if case.seqlen_q > 64:
             continue
         element = torch.finfo(getattr(torch, case.dtype)).bits // 8
         kv_bytes = 2 * case.batch * case.heads_kv * case.seqlen_k * case.head_dim * element
-        if kv_bytes / COPY_BYTES_PER_S < MIN_COPY_S:
+        if kv_bytes / copy_bytes_per_s < MIN_COPY_S:
             continue
         gen = torch.Generator(device="cuda").manual_seed(0)
         dtype = getattr(torch, case.dtype)
@@ -41,7 +42,7 @@ def main(out):
             times[splits] = gpu_time_median_ms(
                 lambda: flash_decode_launch(q, k, v, case.head_dim ** -0.5, offset, num_splits=splits))
         best = min(times, key=times.get)
-        rows.append(dict(case=case.label, plan=plan, kv_mb=kv_bytes / 1e6, copy_ms=kv_bytes / COPY_BYTES_PER_S * 1e3,
+        rows.append(dict(case=case.label, plan=plan, kv_mb=kv_bytes / 1e6, copy_ms=kv_bytes / copy_bytes_per_s * 1e3,
                          ms=times, rule_ms=times[plan[2]], best=best, best_ms=times[best]))
         print(f"{case.label}: rule {plan[2]} {times[plan[2]]:.4f} ms, best {best} {times[best]:.4f} ms, "
               f"copy {rows[-1]['copy_ms']:.4f} ms", flush=True)

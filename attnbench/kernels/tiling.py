@@ -43,6 +43,12 @@ def aligned(x, ALIGN: tl.constexpr):
     return x // ALIGN * ALIGN
 
 
+@triton.jit
+def aligned_rows(stride_b, stride_h, stride_n, ALIGN: tl.constexpr):
+    """A [B, H, N, D] tensor's batch, head and row strides, each through ``aligned``."""
+    return aligned(stride_b, ALIGN), aligned(stride_h, ALIGN), aligned(stride_n, ALIGN)
+
+
 def stride_align(*values) -> int:
     """The largest power of two up to 16 that divides every one of ``values`` (strides and sizes in elements):
     the ALIGN a kernel may claim for them through ``aligned``."""

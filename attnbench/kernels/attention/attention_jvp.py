@@ -23,7 +23,7 @@ from ..precision import (ROW_MAX_START, accumulator_dtype, dot_precision, lse_dt
                          split_scale)
 from .key_block import key_block_mask
 from .softmax_rows import blind_rows, finish_rows, load_lse_log2
-from ..tiling import aligned, query_tile, row_strides, stride_align, visible_keys
+from ..tiling import aligned, aligned_rows, query_tile, row_strides, stride_align, visible_keys
 from ..launch import planned
 from ..tuning import autotune, cdiv, cfg, configs, config_list, next_pow2, pruner, seq_bucket
 
@@ -108,17 +108,14 @@ def attention_jvp_kernel(Q, K, V, TQ, TK, TV, O, LSE, OT, LSET,
                          ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # every stride and the head dim are multiples of ALIGN (tiling.aligned: 16-byte loads at D 40 or 72)
-    stride_qb, stride_qh, stride_qn = aligned(stride_qb, ALIGN), aligned(stride_qh, ALIGN), aligned(stride_qn, ALIGN)
-    stride_kb, stride_kh, stride_kn = aligned(stride_kb, ALIGN), aligned(stride_kh, ALIGN), aligned(stride_kn, ALIGN)
-    stride_vb, stride_vh, stride_vn = aligned(stride_vb, ALIGN), aligned(stride_vh, ALIGN), aligned(stride_vn, ALIGN)
-    stride_tqb, stride_tqh = aligned(stride_tqb, ALIGN), aligned(stride_tqh, ALIGN)
-    stride_tkb, stride_tkh = aligned(stride_tkb, ALIGN), aligned(stride_tkh, ALIGN)
-    stride_tvb, stride_tvh = aligned(stride_tvb, ALIGN), aligned(stride_tvh, ALIGN)
-    stride_tqn, stride_tkn = aligned(stride_tqn, ALIGN), aligned(stride_tkn, ALIGN)
-    stride_tvn = aligned(stride_tvn, ALIGN)
-    stride_ob, stride_oh, stride_on = aligned(stride_ob, ALIGN), aligned(stride_oh, ALIGN), aligned(stride_on, ALIGN)
-    stride_otb, stride_oth = aligned(stride_otb, ALIGN), aligned(stride_oth, ALIGN)
-    stride_otn = aligned(stride_otn, ALIGN)
+    stride_qb, stride_qh, stride_qn = aligned_rows(stride_qb, stride_qh, stride_qn, ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned_rows(stride_kb, stride_kh, stride_kn, ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned_rows(stride_vb, stride_vh, stride_vn, ALIGN)
+    stride_tqb, stride_tqh, stride_tqn = aligned_rows(stride_tqb, stride_tqh, stride_tqn, ALIGN)
+    stride_tkb, stride_tkh, stride_tkn = aligned_rows(stride_tkb, stride_tkh, stride_tkn, ALIGN)
+    stride_tvb, stride_tvh, stride_tvn = aligned_rows(stride_tvb, stride_tvh, stride_tvn, ALIGN)
+    stride_ob, stride_oh, stride_on = aligned_rows(stride_ob, stride_oh, stride_on, ALIGN)
+    stride_otb, stride_oth, stride_otn = aligned_rows(stride_otb, stride_oth, stride_otn, ALIGN)
     HEAD_DIM = aligned(HEAD_DIM, ALIGN)
     pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
     m0 = pid_m * BLOCK_M

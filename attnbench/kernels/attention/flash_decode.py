@@ -22,7 +22,7 @@ from ..precision import (ROW_MAX_START, STATE_LSE_DTYPE, accumulator_dtype, accu
                          lse_dtype, softmax_scale_log2, split_scale)
 from .softmax_rows import finish_rows_where
 from ..launch import planned
-from ..tiling import aligned, row_strides, stride_align, visible_key_count
+from ..tiling import aligned, aligned_rows, row_strides, stride_align, visible_key_count
 from ..tuning import (autotune, cdiv, cfg, configs, config_list, multiprocessors, next_pow2, pruner,
                       registers_per_thread, seq_bucket)
 
@@ -102,11 +102,11 @@ def flash_decode_kernel(Q, K, V, O, LSE,
                         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         ALIGN: tl.constexpr):
     # every stride and the head dim are multiples of ALIGN (tiling.aligned: 16-byte loads at D 40 or 72)
-    stride_qb, stride_qh, stride_qn = aligned(stride_qb, ALIGN), aligned(stride_qh, ALIGN), aligned(stride_qn, ALIGN)
-    stride_kb, stride_kh, stride_kn = aligned(stride_kb, ALIGN), aligned(stride_kh, ALIGN), aligned(stride_kn, ALIGN)
-    stride_vb, stride_vh, stride_vn = aligned(stride_vb, ALIGN), aligned(stride_vh, ALIGN), aligned(stride_vn, ALIGN)
-    stride_os, stride_ob = aligned(stride_os, ALIGN), aligned(stride_ob, ALIGN)
-    stride_oh, stride_on = aligned(stride_oh, ALIGN), aligned(stride_on, ALIGN)
+    stride_qb, stride_qh, stride_qn = aligned_rows(stride_qb, stride_qh, stride_qn, ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned_rows(stride_kb, stride_kh, stride_kn, ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned_rows(stride_vb, stride_vh, stride_vn, ALIGN)
+    stride_ob, stride_oh, stride_on = aligned_rows(stride_ob, stride_oh, stride_on, ALIGN)
+    stride_os = aligned(stride_os, ALIGN)
     HEAD_DIM = aligned(HEAD_DIM, ALIGN)
     # batch and KV heads on axes of their own (CUDA caps axes 1 and 2 at 65535 each; the launch
     # layer keeps the batch under that)
@@ -193,8 +193,9 @@ def decode_splits(programs: int, n_k: int, device) -> int:
 
 def decode_plan(batch: int, heads_q: int, n_q: int, heads_kv: int, n_k: int, device) -> tuple:
     """(packed rows a program, row tiles, key splits) of the launch for these sizes (``n_k``: the visible keys,
-    tiling.visible_key_count: split as all 15778 keys, a top-left decode of 12 rows took 0.020 ms against 0.008); worked out once per sizes and device (the split search scores every candidate count: host
-    time a decode step would pay on every call)."""
+    tiling.visible_key_count: split as all 15778 keys, a top-left decode of 12 rows took 0.020 ms against 0.008);
+    worked out once per sizes and device (the split search scores every candidate count: host time a decode step
+    would pay on every call)."""
     return _decode_plan(batch, heads_q, n_q, heads_kv, n_k, device, interpreting())
 
 

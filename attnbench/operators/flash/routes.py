@@ -124,16 +124,29 @@ def flash_routes(triton):
     ]
 
 
+def _padded(case) -> bool:
+    """Whether a GPU runs the case's head dim zero-padded (pads and cuts)."""
+    from ...kernels.attention.head_padding import padded_width
+
+    return padded_width(case.head_dim, "cuda") != case.head_dim
+
+
+def _per_head_may_apply(case) -> bool:
+    """Whether the per-head rule may take the case's backward (K/V repeats, share sums): head groups over
+    GROUP_RULE_MIN_ROWS query rows."""
+    from ...kernels.attention.flash_bwd import GROUP_RULE_MIN_ROWS
+
+    return case.heads_q > case.heads_kv and case.seqlen_q >= GROUP_RULE_MIN_ROWS
+
+
 def _nothing_copied(case):
     """What the copy routes change on a GPU's default routes: a padded head dim (pads and cuts), a backward whose
     dQ keys may split (share sums: DQ_SPLIT_MIN_SPLITS runs of DQ_SPLIT_MIN_KEYS keys at the least), or one the
-    per-head rule may take (K/V repeats and share sums: head groups over GROUP_RULE_MIN_ROWS query rows)."""
-    from ...kernels.attention.flash_bwd import DQ_SPLIT_MIN_KEYS, DQ_SPLIT_MIN_SPLITS, GROUP_RULE_MIN_ROWS
-    from ...kernels.attention.head_padding import padded_width
+    per-head rule may take."""
+    from ...kernels.attention.flash_bwd import DQ_SPLIT_MIN_KEYS, DQ_SPLIT_MIN_SPLITS
 
-    per_head = case.heads_q > case.heads_kv and case.seqlen_q >= GROUP_RULE_MIN_ROWS
-    if (padded_width(case.head_dim, "cuda") == case.head_dim and case.seqlen_k < DQ_SPLIT_MIN_KEYS * DQ_SPLIT_MIN_SPLITS
-            and not per_head):
+    if (not _padded(case) and case.seqlen_k < DQ_SPLIT_MIN_KEYS * DQ_SPLIT_MIN_SPLITS
+            and not _per_head_may_apply(case)):
         return (f"head dim {case.head_dim} is not padded, {case.seqlen_k} keys are too few for a dQ split and no "
                 "head group is spread per head: nothing is copied, the routes are the same")
     return None
@@ -141,11 +154,7 @@ def _nothing_copied(case):
 
 def _nothing_grouped(case):
     """Where the grouped copies differ from triton@copies: a padded head dim, or the per-head rule's K/V repeats."""
-    from ...kernels.attention.flash_bwd import GROUP_RULE_MIN_ROWS
-    from ...kernels.attention.head_padding import padded_width
-
-    if padded_width(case.head_dim, "cuda") == case.head_dim and not (
-            case.heads_q > case.heads_kv and case.seqlen_q >= GROUP_RULE_MIN_ROWS):
+    if not _padded(case) and not _per_head_may_apply(case):
         return (f"head dim {case.head_dim} is not padded and no head group is spread per head: no two copies share a "
                 "launch, the route is triton@copies")
     return None
