@@ -655,8 +655,8 @@ def test_traced_and_fake_torch_func_jvp_see_the_custom_op():
 
 @pytest.mark.parametrize("width", [41, 44, 48])
 def test_row_strides_off_the_vector_width_match_contiguous(width):
-    """Head dim 40 read from rows of ``width`` elements (primals and tangents): the JVP kernel claims only the
-    alignment the strides have (tiling.stride_align: 1, 4 and 8 here; test_vector_loads.py shows the claim's
+    """Head dim 40 read from rows of ``width`` elements (primals and tangents): the JVP and backward-JVP kernels claim
+    only the alignment the strides have (tiling.stride_align: 1, 4 and 8 here; test_vector_loads.py shows the claim's
     16-byte loads on sm_90), and a claim too large would move every row of the interpreter's reads as it would the
     GPU's."""
     g = torch.Generator().manual_seed(11)
@@ -670,3 +670,11 @@ def test_row_strides_off_the_vector_width_match_contiguous(width):
         a = attention_jvp(*views, causal=causal)
         b = attention_jvp(*tensors, causal=causal)
         assert all(torch.equal(x, y) for x, y in zip(a, b)), (width, causal)
+        # the backward's tangent (the HVP kernels) over the same rows: do, q, k, v, o and four tangents
+        do, tdo = views[0], views[3]
+        o, lse = flash_fwd(*tensors[:3], causal=causal)
+        wide_o = torch.zeros(*o.shape[:3], width)
+        wide_o[..., :40] = o
+        a = attention_bwd_jvp(do, *views[:3], wide_o[..., :40], lse, *views[3:], tdo, causal=causal)
+        b = attention_bwd_jvp(tensors[0], *tensors[:3], o, lse, *tensors[3:], tensors[3], causal=causal)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), ("bwd_jvp", width, causal)

@@ -1,4 +1,4 @@
-"""The split-KV decode, the merge of its states, forward-mode attention and the launchers' head copies at head dims whose rows are not 16-element multiples (40, 72):
+"""The split-KV decode, the merge of its states, forward-mode attention, the HVP kernels and the launchers' head copies at head dims whose rows are not 16-element multiples (40, 72):
 compiled for sm_90 on this machine (Triton compiles to PTX without a GPU; nothing runs), their K/V reads must be
 16-byte asynchronous copies and their state reads 16-byte vectors, not 2-byte loads (tiling.aligned). Without the
 launcher's alignment hint the decode at D 40 read 19% of copy bandwidth on an H200 (docs/measurements/flash.md)."""
@@ -96,7 +96,21 @@ jvp = ptx(attention_jvp.attention_jvp_kernel, jvp_values,
                ALIGN=stride_align(head_dim, 1962 * head_dim, heads * 1962 * head_dim)),
           dict(Q="*bf16", K="*bf16", V="*bf16", TQ="*bf16", TK="*bf16", TV="*bf16", O="*bf16", LSE="*fp32",
                OT="*bf16", LSET="*fp32"), num_stages=2)
-print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats, jvp=jvp)))
+from attnbench.kernels.attention import attention_bwd_jvp
+bwd_values = dict(jvp_values)
+for name in ("do", "tdo", "dk", "dv", "dq"):
+    bwd_values.update({f"stride_{name}n": head_dim, f"stride_{name}h": 1962 * head_dim,
+                       f"stride_{name}b": heads * 1962 * head_dim})
+bwd_constexprs = dict(BLOCK_D=triton.next_power_of_2(head_dim), CAUSAL=False, HAS_TQ=True, HAS_TK=True, HAS_TV=True,
+                      HAS_TDO=True, ACC_DTYPE=tl.float32, DOT_PRECISION="ieee", BLOCK_M=64, BLOCK_N=64,
+                      ALIGN=stride_align(head_dim, 1962 * head_dim, heads * 1962 * head_dim))
+bwd_pointers = {name: "*bf16" for name in ("Q", "K", "V", "DO", "TQ", "TK", "TV", "TDO", "DKT", "DVT", "DQT")}
+bwd_pointers.update({name: "*fp32" for name in ("LSE", "MU", "DELTA", "TDELTA")})
+bwd_jvp = {name: ptx(kernel, bwd_values, bwd_constexprs,
+                     {k: v for k, v in bwd_pointers.items() if k in jit_function(kernel).arg_names}, num_stages=2)
+           for name, kernel in (("dkdv", attention_bwd_jvp.bwd_jvp_dkdv_kernel),
+                                ("dq", attention_bwd_jvp.bwd_jvp_dq_kernel))}
+print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats, jvp=jvp, bwd_jvp=bwd_jvp)))
 """
 
 
@@ -125,3 +139,7 @@ def test_decode_and_merge_read_16_byte_vectors_at_narrow_row_strides(head_dim):
     # forward-mode attention (jvp_attention): before its hint it read K, V and their tangents with 2-byte loads
     jvp = found["jvp"]
     assert jvp.get("cp.async.cg.shared.global", 0) > 0 and "ld.global.b16" not in jvp, jvp
+    # the backward's tangent (the HVP kernels): the same hint, the same loads
+    for name, kinds in found["bwd_jvp"].items():
+        assert "ld.global.b16" not in kinds and any(k.startswith(("cp.async", "ld.global.v4")) for k in kinds), (name,
+                                                                                                               kinds)

@@ -30,7 +30,7 @@ from .key_block import key_block_mask
 from .softmax_rows import blind_rows, load_lse_log2
 from ..launch import planned
 from ..tuning import autotune, cdiv, cfg, configs, config_list, next_pow2, pruner, seq_bucket
-from ..tiling import query_tile, row_strides, visible_keys
+from ..tiling import aligned, aligned_rows, query_tile, row_strides, stride_align, visible_keys
 
 
 @triton.jit
@@ -108,7 +108,20 @@ def bwd_jvp_dkdv_kernel(Q, K, V, DO, TQ, TK, TV, TDO, LSE, MU, DELTA, TDELTA, DK
                         N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_TQ: tl.constexpr, HAS_TK: tl.constexpr,
                         HAS_TV: tl.constexpr, HAS_TDO: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    # every stride and the head dim are multiples of ALIGN (tiling.aligned: 16-byte loads at D 40 or 72)
+    stride_qb, stride_qh, stride_qn = aligned_rows(stride_qb, stride_qh, stride_qn, ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned_rows(stride_kb, stride_kh, stride_kn, ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned_rows(stride_vb, stride_vh, stride_vn, ALIGN)
+    stride_dob, stride_doh, stride_don = aligned_rows(stride_dob, stride_doh, stride_don, ALIGN)
+    stride_tqb, stride_tqh, stride_tqn = aligned_rows(stride_tqb, stride_tqh, stride_tqn, ALIGN)
+    stride_tkb, stride_tkh, stride_tkn = aligned_rows(stride_tkb, stride_tkh, stride_tkn, ALIGN)
+    stride_tvb, stride_tvh, stride_tvn = aligned_rows(stride_tvb, stride_tvh, stride_tvn, ALIGN)
+    stride_tdob, stride_tdoh, stride_tdon = aligned_rows(stride_tdob, stride_tdoh, stride_tdon, ALIGN)
+    HEAD_DIM = aligned(HEAD_DIM, ALIGN)
+    stride_dkb, stride_dkh, stride_dkn = aligned_rows(stride_dkb, stride_dkh, stride_dkn, ALIGN)
+    stride_dvb, stride_dvh, stride_dvn = aligned_rows(stride_dvb, stride_dvh, stride_dvn, ALIGN)
     n0 = tl.program_id(0) * BLOCK_N
     hk = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -229,7 +242,19 @@ def bwd_jvp_dq_kernel(Q, K, V, DO, TQ, TK, TV, TDO, LSE, MU, DELTA, TDELTA, DQT,
                       N_Q, N_K, HEAD_DIM, H_Q, GROUP, causal_offset, scale_hi, scale_lo, SEQ_BUCKET,
                       BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_TQ: tl.constexpr, HAS_TK: tl.constexpr,
                       HAS_TV: tl.constexpr, HAS_TDO: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    # every stride and the head dim are multiples of ALIGN (tiling.aligned: 16-byte loads at D 40 or 72)
+    stride_qb, stride_qh, stride_qn = aligned_rows(stride_qb, stride_qh, stride_qn, ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned_rows(stride_kb, stride_kh, stride_kn, ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned_rows(stride_vb, stride_vh, stride_vn, ALIGN)
+    stride_dob, stride_doh, stride_don = aligned_rows(stride_dob, stride_doh, stride_don, ALIGN)
+    stride_tqb, stride_tqh, stride_tqn = aligned_rows(stride_tqb, stride_tqh, stride_tqn, ALIGN)
+    stride_tkb, stride_tkh, stride_tkn = aligned_rows(stride_tkb, stride_tkh, stride_tkn, ALIGN)
+    stride_tvb, stride_tvh, stride_tvn = aligned_rows(stride_tvb, stride_tvh, stride_tvn, ALIGN)
+    stride_tdob, stride_tdoh, stride_tdon = aligned_rows(stride_tdob, stride_tdoh, stride_tdon, ALIGN)
+    HEAD_DIM = aligned(HEAD_DIM, ALIGN)
+    stride_dqb, stride_dqh, stride_dqn = aligned_rows(stride_dqb, stride_dqh, stride_dqn, ALIGN)
     pid_m, b, h, hk = query_tile(GROUP, CAUSAL)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -296,7 +321,8 @@ def attention_bwd_jvp_launch(q, k, v, o, lse, do, tq, tk, tv, tdo, lse_t, delta,
                *split_scale(sm_scale), seq_bucket(max(n_q, n_k)))
     flags = dict(BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal, HAS_TQ=tq is not None,
                  HAS_TK=tk is not None, HAS_TV=tv is not None, HAS_TDO=tdo is not None,
-                 ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype))
+                 ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+                 ALIGN=stride_align(head_dim, *strides, *(s for t in (dq_t, dk_t, dv_t) for s in row_strides(t))))
     planned(bwd_jvp_dkdv_kernel)[lambda meta: (cdiv(n_k, meta["BLOCK_N"]), heads_kv, batch)](
         *tensors, dk_t, dv_t, *strides, *row_strides(dk_t), *row_strides(dv_t), *scalars, **flags)
     planned(bwd_jvp_dq_kernel)[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), heads_q, batch)](
