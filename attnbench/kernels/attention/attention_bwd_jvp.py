@@ -94,7 +94,7 @@ _DKDV_CONFIGS = config_list(
             (4, 2, 32, 32), (2, 1, 16, 32)),
     cfg(1, 1, BLOCK_M=16, BLOCK_N=16))
 
-_FLAGS = ["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "HAS_TQ", "HAS_TK", "HAS_TV", "HAS_TDO"]
+_FLAGS = ["SEQ_BUCKET", "BLOCK_D", "CAUSAL", "HAS_TQ", "HAS_TK", "HAS_TV", "HAS_TDO", "ALIGN"]
 
 
 @autotune(_DKDV_CONFIGS, key=_FLAGS + ["GROUP"], prune_configs_by={"early_config_prune": pruner(_dkdv_shared_bytes)})
