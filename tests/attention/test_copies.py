@@ -65,8 +65,12 @@ def test_grouped_copies_are_each_copy_bit_for_bit_in_a_launch_per_layout(dtype, 
         # four of one layout: three, then one; each other source alone
         assert sorted(launches) == [1, 1, 1, 1, 3], launches
     launches.clear()
-    copy_heads_each(48, *group)  # the default: a launch a tensor until the grouped launch is timed
+    copy_heads_each(48, *group)  # this file's fixture (triton@copies): a launch a tensor
     assert launches == [1, 1, 1, 1]
+    launches.clear()
+    with copy_route(None):  # the default since timed: grouped
+        copy_heads_each(48, *group)
+    assert sorted(launches) == [1, 3]
 
 
 def test_copy_heads_of_an_empty_tensor_allocates_only():
@@ -102,10 +106,12 @@ def test_the_route_switch_forces_either_way_and_the_default_is_the_kernels_since
 
     with copy_route(None):
         assert copies.TRITON_COPIES_BY_DEFAULT is True and by_kernel()
-        assert copies.GROUPED_COPIES_BY_DEFAULT is False and not grouped()  # untimed on a GPU
-    assert by_kernel() and not grouped()
+        assert copies.GROUPED_COPIES_BY_DEFAULT is True and grouped()  # since timed (grouped-copies.json)
+    assert by_kernel() and not grouped()  # this file's fixture: triton@copies
     with copy_route("torch"):
         assert not by_kernel() and not grouped()
+    with copy_route("triton"):
+        assert by_kernel() and not grouped()
     with copy_route("grouped"):
         assert by_kernel() and grouped()
     with pytest.raises(ValueError, match="expected one of"):

@@ -40,11 +40,11 @@ _COPY_ROUTE = RouteSwitch(COPY_ROUTES, "launcher copy route")
 # 0.59-1.06x the time, median 0.94x (GPU) and 0.79x (eager; 0.30-1.16x); the forward the same GPU time (0.93-1.06x).
 TRITON_COPIES_BY_DEFAULT = True
 # Whether the default copies the pads and cuts of tensors of one layout in one launch ("grouped"): a padded backward
-# makes at most 4 launches for its 5 pads and 3 cuts instead of 8 (3 where q and k have one shape). Off until timed
-# beside the one-launch-a-tensor kernels (the forced routes triton@copies and triton@grouped-copies): the padded
-# backward shapes of the random set lose to FLASH by 0.70-0.84x in 25-61 us calls, and 11 launches' GPU floor
-# (calibrate: about 4 us each) is much of that.
-GROUPED_COPIES_BY_DEFAULT = False
+# makes at most 4 launches for its 5 pads and 3 cuts instead of 8 (3 where q and k have one shape). Timed beside the
+# one-launch-a-tensor kernels (triton@copies) at the random set's 26 padded head dims on an H200
+# (results/nvidia-h200/flash/grouped-copies.json): the backward 0.71-1.01x the GPU time, median 0.82x, and 0.72-0.94x
+# in the 25-90 us calls where 11 launches' GPU floor was much of the time; the forward the same (0.97-1.05x).
+GROUPED_COPIES_BY_DEFAULT = True
 GROUP_MAX = 3  # sources a grouped launch takes (the kernel's pointer arguments)
 # Elements a program moves: enough per program to stream at copy bandwidth, few enough to keep the grid wide.
 BLOCK_ELEMENTS = 4096

@@ -113,10 +113,10 @@ def flash_routes(triton):
               "head group (the default but where GROUP_PER_HEAD's rule picks per-head)", BACKWARD_MODES,
               declines=_no_head_groups),
         route("copies", copy_route, "triton", "the launchers' head padding, cuts, head repeats and share sums as "
-              "planned Triton kernels (host replays repeat them; the default)", ALL_MODES,
+              "planned Triton kernels (host replays repeat them), a launch a tensor", ALL_MODES,
               declines=_nothing_copied),
         route("grouped-copies", copy_route, "grouped", "the Triton copies with the pads and cuts of tensors of one "
-              "layout in one launch (at most 4 launches for a padded backward's 5 pads and 3 cuts; untimed)", ALL_MODES,
+              "layout in one launch (at most 4 launches for a padded backward's 5 pads and 3 cuts; the default)", ALL_MODES,
               declines=_nothing_grouped),
         route("torch-copies", copy_route, "torch", "the launchers' head padding, cuts, head repeats and share sums "
               "by PyTorch's ops (the default before the copies were timed)", ALL_MODES,
