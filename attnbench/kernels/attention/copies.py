@@ -30,7 +30,7 @@ from ..launch import planned
 from ..outputs import new_output
 from ..precision import accumulator_dtype
 from ..tiling import aligned, stride_align
-from ..tuning import cdiv, next_pow2
+from ..tuning import cdiv, multiprocessors, next_pow2
 from .routes import RouteSwitch
 
 COPY_ROUTES = ("torch", "triton", "grouped")
@@ -48,6 +48,7 @@ GROUPED_COPIES_BY_DEFAULT = True
 GROUP_MAX = 3  # sources a grouped launch takes (the kernel's pointer arguments)
 # Elements a program moves: enough per program to stream at copy bandwidth, few enough to keep the grid wide.
 BLOCK_ELEMENTS = 4096
+SUM_MIN_BLOCK = 256  # the smallest block a GPU's sum spreads its elements to
 
 
 def copy_route(route):
@@ -160,14 +161,26 @@ def _launch_copies(sources, width, repeat):
 
 @triton.jit
 def sum_shares_kernel(SRC, DST, SHARES, INNER, BLOCKS, BLOCK: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    """DST[o, i] = sum over s of SRC[o, s, i], s in order; the grid's one axis holds (o, block of i) pairs."""
+    """DST[o, i] = sum over s of SRC[o, s, i], s in order; the grid's one axis holds (o, block of i) pairs. The
+    shares are read four at a time before they are added (still in order): one share a step left a program waiting
+    on each load in turn, 10.8 us for 32 shares of a 2688-element dQ on an H200 (kernel_breakdown)."""
     pid = tl.program_id(0).to(tl.int64)
     o, blk = pid // BLOCKS, pid % BLOCKS
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < INNER
     share = SRC + o * SHARES * INNER + offs
     acc = tl.zeros([BLOCK], dtype=ACC_DTYPE)
-    for _ in range(0, SHARES):
+    for _ in range(0, SHARES // 4):
+        a = tl.load(share, mask=mask, other=0.0)
+        b = tl.load(share + INNER, mask=mask, other=0.0)
+        c = tl.load(share + 2 * INNER, mask=mask, other=0.0)
+        d = tl.load(share + 3 * INNER, mask=mask, other=0.0)
+        acc += a.to(ACC_DTYPE)
+        acc += b.to(ACC_DTYPE)
+        acc += c.to(ACC_DTYPE)
+        acc += d.to(ACC_DTYPE)
+        share += 4 * INNER
+    for _ in range(0, SHARES % 4):
         acc += tl.load(share, mask=mask, other=0.0).to(ACC_DTYPE)
         share += INNER
     tl.store(DST + o * INNER + offs, acc.to(DST.dtype.element_ty), mask=mask)
@@ -186,7 +199,10 @@ def sum_shares(src, dim, dtype):
     dst = new_output(shape[:dim] + shape[dim + 1:], dtype, src.device)
     if dst.numel() == 0:
         return dst
-    block = min(_block_elements(src.device), next_pow2(inner))
+    # programs enough for two an SM where the sum is small (a few query rows' dQ shares in one block left one program
+    # adding every share), else the copies' block
+    spread = next_pow2(cdiv(outer * inner, 2 * multiprocessors(src.device)))
+    block = min(_block_elements(src.device), next_pow2(inner), max(SUM_MIN_BLOCK, spread))
     blocks = cdiv(inner, block)
     planned(sum_shares_kernel)[(outer * blocks,)](src, dst, shares, inner, blocks, BLOCK=block,
                                                 ACC_DTYPE=accumulator_dtype(src.dtype))

@@ -548,8 +548,13 @@ def flash_bwd_launch(do, q, k, v, o, lse, sm_scale: float, causal_offset, dlse=N
     return dq, dk, dv
 
 
-# Keys a split of the dQ pass takes at the least (a multiple of every config's BLOCK_N), and the most splits.
-DQ_SPLIT_MIN_KEYS, INTERPRETER_DQ_SPLIT_MIN_KEYS = 512, 16
+# Keys a split of the dQ pass takes at the least (a multiple of every config's BLOCK_N), and the most splits; 128
+# where the query rows fit one block of the smaller config (DQ_SPLIT_FEW_ROWS): an H200's kernel breakdown of the
+# decode-shaped backward passes still below FLASH (results/nvidia-h200/flash/bwd-breakdown.txt) found the dQ pass
+# 40-65% of their GPU time, a few programs walking 662-5549 keys each, which 512-key runs left unsplit (under
+# DQ_SPLIT_MIN_SPLITS runs) or at 6-16 splits. More rows keep 512: untimed there.
+DQ_SPLIT_MIN_KEYS, DQ_SPLIT_FEW_ROWS_MIN_KEYS, INTERPRETER_DQ_SPLIT_MIN_KEYS = 512, 128, 16
+DQ_SPLIT_FEW_ROWS = 64
 DQ_SPLIT_MAX = 32
 # Whether the default splits the dQ pass's keys where its grid (query blocks x heads x batch) leaves most
 # multiprocessors idle: yes, timed on an H200 over the random set's decode-shaped backward passes
@@ -558,6 +563,11 @@ DQ_SPLIT_MAX = 32
 # or the unsplit grid already fills half the GPU; the rule below keeps the split to the first kind.
 DQ_SPLIT_BY_DEFAULT = True
 DQ_SPLIT_MIN_SPLITS = 4
+
+
+def dq_split_min_keys(n_q) -> int:
+    """The keys a dQ split takes at the least on a GPU, for ``n_q`` query rows."""
+    return DQ_SPLIT_FEW_ROWS_MIN_KEYS if n_q <= DQ_SPLIT_FEW_ROWS else DQ_SPLIT_MIN_KEYS
 
 
 def _dq_splits(batch, heads_q, n_q, n_k, visible, device) -> tuple:
@@ -569,7 +579,7 @@ def _dq_splits(batch, heads_q, n_q, n_k, visible, device) -> tuple:
     wherever there are visible keys for two runs; the default, when DQ_SPLIT_BY_DEFAULT, only where the
     unsplit grid is at most half the GPU and there are keys for DQ_SPLIT_MIN_SPLITS runs, into enough splits
     to fill it twice."""
-    min_keys = INTERPRETER_DQ_SPLIT_MIN_KEYS if interpreting() else DQ_SPLIT_MIN_KEYS
+    min_keys = INTERPRETER_DQ_SPLIT_MIN_KEYS if interpreting() else dq_split_min_keys(n_q)
     most = min(DQ_SPLIT_MAX, visible // min_keys)
     if _DQ_ROUTE.forced == "split":
         splits = most

@@ -141,11 +141,11 @@ def _per_head_may_apply(case) -> bool:
 
 def _nothing_copied(case):
     """What the copy routes change on a GPU's default routes: a padded head dim (pads and cuts), a backward whose
-    dQ keys may split (share sums: DQ_SPLIT_MIN_SPLITS runs of DQ_SPLIT_MIN_KEYS keys at the least), or one the
+    dQ keys may split (share sums: DQ_SPLIT_MIN_SPLITS runs of dq_split_min_keys keys at the least), or one the
     per-head rule may take."""
-    from ...kernels.attention.flash_bwd import DQ_SPLIT_MIN_KEYS, DQ_SPLIT_MIN_SPLITS
+    from ...kernels.attention.flash_bwd import DQ_SPLIT_MIN_SPLITS, dq_split_min_keys
 
-    if (not _padded(case) and case.seqlen_k < DQ_SPLIT_MIN_KEYS * DQ_SPLIT_MIN_SPLITS
+    if (not _padded(case) and case.seqlen_k < dq_split_min_keys(case.seqlen_q) * DQ_SPLIT_MIN_SPLITS
             and not _per_head_may_apply(case)):
         return (f"head dim {case.head_dim} is not padded, {case.seqlen_k} keys are too few for a dQ split and no "
                 "head group is spread per head: nothing is copied, the routes are the same")
