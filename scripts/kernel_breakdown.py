@@ -21,7 +21,7 @@ from attnbench.bench import registry
 
 
 def kernels_per_call(run, calls):
-    """{kernel name: (total us, launches)} over ``calls`` calls of ``run``, and the GPU span per call in us."""
+    """tally() over ``calls`` calls of ``run`` after three warm ones."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -31,8 +31,14 @@ def kernels_per_call(run, calls):
         for _ in range(calls):
             run()
         torch.cuda.synchronize()
+    return tally(prof.events(), calls)
+
+
+def tally(events, calls):
+    """{kernel name: (us a call, launches a call)} of the GPU events among ``events`` (torch.profiler's), and the
+    span from the first kernel's start to the last one's end, a call."""
     table, first, last = defaultdict(lambda: [0.0, 0]), None, None
-    for event in prof.events():
+    for event in events:
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         row = table[event.name]
