@@ -6,8 +6,9 @@ cutting"; the bench's GPU time is the sum, launch gaps included).
         --variant triton --variant sdpa_flash [--calls 20] [--json out.json]
 
 One line per kernel: its mean us per call, how many launches a call makes of it, and its share of the variant's
-kernel time; then the variant's kernel sum and the wall time between the first kernel's start and the last one's
-end, per call (the gaps are the launches' spacing on the GPU). GPU only.
+kernel time; then the variant's kernel sum a call, and the GPU's span a call: the first kernel's start to the last
+one's end over all the calls, divided by their number. The span counts the gaps between kernels and between calls, so
+a host-bound call reads its host's pace there. GPU only.
 """
 import argparse
 import json
@@ -36,7 +37,7 @@ def kernels_per_call(run, calls):
 
 def tally(events, calls):
     """{kernel name: (us a call, launches a call)} of the GPU events among ``events`` (torch.profiler's), and the
-    span from the first kernel's start to the last one's end, a call."""
+    span from the first kernel's start to the last one's end over all ``calls``, divided by ``calls``."""
     table, first, last = defaultdict(lambda: [0.0, 0]), None, None
     for event in events:
         if event.device_type != torch.autograd.DeviceType.CUDA:
@@ -61,9 +62,14 @@ def main():
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--json", help="also write every row here")
     args = parser.parse_args()
+    op = attnbench.get(args.op)
+    for name in args.variant or []:
+        try:
+            op.variant(name)
+        except KeyError as exc:
+            parser.error(exc.args[0])
     if not torch.cuda.is_available():
         parser.error("kernel_breakdown profiles a GPU's kernels: no GPU here")
-    op = attnbench.get(args.op)
     device = torch.device("cuda")
     rows = []
     for case in op.cases(args.cases):
@@ -83,7 +89,7 @@ def main():
                 continue
             total = sum(us for us, _ in table.values())
             print(f"{case.label} {args.mode} {name}: kernels {total:.1f} us a call in "
-                  f"{sum(n for _, n in table.values()):.0f} launches, first start to last end {span:.1f} us")
+                  f"{sum(n for _, n in table.values()):.0f} launches; GPU span {span:.1f} us a call")
             for kernel, (us, count) in sorted(table.items(), key=lambda kv: -kv[1][0]):
                 print(f"  {us:9.1f} us  x{count:<4.0f} {100 * us / max(total, 1e-9):5.1f}%  {kernel[:110]}")
             rows.append(dict(case=case.label, mode=args.mode, variant=name, kernel_us=total, span_us=span,

@@ -2,6 +2,10 @@
 the interpreter: the same values as the PyTorch ops they stand for (the copies bit for bit, over dtypes, strides,
 head repeats, empty tensors; the sums in fp32 or fp64, rounded once), and a refusal where the shares' layout is not
 what the kernel reads."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -90,6 +94,11 @@ def test_sum_shares_is_the_sum_in_the_accumulator_dtype_rounded_once(dtype):
         assert got.shape == want.shape and got.dtype == dtype
         if dtype == torch.float64:  # fp64 shares added in index order, as torch adds a few: exact here
             assert torch.equal(got, shares.sum(dim))
+        elif dtype == torch.float32:  # the fp32 adds in index order, bit for bit (four shares loaded at a time)
+            ordered = shares.select(dim, 0).clone()
+            for i in range(1, shares.shape[dim]):
+                ordered += shares.select(dim, i)
+            assert torch.equal(got, ordered), dim
         else:  # fp32 sums of 2-7 terms (a few fp32 roundings), then one rounding to the dtype: within 2 ulp
             ulp = torch.finfo(dtype).eps
             assert torch.allclose(got.double(), want, rtol=2 * ulp, atol=2 * ulp), dim
@@ -119,11 +128,13 @@ def test_the_route_switch_forces_either_way_and_the_default_is_the_kernels_since
             pass
 
 
-def test_the_copy_routes_decline_only_where_the_default_copies_nothing():
-    """triton@copies and triton@torch-copies run where a GPU's default copies or sums: a padded head dim, a dQ split,
-    a head group the per-head rule may take (its K/V repeats and share sums); elsewhere they are the same route."""
+def test_the_copy_routes_decline_only_where_they_differ_from_the_default():
+    """triton@torch-copies runs where a GPU's default copies or sums: a padded head dim, a dQ split (runs of 128 keys
+    where the rows fit one block, 512 otherwise), a head group the per-head rule may take (its K/V repeats and share
+    sums). triton@copies (a launch a tensor) and triton@grouped-copies run where the default groups copies: a padded
+    head dim or the per-head K/V repeats; elsewhere each is the default's route."""
     from attnbench.operators.flash import FlashCase
-    from attnbench.operators.flash.routes import _nothing_copied
+    from attnbench.operators.flash.routes import _nothing_copied, _nothing_grouped
 
     def case(hq, hkv, nq, nk, d):
         return FlashCase(batch=1, heads_q=hq, heads_kv=hkv, seqlen_q=nq, seqlen_k=nk, head_dim=d)
@@ -133,3 +144,61 @@ def test_the_copy_routes_decline_only_where_the_default_copies_nothing():
     assert _nothing_copied(case(8, 8, 512, 512, 72)) is None  # padded to 80
     assert _nothing_copied(case(8, 2, 2048, 512, 64)) is None  # per-head: repeats and sums
     assert _nothing_copied(case(8, 8, 4, 8192, 64)) is None  # the dQ pass's keys may split
+    assert _nothing_copied(case(8, 8, 4, 512, 64)) is None  # 4 runs of the few-row split's 128 keys
+    assert "nothing is copied" in _nothing_copied(case(8, 8, 4, 511, 64))
+    assert "nothing is copied" in _nothing_copied(case(8, 8, 65, 2047, 64))  # 65 rows: runs of 512
+    assert _nothing_grouped(case(8, 8, 512, 512, 72)) is None
+    assert _nothing_grouped(case(8, 2, 2048, 512, 64)) is None
+    assert "default's route" in _nothing_grouped(case(8, 8, 4, 8192, 64))  # a split's sum: one kernel either way
+
+
+
+def test_a_gpu_sized_sum_spreads_and_keeps_the_order(monkeypatch):
+    """The GPU's block rule (two programs an SM, at least SUM_MIN_BLOCK elements; the interpreter's blocks are 64):
+    32 shares of a 2688-element dQ were one program on an H200 (10.8 us); each element's adds stay in index order."""
+    from attnbench.kernels.attention import copies
+
+    monkeypatch.setattr(copies, "_block_elements", lambda device: copies.BLOCK_ELEMENTS)
+    monkeypatch.setattr(copies, "multiprocessors", lambda device: 132)
+    blocks, real = [], copies.planned
+
+    class Counted:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            blocks.append(grid[0])
+            return real(self.kernel)[grid]
+
+    monkeypatch.setattr(copies, "planned", Counted)
+    g = torch.Generator().manual_seed(3)
+    shares = torch.randn(7, 2688, generator=g)
+    got = sum_shares(shares, 0, torch.float32)
+    ordered = shares[0].clone()
+    for i in range(1, 7):
+        ordered += shares[i]
+    assert torch.equal(got, ordered)
+    assert blocks == [11]  # 2688 / 264 programs wants blocks of 16: SUM_MIN_BLOCK's 256, 11 of them (was 1 of 4096)
+
+
+def test_the_share_sum_steps_one_share_at_a_time_in_pointer_width():
+    """The four-share loop steps by INNER, an int32 argument, one share at a time: 4 * INNER in int32 wrapped at
+    INNER 2**29 (found by review: a segfault under the interpreter at five shares). Compiled for sm_90 here (no GPU
+    needed), its TTIR multiplies no int32."""
+    code = r"""
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attnbench.kernels.attention.copies import sum_shares_kernel
+fn = sum_shares_kernel
+while not isinstance(fn, triton.runtime.jit.JITFunction):
+    fn = fn.fn
+sig = dict(SRC="*fp32", DST="*fp32", SHARES="i32", INNER="i32", BLOCKS="i32", BLOCK="constexpr", ACC_DTYPE="constexpr")
+src = ASTSource(fn, signature=sig, constexprs={(5,): 256, (6,): tl.float32})
+print(triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ttir"])
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, TRITON_INTERPRET="0"))
+    assert run.returncode == 0, run.stderr[-4000:]
+    products = [line.split(" loc(")[0] for line in run.stdout.splitlines() if "arith.muli" in line]
+    assert products and not [p for p in products if p.endswith(": i32")], products

@@ -266,6 +266,23 @@ def test_split_dq_route_gradcheck_fp64_and_the_rule_that_picks_it(spy_kernel, mo
     assert torch.equal(split[1], whole[1]) and torch.equal(split[2], whole[2])
 
 
+def test_the_few_row_dq_split_takes_runs_of_128_keys_and_more_rows_512(monkeypatch):
+    """The GPU's rule (the interpreter's runs are 16 keys): a few-row backward over 1247 keys splits in whole runs of
+    128 (it was unsplit: the H200 breakdown found its dQ pass most of the call); 65 rows keep runs of 512 (untimed
+    there)."""
+    from attnbench.kernels.attention import flash_bwd
+
+    monkeypatch.setattr(flash_bwd, "interpreting", lambda: False)
+    monkeypatch.setattr(flash_bwd, "multiprocessors", lambda device: 132)
+    assert flash_bwd.dq_split_min_keys(64) == 128 and flash_bwd.dq_split_min_keys(65) == 512
+    splits, keys = flash_bwd._dq_splits(3, 8, 10, 1247, 1247, "cuda")  # B3 H8 N10x1247: 24 programs
+    # min(9 runs, cdiv(2 x 132, 24) = 11) = 9 shares of 139 keys, rounded up to whole runs (256): 5 splits
+    assert (splits, keys) == (5, 256)
+    assert flash_bwd._dq_splits(3, 8, 10, 511, 511, "cuda") == (1, 511)  # under 4 runs: unsplit
+    splits, keys = flash_bwd._dq_splits(1, 4, 65, 4096, 4096, "cuda")  # 2 query blocks x 4 heads
+    assert keys % 512 == 0 and splits == 4096 // keys
+
+
 def test_atomic_dq_route_gradcheck_fp64_and_is_asked_for_by_name():
     q = _fp64(1, 4, 11, 48, seed=1).requires_grad_()
     k, v = (_fp64(1, 2, 13, 48, seed=s).requires_grad_() for s in (2, 3))

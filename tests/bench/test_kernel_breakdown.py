@@ -29,3 +29,10 @@ def test_without_a_gpu_it_refuses_before_any_case(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         breakdown.main()
     assert "no GPU here" in capsys.readouterr().err
+
+
+def test_an_unknown_variant_is_refused_by_name_before_any_case(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["kernel_breakdown.py", "--variant", "triton@nope"])
+    with pytest.raises(SystemExit):
+        breakdown.main()
+    assert "unknown variant 'triton@nope'" in capsys.readouterr().err

@@ -171,15 +171,20 @@ def sum_shares_kernel(SRC, DST, SHARES, INNER, BLOCKS, BLOCK: tl.constexpr, ACC_
     share = SRC + o * SHARES * INNER + offs
     acc = tl.zeros([BLOCK], dtype=ACC_DTYPE)
     for _ in range(0, SHARES // 4):
+        # one INNER a step, never a multiple of it: INNER is an int32 argument, and 4 * INNER would wrap at 2**29
+        # (found by review: a segfault under the interpreter at INNER 2**29, five shares)
+        second = share + INNER
+        third = second + INNER
+        fourth = third + INNER
         a = tl.load(share, mask=mask, other=0.0)
-        b = tl.load(share + INNER, mask=mask, other=0.0)
-        c = tl.load(share + 2 * INNER, mask=mask, other=0.0)
-        d = tl.load(share + 3 * INNER, mask=mask, other=0.0)
+        b = tl.load(second, mask=mask, other=0.0)
+        c = tl.load(third, mask=mask, other=0.0)
+        d = tl.load(fourth, mask=mask, other=0.0)
         acc += a.to(ACC_DTYPE)
         acc += b.to(ACC_DTYPE)
         acc += c.to(ACC_DTYPE)
         acc += d.to(ACC_DTYPE)
-        share += 4 * INNER
+        share = fourth + INNER
     for _ in range(0, SHARES % 4):
         acc += tl.load(share, mask=mask, other=0.0).to(ACC_DTYPE)
         share += INNER

@@ -114,7 +114,7 @@ def flash_routes(triton):
               declines=_no_head_groups),
         route("copies", copy_route, "triton", "the launchers' head padding, cuts, head repeats and share sums as "
               "planned Triton kernels (host replays repeat them), a launch a tensor", ALL_MODES,
-              declines=_nothing_copied),
+              declines=_nothing_grouped),
         route("grouped-copies", copy_route, "grouped", "the Triton copies with the pads and cuts of tensors of one "
               "layout in one launch (at most 4 launches for a padded backward's 5 pads and 3 cuts; the default)", ALL_MODES,
               declines=_nothing_grouped),
@@ -153,10 +153,11 @@ def _nothing_copied(case):
 
 
 def _nothing_grouped(case):
-    """Where the grouped copies differ from triton@copies: a padded head dim, or the per-head rule's K/V repeats."""
+    """Where the grouped copies (the default) differ from triton@copies, a launch a tensor: a padded head dim, or the
+    per-head rule's K/V repeats (the share sums are the same kernel either way)."""
     if not _padded(case) and not _per_head_may_apply(case):
         return (f"head dim {case.head_dim} is not padded and no head group is spread per head: no two copies share a "
-                "launch, the route is triton@copies")
+                "launch, triton@copies and triton@grouped-copies are the default's route")
     return None
 
 
