@@ -13,6 +13,8 @@ def require_tensor(name: str, value) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout} (call .to_dense())")
+    if value.is_nested:  # a strided nested tensor: reading its shape is PyTorch's internal error
+        raise TypeError(f"{name} must be a dense tensor, got a nested one (pad it: .to_padded_tensor(0))")
 
 
 def require_dtype(name: str, value) -> None:

@@ -152,7 +152,7 @@ def _checked(q, k, v, scale, causal):
     key = None
     # (a sparse layout is refused by the full check, never remembered as its dense signature)
     if type(q) is type(k) is type(v) is torch.Tensor and q.layout is k.layout is v.layout is torch.strided \
-            and not torch.compiler.is_compiling() \
+            and not (q.is_nested or k.is_nested or v.is_nested) and not torch.compiler.is_compiling() \
             and isinstance(causal, (type(None), bool, str)) and isinstance(scale, (type(None), float, int)):
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                type(scale), scale, causal, interpreting())

@@ -62,7 +62,8 @@ def _signature(q, k_ctx, v_ctx, k_buf, v_buf, buf_lens, causal, scale):
     if not (isinstance(causal, bool) and (scale is None or type(scale) in (float, int))):
         return None
     tensors = (q, k_ctx, v_ctx, k_buf, v_buf, buf_lens)
-    if not all(t is None or (type(t) is torch.Tensor and t.layout is torch.strided) for t in tensors):
+    dense = (t is None or (type(t) is torch.Tensor and t.layout is torch.strided and not t.is_nested) for t in tensors)
+    if not all(dense):
         return None
     return (*(tensor_signature(t) for t in tensors), causal, scale)
 

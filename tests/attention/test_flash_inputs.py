@@ -23,6 +23,10 @@ def qkv(b=1, hq=2, hk=2, nq=8, nk=8, d=16, dtype=torch.float32):
     (lambda: (torch.randn(2, 8, 16), *qkv()[1:]), ValueError, "q must have 4 dimensions"),
     (lambda: (*qkv()[:2], [1.0]), TypeError, "v must be a torch.Tensor"),
     (lambda: (qkv()[0].to_sparse(), *qkv()[1:]), TypeError, "q must be a dense (strided) tensor, got layout"),
+    # a strided nested tensor (the default layout of torch.nested) raised PyTorch's "NestedTensorImpl doesn't support
+    # sizes" from the checks' own shape read (found by a probe of the API)
+    (lambda: (qkv()[0], torch.nested.nested_tensor([torch.randn(2, 5, 16), torch.randn(2, 3, 16)]), qkv()[2]),
+     TypeError, "k must be a dense tensor, got a nested one"),
     (lambda: qkv(dtype=torch.int32), TypeError, "q has dtype torch.int32"),
     (lambda: (qkv()[0].half(), *qkv()[1:]), TypeError, "must share a dtype"),
     (lambda: (qkv()[0], qkv()[1], qkv(nk=9)[2]), ValueError, "k and v must have the same shape"),
