@@ -2,10 +2,6 @@
 the interpreter: the same values as the PyTorch ops they stand for (the copies bit for bit, over dtypes, strides,
 head repeats, empty tensors; the sums in fp32 or fp64, rounded once), and a refusal where the shares' layout is not
 what the kernel reads."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -180,25 +176,3 @@ def test_a_gpu_sized_sum_spreads_and_keeps_the_order(monkeypatch):
     assert torch.equal(got, ordered)
     assert blocks == [11]  # 2688 / 264 programs wants blocks of 16: SUM_MIN_BLOCK's 256, 11 of them (was 1 of 4096)
 
-
-def test_the_share_sum_steps_one_share_at_a_time_in_pointer_width():
-    """The four-share loop steps by INNER, an int32 argument, one share at a time: 4 * INNER in int32 wrapped at
-    INNER 2**29 (found by review: a segfault under the interpreter at five shares). Compiled for sm_90 here (no GPU
-    needed), its TTIR multiplies no int32."""
-    code = r"""
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from attnbench.kernels.attention.copies import sum_shares_kernel
-fn = sum_shares_kernel
-while not isinstance(fn, triton.runtime.jit.JITFunction):
-    fn = fn.fn
-sig = dict(SRC="*fp32", DST="*fp32", SHARES="i32", INNER="i32", BLOCKS="i32", BLOCK="constexpr", ACC_DTYPE="constexpr")
-src = ASTSource(fn, signature=sig, constexprs={(5,): 256, (6,): tl.float32})
-print(triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ttir"])
-"""
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, TRITON_INTERPRET="0"))
-    assert run.returncode == 0, run.stderr[-4000:]
-    products = [line.split(" loc(")[0] for line in run.stdout.splitlines() if "arith.muli" in line]
-    assert products and not [p for p in products if p.endswith(": i32")], products

@@ -24,7 +24,7 @@ def jit_function(kernel):
         kernel = kernel.fn
     return kernel
 
-def ptx(kernel, values, constexprs, pointers, num_warps=4, num_stages=3):
+def compiled(kernel, values, constexprs, pointers, num_warps=4, num_stages=3):
     # specialised as Triton's launcher would: pointers and integers divisible by 16 carry tt.divisibility
     fn = jit_function(kernel)
     signature, attrs = {}, {}
@@ -41,8 +41,11 @@ def ptx(kernel, values, constexprs, pointers, num_warps=4, num_stages=3):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, signature=signature, attrs=attrs,
                     constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    asm = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages}).asm
+
+def ptx(kernel, values, constexprs, pointers, num_warps=4, num_stages=3):
+    asm = compiled(kernel, values, constexprs, pointers, num_warps, num_stages)["ptx"]
     kinds = {}
     for op in re.findall(r"(ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)", asm):
         kinds[op] = kinds.get(op, 0) + 1
@@ -110,7 +113,13 @@ bwd_jvp = {name: ptx(kernel, bwd_values, bwd_constexprs,
                      {k: v for k, v in bwd_pointers.items() if k in jit_function(kernel).arg_names}, num_stages=2)
            for name, kernel in (("dkdv", attention_bwd_jvp.bwd_jvp_dkdv_kernel),
                                 ("dq", attention_bwd_jvp.bwd_jvp_dq_kernel))}
-print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats, jvp=jvp, bwd_jvp=bwd_jvp)))
+# the share sum's integer products (TTIR): its four-share loop must step by INNER, an int32 argument, one share at a
+# time (4 * INNER in int32 wraps at INNER 2**29)
+sums = compiled(copies.sum_shares_kernel, dict(SHARES=5, INNER=2688, BLOCKS=11), dict(BLOCK=256, ACC_DTYPE=tl.float32),
+                dict(SRC="*fp32", DST="*fp32"))["ttir"]
+products = [line.strip().split(" loc(")[0] for line in sums.splitlines() if "arith.muli" in line]
+print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats, jvp=jvp, bwd_jvp=bwd_jvp,
+                      sum_products=products)))
 """
 
 
@@ -143,3 +152,7 @@ def test_decode_and_merge_read_16_byte_vectors_at_narrow_row_strides(head_dim):
     for name, kinds in found["bwd_jvp"].items():
         assert "ld.global.b16" not in kinds and any(k.startswith(("cp.async", "ld.global.v4")) for k in kinds), (name,
                                                                                                                kinds)
+    # the share sum steps one INNER at a time: 4 * INNER in int32 wrapped at INNER 2**29 (found by review: a segfault
+    # under the interpreter at five shares); its TTIR multiplies no int32
+    products = found["sum_products"]
+    assert products and not [p for p in products if p.endswith(": i32")], products
