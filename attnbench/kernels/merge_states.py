@@ -3,7 +3,8 @@
 The device functions ``merge_init`` / ``merge_step`` / ``merge_finish`` are the online merge any
 kernel can run in registers (the shared-context kernel's split-K epilogue does); the two kernels
 below run it over tensors: two states (``merge_two_kernel``) or a stack of S states along a
-leading split dimension (``merge_stack_kernel``, flash-decoding's reduction).
+leading split dimension (``merge_stack_kernel`` state by state, ``merge_stack_chunks_kernel`` several states a load
+for many of them: flash-decoding's reduction).
 
 Rows are addressed through up to three leading dimensions with their own strides, so strided
 views (a [B, N, H, D] tensor seen as [B, H, N, D], a batch-folded output seen per sample) merge
@@ -142,6 +143,54 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
     _store_state(O, L, o, lse, rows, offs_d, row_mask, d_mask, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z)
 
 
+@triton.jit
+def merge_stack_chunks_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM, SEE_FROM,
+                       s_os_s, s_os_x, s_os_y, s_os_z, s_ls_s, s_ls_x, s_ls_y, s_ls_z,
+                       s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                       ALIGN: tl.constexpr):
+    """merge_stack_kernel for many states (CHUNKS_FROM_STATES and more): a program merges BLOCK_R rows x BLOCK_D
+    columns (axis 1 of the grid walks the head dim) over every state, CHUNK states a load. State by state, a decode of
+    25 splits spent 27 us merging 6 MB from DRAM; this kernel, 19 (docs/measurements/flash.md). Two passes: the rows' largest LSE over all states, then each state's
+    weight exp(lse - max) and weighted O, summed chunk by chunk in state order (a chunk's states by a tree of fixed
+    shape): the same bits on every run. A state of LSE -inf adds nothing, whatever its O holds."""
+    # the O strides and the head dim are multiples of ALIGN (tiling.aligned: vector loads at D 40 or 72)
+    s_os_s, s_os_x = aligned(s_os_s, ALIGN), aligned(s_os_x, ALIGN)
+    s_os_y, s_os_z = aligned(s_os_y, ALIGN), aligned(s_os_z, ALIGN)
+    s_o_x, s_o_y, s_o_z = aligned(s_o_x, ALIGN), aligned(s_o_y, ALIGN), aligned(s_o_z, ALIGN)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    row_mask, d_mask = rows < N_ROWS, offs_d < aligned(HEAD_DIM, ALIGN)
+    o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_os_x, s_os_y, s_os_z)
+    l_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_ls_x, s_ls_y, s_ls_z)
+    states = tl.arange(0, CHUNK)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float64)
+    for k0 in range(0, NUM_STATES, CHUNK):
+        k = k0 + states
+        lse = tl.load(LS + k.to(tl.int64)[:, None] * s_ls_s + l_rows[None, :],
+                      mask=(k < NUM_STATES)[:, None] & row_mask[None, :], other=float("-inf")).to(tl.float64)
+        m = tl.maximum(m, tl.max(lse, 0))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # all -inf: no (-inf) - (-inf)
+    s = tl.zeros([BLOCK_R], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=ACC_DTYPE)
+    for k0 in range(0, NUM_STATES, CHUNK):  # fixed order: the result does not depend on scheduling
+        k = k0 + states
+        state_mask = (k < NUM_STATES)[:, None] & row_mask[None, :]
+        lse = tl.load(LS + k.to(tl.int64)[:, None] * s_ls_s + l_rows[None, :], mask=state_mask,
+                      other=float("-inf")).to(tl.float64)
+        w = tl.exp((lse - m_safe[None, :]).to(ACC_DTYPE))  # distances in float64, exponentials in the accumulator's
+        o = tl.load(OS + (k.to(tl.int64) * s_os_s)[:, None, None] + o_rows[None, :, None] + offs_d[None, None, :],
+                    mask=state_mask[:, :, None] & d_mask[None, None, :], other=0.0).to(ACC_DTYPE)
+        s += tl.sum(w, 0)
+        # w == 0 (a state that saw no key) must add nothing even when its O is NaN
+        acc += tl.sum(tl.where(w[:, :, None] > 0, w[:, :, None] * o, 0.0), 0)
+    o, lse = merge_finish_where(m, s, acc, rows % DIM_Z >= SEE_FROM)
+    o_out = _row_offsets(rows, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z)
+    tl.store(O + o_out[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    if tl.program_id(1) == 0:  # one column block stores the rows' LSE
+        tl.store(L + _row_offsets(rows, DIM_Y, DIM_Z, s_l_x, s_l_y, s_l_z), lse.to(L.dtype.element_ty), mask=row_mask)
+
+
 def _acc_dtype(o_dtypes, lse_dtypes, state_lse):
     """float64 arithmetic when any O or LSE is float64 (the public contract, as attnbench.merge's PyTorch twin), except
     that ``state_lse`` (our own merged states, whose LSEs are float64 for precision: precision.STATE_LSE_DTYPE) looks
@@ -173,6 +222,43 @@ def _block_sizes(head_dim, device, n_rows, fewest=1):
         return 16, block_d
     most = max(1, min(128, 8192 // block_d))
     return max(fewest, min(most, next_pow2(cdiv(n_rows, 2 * multiprocessors(device))))), block_d
+
+
+# The stack merge's tile: states x rows x columns loaded at once. 1024 elements: 8 a thread of 4 warps, with their
+# int64 addresses; 4096 took 254 registers a thread and merged 5 states in 21 us where one state a step took 10
+# (ncu, H200, B19 H8/4 N10x6964 D96: docs/measurements/flash.md). Columns a program: at most 64, so that a few rows
+# still make many programs, of which PROGRAMS_PER_SM an SM.
+STACK_TILE = 1024
+STACK_COLUMNS = 64
+PROGRAMS_PER_SM = 4
+# small under the interpreter, so that the tests' few states and narrow heads still span several chunks and column
+# blocks, and partial ones
+INTERPRETER_CHUNK = 4
+INTERPRETER_COLUMNS = 16
+# States from which a stack merges in chunks. Each kernel alone on an H200, its states read from DRAM (decode
+# study): 16 states 18.0 -> 9.1 us, 25 states 26.7 -> 18.8, 12 states 16.0 -> 12.7, but 5 states 10.2 -> 12.3 and
+# 6 to 10 states within 10% either way: the chunks' extra pass over the LSEs costs a memory round trip of its own.
+CHUNKS_FROM_STATES = 12
+INTERPRETER_CHUNKS_FROM_STATES = 4  # both kernels under the interpreter tests' 1-9 states
+
+
+def chunks_from_states(device) -> int:
+    """The fewest states merge_stack_launch merges in chunks (merge_stack_chunks_kernel) on ``device``."""
+    return INTERPRETER_CHUNKS_FROM_STATES if device.type == "cpu" else CHUNKS_FROM_STATES
+
+
+def _stack_blocks(head_dim, device, n_rows, num_states, acc_dtype):
+    """(rows a program, columns a program, states a load) of merge_stack_kernel: the most rows (a power of two) that
+    still give PROGRAMS_PER_SM programs an SM over rows and column blocks, then as many states a load as the tile
+    holds beside them (float64 takes half as many)."""
+    if device.type == "cpu":
+        return 16, INTERPRETER_COLUMNS, INTERPRETER_CHUNK
+    block_d = min(STACK_COLUMNS, max(16, next_pow2(head_dim)))
+    tile = STACK_TILE // (2 if acc_dtype == tl.float64 else 1)
+    slices = n_rows * cdiv(head_dim, block_d)
+    most = slices // (PROGRAMS_PER_SM * multiprocessors(device))  # rows a program at PROGRAMS_PER_SM
+    block_r = max(1, min(tile // block_d, 1 << max(0, most.bit_length() - 1)))
+    return block_r, block_d, max(1, min(next_pow2(num_states), tile // (block_r * block_d)))
 
 
 def merge_two_launch(o_a, lse_a, o_b, lse_b, out_dtype, out_lse_dtype=None, state_lse=False):
@@ -225,14 +311,19 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dty
     # each state alone, as three row dimensions; the split stride walks from one to the next
     (_, so), (_, sl) = _lead3(o_stack[0], lead), _lead3(lse_stack[0], lead)
     (ov, s_o), (lv, s_l) = _lead3(o, lse.dim()), _lead3(lse, lse.dim())
-    block_r, block_d = _block_sizes(head_dim, o.device, n_rows)
+    acc_dtype = _acc_dtype((o_stack.dtype,), (lse_stack.dtype,), state_lse)
+    args = (o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
+            INT32_MAX if see_from is None else see_from, o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l)
+    align = stride_align(head_dim, o_stack.stride(0), *so, *s_o)
     with _on_device(o):
-        planned(merge_stack_kernel)[(cdiv(n_rows, block_r),)](
-            o_stack, lse_stack, ov, lv, num_states, n_rows, ov.shape[1], ov.shape[2], head_dim,
-            INT32_MAX if see_from is None else see_from,
-            o_stack.stride(0), *so, lse_stack.stride(0), *sl, *s_o, *s_l,
-            BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=_acc_dtype((o_stack.dtype,), (lse_stack.dtype,), state_lse),
-            ALIGN=stride_align(head_dim, o_stack.stride(0), *so, *s_o))
+        if num_states >= chunks_from_states(o.device):
+            block_r, block_d, chunk = _stack_blocks(head_dim, o.device, n_rows, num_states, acc_dtype)
+            planned(merge_stack_chunks_kernel)[(cdiv(n_rows, block_r), cdiv(head_dim, block_d))](
+                *args, BLOCK_R=block_r, BLOCK_D=block_d, CHUNK=chunk, ACC_DTYPE=acc_dtype, ALIGN=align)
+        else:
+            block_r, block_d = _block_sizes(head_dim, o.device, n_rows)
+            planned(merge_stack_kernel)[(cdiv(n_rows, block_r),)](
+                *args, BLOCK_R=block_r, BLOCK_D=block_d, ACC_DTYPE=acc_dtype, ALIGN=align)
     return o, lse
 
 

@@ -8,6 +8,7 @@ import torch
 
 from attnbench.bench import verify
 from attnbench.attention import flash_attention, flash_fwd
+from attnbench.kernels.attention import flash_decode
 from attnbench.kernels.attention.flash_decode import DECODE_MAX_NQ, decode_applies, decode_splits, flash_decode_launch
 from attnbench.kernels.attention.flash_fwd import forward_route
 from attnbench.bench.verify import BOUNDS
@@ -53,11 +54,29 @@ SHAPES = [
     (1, 3, 1, 4, 70, 80, 66, None),
     (2, 8, 2, 20, 100, 16, 80, 5),  # 80 packed rows: two row tiles
     (1, 2, 2, 1, 70, 64, None, 9),  # more splits than key blocks
+    # two column blocks (decode_head_blocks, WIDE_BLOCK lowered below): 48 = 32 + 16 with a split's blind rows,
+    # 96 = 64 + 32 GQA causal
+    (1, 4, 1, 6, 45, 48, -2, 3),
+    (2, 6, 3, 2, 37, 96, 35, 2),
 ]
 
 
+def test_two_column_blocks_only_where_they_fit_a_wide_head_exactly(monkeypatch):
+    from attnbench.kernels.attention import flash_decode
+
+    assert flash_decode.decode_head_blocks(160) == (128, 32) and flash_decode.decode_head_blocks(192) == (128, 64)
+    # 96 = 64 + 32 ran slower on the GPU at one shape: one block of 128; 40 = 32 + 16 would mask a second block's
+    # columns: one masked block of 64; powers of two stay one block
+    assert flash_decode.decode_head_blocks(96) == (128, 0) and flash_decode.decode_head_blocks(40) == (64, 0)
+    assert flash_decode.decode_head_blocks(72) == (128, 0) and flash_decode.decode_head_blocks(128) == (128, 0)
+    assert flash_decode.decode_head_blocks(24) == (32, 0) and flash_decode.decode_head_blocks(144) == (128, 16)
+    monkeypatch.setattr(flash_decode, "WIDE_BLOCK", 16)  # what the interpreter tests below run at 48 and 96
+    assert flash_decode.decode_head_blocks(96) == (64, 32) and flash_decode.decode_head_blocks(48) == (32, 16)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_decode_matches_float64_reference(shape):
+def test_decode_matches_float64_reference(shape, monkeypatch):
+    monkeypatch.setattr(flash_decode, "WIDE_BLOCK", 16)  # two column blocks at D 48, 80 and 96 (wide heads' route)
     *dims, offset, splits = shape
     q, k, v = _inputs(*dims)
     scale = dims[-1] ** -0.5

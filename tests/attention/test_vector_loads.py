@@ -62,7 +62,7 @@ values = dict(rows, stride_vn=head_dim, stride_vh=n_k * head_dim, stride_vb=head
 align = stride_align(*(v for k, v in values.items() if k.startswith("stride_") and not k.startswith("stride_l")),
                      head_dim)
 decode = ptx(flash_decode.flash_decode_kernel, values,
-             dict(BLOCK_D=triton.next_power_of_2(head_dim), CAUSAL=False, ACC_DTYPE=tl.float32,
+             dict(BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_D2=0, CAUSAL=False, ACC_DTYPE=tl.float32,
                   DOT_PRECISION="ieee", BLOCK_M=16, BLOCK_N=64, ALIGN=align),
              dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp32", LSE="*fp64"))
 state = values["stride_oh"] * heads
@@ -70,10 +70,13 @@ merge_values = dict(NUM_STATES=splits, N_ROWS=12 * heads * n_q, DIM_Y=heads, DIM
                     SEE_FROM=0, s_os_s=12 * state, s_os_x=state, s_os_y=values["stride_oh"], s_os_z=head_dim,
                     s_ls_s=12 * heads * n_q, s_ls_x=heads * n_q, s_ls_y=n_q, s_ls_z=1, s_o_x=state,
                     s_o_y=values["stride_oh"], s_o_z=head_dim, s_l_x=heads * n_q, s_l_y=n_q, s_l_z=1)
+merge_pointers = dict(OS="*fp32", LS="*fp64", O="*fp16", L="*fp32")
 merge = ptx(merge_states.merge_stack_kernel, merge_values,
             dict(BLOCK_R=16, BLOCK_D=triton.next_power_of_2(head_dim), ACC_DTYPE=tl.float32,
-                 ALIGN=stride_align(head_dim, state, 12 * state)),
-            dict(OS="*fp32", LS="*fp64", O="*fp16", L="*fp32"))
+                 ALIGN=stride_align(head_dim, state, 12 * state)), merge_pointers)
+merge_chunks = ptx(merge_states.merge_stack_chunks_kernel, merge_values,
+                   dict(BLOCK_R=4, BLOCK_D=64, CHUNK=4, ACC_DTYPE=tl.float32,
+                        ALIGN=stride_align(head_dim, state, 12 * state)), merge_pointers)
 from attnbench.kernels.attention import copies
 copy_values = dict(HEADS=2, N=3660, D=head_dim, WIDTH=head_dim + 8, ROW_BLOCKS=115, s_b=2 * 3660 * head_dim,
                    s_h=3660 * head_dim, s_n=head_dim, s_d=1)
@@ -118,7 +121,7 @@ bwd_jvp = {name: ptx(kernel, bwd_values, bwd_constexprs,
 sums = compiled(copies.sum_shares_kernel, dict(SHARES=5, INNER=2688, BLOCKS=11), dict(BLOCK=256, ACC_DTYPE=tl.float32),
                 dict(SRC="*fp32", DST="*fp32"))["ttir"]
 products = [line.strip().split(" loc(")[0] for line in sums.splitlines() if "arith.muli" in line]
-print(json.dumps(dict(align=align, decode=decode, merge=merge, copies=repeats, jvp=jvp, bwd_jvp=bwd_jvp,
+print(json.dumps(dict(align=align, decode=decode, merge=merge, merge_chunks=merge_chunks, copies=repeats, jvp=jvp, bwd_jvp=bwd_jvp,
                       sum_products=products)))
 """
 
@@ -140,7 +143,8 @@ def test_decode_and_merge_read_16_byte_vectors_at_narrow_row_strides(head_dim):
     decode, merge = found["decode"], found["merge"]
     assert decode.get("cp.async.cg.shared.global", 0) > 0, decode  # K and V pipelined, 16 bytes a copy
     assert "ld.global.b16" not in decode, decode  # q too: no 2-byte loads
-    assert "ld.global.b32" not in merge and merge.get("ld.global.v4.b32", 0) > 0, merge
+    for merge in (merge, found["merge_chunks"]):  # state by state, and several states a load
+        assert "ld.global.b32" not in merge and merge.get("ld.global.v4.b32", 0) > 0, merge
     # the launchers' pads and the per-head route's K/V repeats (copies.py), both specializations: they compile for
     # sm_90 (the repeat has run on the interpreter only) and read whole 16-byte vectors
     for repeat, copy in found["copies"].items():

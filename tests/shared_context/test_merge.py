@@ -161,6 +161,36 @@ def test_triton_stack_merge_any_leading_shape(lead):
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-14)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("states", [1, 3, 4, 5, 9])
+def test_triton_stack_merge_over_several_chunks_and_column_blocks(states):
+    """From 4 states (INTERPRETER_CHUNKS_FROM_STATES) the stack merges in chunks: under the interpreter
+    INTERPRETER_CHUNK (4) states a load over INTERPRETER_COLUMNS (16) columns a program, so 5 and 9 states end in a
+    partial chunk and D 41 in a partial column block; 1 and 3 states merge state by state. Against
+    merge_many in float64; an empty state's NaN O adds nothing; one live state among empties comes out bit for bit;
+    and the result does not depend on which states share a chunk (a live state moved across the chunk boundary)."""
+    from attnbench.kernels import merge_states as kernels
+
+    # what the sizes above assume
+    assert (kernels.INTERPRETER_CHUNK, kernels.INTERPRETER_COLUMNS, kernels.INTERPRETER_CHUNKS_FROM_STATES) == (4, 16, 4)
+    g = _gen(11)
+    o = torch.randn(states, 3, 5, 41, generator=g, dtype=torch.float64)
+    lse = torch.randn(states, 3, 5, generator=g, dtype=torch.float64) * 3
+    o_some, lse_some = o.clone(), lse.clone()
+    lse_some[states // 2, 1] = -math.inf  # an empty state of some rows, its O NaN
+    o_some[states // 2, 1] = float("nan")
+    want, got = merge_many(o_some, lse_some), merge_many_triton(o_some, lse_some)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-14, equal_nan=False)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-14)
+    live = states - 1  # the last state alone: in the last (partial) chunk
+    empty_lse = torch.full_like(lse, -math.inf)
+    empty_lse[live] = lse[live]
+    empty_o = torch.full_like(o, float("nan"))
+    empty_o[live] = o[live]
+    o_one, lse_one = merge_many_triton(empty_o, empty_lse)
+    assert torch.equal(o_one, o[live]) and torch.equal(lse_one, lse[live])
+
+
 @pytest.mark.parametrize("args,exc,words", [
     (lambda: (torch.zeros(2, 8), torch.zeros(3), torch.zeros(2, 8), torch.zeros(2)), ValueError, "LSE's shape"),
     (lambda: (torch.zeros(2, 8), torch.zeros(2), torch.zeros(3, 8), torch.zeros(3)), ValueError, "one shape"),

@@ -23,8 +23,8 @@ from ..precision import (ROW_MAX_START, STATE_LSE_DTYPE, accumulator_dtype, accu
 from .softmax_rows import finish_rows_where
 from ..launch import planned
 from ..tiling import aligned, aligned_rows, row_strides, stride_align, visible_key_count
-from ..tuning import (autotune, cdiv, cfg, configs, config_list, multiprocessors, next_pow2, pruner,
-                      registers_per_thread, seq_bucket)
+from ..tuning import (autotune, cdiv, cfg, configs, config_list, head_dim_blocks, head_width, multiprocessors,
+                      next_pow2, pruner, registers_per_thread, seq_bucket)
 
 DECODE_MAX_NQ = 64  # query rows per head up to which the forward takes this path
 # Packed rows a program holds (more rows: several row tiles, each reading K/V again). A config
@@ -39,6 +39,7 @@ WAVES = 2  # programs to aim for, in multiples of the multiprocessors
 MAX_SPLITS = 64
 # ... and no more than this many an SM: balance alone asked 18 splits of 133 programs at Nk 32K
 MAX_PROGRAMS_PER_SM = 8
+WIDE_BLOCK = 128  # two head-dim blocks from this first block's width up (decode_head_blocks)
 
 
 @triton.jit
@@ -75,7 +76,7 @@ def _decode_shared_bytes(config, element_size, block_d):
 
 
 def _accumulator_fits(config, constexprs):
-    return registers_per_thread(constexprs["BLOCK_M"] * constexprs["BLOCK_D"], config.num_warps) <= ACC_REGISTERS
+    return registers_per_thread(constexprs["BLOCK_M"] * head_width(constexprs), config.num_warps) <= ACC_REGISTERS
 
 
 _DECODE_CONFIGS = config_list(
@@ -89,7 +90,7 @@ _DECODE_CONFIGS = config_list(
     cfg(1, 1, BLOCK_N=16))
 
 
-@autotune(_DECODE_CONFIGS, key=["ROWS_BUCKET", "SEQ_BUCKET", "BLOCK_D", "CAUSAL"],
+@autotune(_DECODE_CONFIGS, key=["ROWS_BUCKET", "SEQ_BUCKET", "BLOCK_D", "BLOCK_D2", "CAUSAL"],
           prune_configs_by={"early_config_prune": pruner(_decode_shared_bytes, _accumulator_fits)})
 @triton.jit
 def flash_decode_kernel(Q, K, V, O, LSE,
@@ -98,7 +99,7 @@ def flash_decode_kernel(Q, K, V, O, LSE,
                         stride_ls, stride_lb, stride_lh,
                         N_Q, N_K, HEAD_DIM, H_KV, GROUP, causal_offset, scale_hi, scale_lo, NUM_SPLITS,
                         ROWS_BUCKET, SEQ_BUCKET,
-                        BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         ALIGN: tl.constexpr):
     # every stride and the head dim are multiples of ALIGN (tiling.aligned: 16-byte loads at D 40 or 72)
@@ -116,29 +117,40 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     b = tl.program_id(2).to(tl.int64)
     valid, g, i = _packed_query_rows(pid_m, N_Q, GROUP, BLOCK_M)
     h = hk * GROUP + g.to(tl.int64)
+    q_rows = b * stride_qb + h * stride_qh + i * stride_qn
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(Q + (b * stride_qb + h * stride_qh + i * stride_qn)[:, None] + offs_d[None, :],
-                mask=valid[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=valid[:, None] & d_mask[None, :], other=0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+    # a second column block where two fit a wide head exactly (decode_head_blocks): 160 = 128 + 32 stages 160 columns
+    # a key in shared memory, not 256; without one, the placeholders are the first block's (key_block.py)
+    if BLOCK_D2 > 0:
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        q2 = tl.load(Q + q_rows[:, None] + offs_d2[None, :], mask=valid[:, None], other=0.0)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=ACC_DTYPE)
+    else:
+        offs_d2, q2, acc2 = offs_d, q, acc
     K_head = K + b * stride_kb + hk * stride_kh
     V_head = V + b * stride_vb + hk * stride_vh
 
     qk_scale_log2 = softmax_scale_log2(scale_hi, scale_lo, ACC_DTYPE)
     m_i = tl.full([BLOCK_M], ROW_MAX_START, dtype=ACC_DTYPE)  # finite: see key_block.attend_key_block
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
-    # One head-dim block, padded to a power of two: reading K and V binds here, not the matmuls
-    # (a padded D 96 runs near copy bandwidth: docs/measurements/flash.md), so the second block of
-    # key_block.py is not used.
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
     lo, mid, hi = _split_range(i, valid, split, N_K, NUM_SPLITS, causal_offset, CAUSAL, BLOCK_N)
     for n0 in range(lo, mid, BLOCK_N):
-        acc, _, l_i, m_i = attend_key_block(acc, acc, l_i, m_i, q, q, K_head, V_head, stride_kn, stride_vn, n0, i,
-                                            offs_d, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, 0,
-                                            False, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        acc, acc2_next, l_i, m_i = attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stride_vn,
+                                                    n0, i, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset,
+                                                    qk_scale_log2, BLOCK_N, BLOCK_D2, False, CAUSAL, ACC_DTYPE,
+                                                    DOT_PRECISION)
+        if BLOCK_D2 > 0:  # (one block: no second accumulator carried through the loop)
+            acc2 = acc2_next
     for n0 in range(mid, hi, BLOCK_N):
-        acc, _, l_i, m_i = attend_key_block(acc, acc, l_i, m_i, q, q, K_head, V_head, stride_kn, stride_vn, n0, i,
-                                            offs_d, offs_d, N_K, HEAD_DIM, causal_offset, qk_scale_log2, BLOCK_N, 0,
-                                            True, CAUSAL, ACC_DTYPE, DOT_PRECISION)
+        acc, acc2_next, l_i, m_i = attend_key_block(acc, acc2, l_i, m_i, q, q2, K_head, V_head, stride_kn, stride_vn,
+                                                    n0, i, offs_d, offs_d2, N_K, HEAD_DIM, causal_offset,
+                                                    qk_scale_log2, BLOCK_N, BLOCK_D2, True, CAUSAL, ACC_DTYPE,
+                                                    DOT_PRECISION)
+        if BLOCK_D2 > 0:
+            acc2 = acc2_next
 
     # a row sees a key of this split iff the split is not empty and (causal) its first key is visible
     sees = valid & (lo < hi)  # a [BLOCK_M] mask (padding rows are never stored)
@@ -152,16 +164,32 @@ def flash_decode_kernel(Q, K, V, O, LSE,
     blind = ~sees
     if NUM_SPLITS > 1:
         blind = blind | (l_i == 0.0)
-    o, lse, _ = finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE, LSE.dtype.element_ty)  # float64 for a partial
+    o, lse, inv_l = finish_rows_where(acc, l_i, m_i, blind, ACC_DTYPE, LSE.dtype.element_ty)  # float64 for a partial
     state = split.to(tl.int64)
     o_rows = state * stride_os + b * stride_ob + h * stride_oh + i * stride_on
     tl.store(O + o_rows[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])
+    if BLOCK_D2 > 0:
+        tl.store(O + o_rows[:, None] + offs_d2[None, :], (acc2 * inv_l[:, None]).to(O.dtype.element_ty),
+                 mask=valid[:, None])
     tl.store(LSE + state * stride_ls + b * stride_lb + h * stride_lh + i, lse.to(LSE.dtype.element_ty), mask=valid)
 
 
 def decode_applies(n_q: int) -> bool:
     """Whether the forward of ``n_q`` query rows per head takes the split-KV path."""
     return n_q <= DECODE_MAX_NQ
+
+
+def decode_head_blocks(head_dim: int) -> tuple:
+    """(BLOCK_D, BLOCK_D2) of the split-KV kernel: two column blocks where they cover the head exactly and the first
+    is at least WIDE_BLOCK wide (160 = 128 + 32, 192 = 128 + 64: shared memory, registers and matmuls for D columns,
+    not 256), else one block of the next power of two with its extra columns masked (a second block's masked columns
+    are what head_padding.py keeps the pointer kernels away from). Measured on an H200 against one block: 0.90-0.94x
+    the time at the random set's D 160 and 192 shapes, but 1.34x at B19 H8/4 N10x6964 D96 (64 + 32), so narrower
+    heads keep one block (docs/measurements/flash.md)."""
+    block_d, block_d2 = head_dim_blocks(head_dim)
+    if block_d2 and block_d + block_d2 == head_dim and block_d >= WIDE_BLOCK:
+        return block_d, block_d2
+    return max(16, next_pow2(head_dim)), 0
 
 
 def decode_block_m(rows: int) -> int:
@@ -226,11 +254,12 @@ def flash_decode_launch(q, k, v, sm_scale: float, causal_offset, num_splits=None
         l_part = new_output((splits, batch, heads_q, n_q), STATE_LSE_DTYPE, q.device)
         strides = (*o_part.stride()[:4], *l_part.stride()[:3])
     inputs = (*row_strides(q), *row_strides(k), *row_strides(v))
+    block_d, block_d2 = decode_head_blocks(head_dim)
     planned(flash_decode_kernel)[(row_tiles * splits, heads_kv, batch)](
         q, k, v, o_part, l_part, *inputs, *strides,
         n_q, n_k, head_dim, heads_kv, heads_q // heads_kv, 0 if causal_offset is None else int(causal_offset),
         *split_scale(sm_scale), splits, block_m, seq_bucket(cdiv(visible, splits)),
-        BLOCK_D=max(16, next_pow2(head_dim)), CAUSAL=causal_offset is not None,
+        BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=causal_offset is not None,
         ACC_DTYPE=accumulator_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), BLOCK_M=block_m,
         ALIGN=stride_align(head_dim, *inputs, *strides[:4]),
     )
