@@ -136,9 +136,13 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
     o_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_os_x, s_os_y, s_os_z)
     l_rows = _row_offsets(rows, DIM_Y, DIM_Z, s_ls_x, s_ls_y, s_ls_z)
     m, s, acc = merge_init(BLOCK_R, BLOCK_D, ACC_DTYPE)
+    # the states' pointers step one stride at a time: k * stride in int32 wrapped past 2**31 elements
+    os_k, ls_k = OS, LS
     for k in range(0, NUM_STATES):  # fixed order: the result does not depend on scheduling
-        lse, o = _load_state(OS + k * s_os_s, LS + k * s_ls_s, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE)
+        lse, o = _load_state(os_k, ls_k, o_rows, l_rows, offs_d, row_mask, d_mask, ACC_DTYPE)
         m, s, acc = merge_step(m, s, acc, lse, o)
+        os_k += s_os_s
+        ls_k += s_ls_s
     o, lse = merge_finish_where(m, s, acc, rows % DIM_Z >= SEE_FROM)
     _store_state(O, L, o, lse, rows, offs_d, row_mask, d_mask, DIM_Y, DIM_Z, s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z)
 
@@ -231,6 +235,7 @@ def _block_sizes(head_dim, device, n_rows, fewest=1):
 STACK_TILE = 1024
 STACK_COLUMNS = 64
 PROGRAMS_PER_SM = 4
+MIN_CHUNK = 8  # states a load at least, where the stack has them (B21's 25 states merged 8 a load in 18.8 us)
 # small under the interpreter, so that the tests' few states and narrow heads still span several chunks and column
 # blocks, and partial ones
 INTERPRETER_CHUNK = 4
@@ -248,16 +253,18 @@ def chunks_from_states(device) -> int:
 
 
 def _stack_blocks(head_dim, device, n_rows, num_states, acc_dtype):
-    """(rows a program, columns a program, states a load) of merge_stack_kernel: the most rows (a power of two) that
-    still give PROGRAMS_PER_SM programs an SM over rows and column blocks, then as many states a load as the tile
-    holds beside them (float64 takes half as many)."""
+    """(rows a program, columns a program, states a load) of merge_stack_chunks_kernel: the most rows (a power of two)
+    that still give PROGRAMS_PER_SM programs an SM over rows and column blocks, but few enough that a load holds
+    MIN_CHUNK states (many rows would leave one state a load, and the extra pass over the LSEs for nothing); then as
+    many states a load as the tile holds beside them (float64 takes half as many)."""
     if device.type == "cpu":
         return 16, INTERPRETER_COLUMNS, INTERPRETER_CHUNK
     block_d = min(STACK_COLUMNS, max(16, next_pow2(head_dim)))
     tile = STACK_TILE // (2 if acc_dtype == tl.float64 else 1)
     slices = n_rows * cdiv(head_dim, block_d)
     most = slices // (PROGRAMS_PER_SM * multiprocessors(device))  # rows a program at PROGRAMS_PER_SM
-    block_r = max(1, min(tile // block_d, 1 << max(0, most.bit_length() - 1)))
+    fewest_states = min(MIN_CHUNK, next_pow2(num_states))
+    block_r = max(1, min(tile // (block_d * fewest_states), 1 << max(0, most.bit_length() - 1)))
     return block_r, block_d, max(1, min(next_pow2(num_states), tile // (block_r * block_d)))
 
 
@@ -318,7 +325,8 @@ def merge_stack_launch(o_stack, lse_stack, out_dtype, see_from=None, out_lse_dty
     with _on_device(o):
         if num_states >= chunks_from_states(o.device):
             block_r, block_d, chunk = _stack_blocks(head_dim, o.device, n_rows, num_states, acc_dtype)
-            planned(merge_stack_chunks_kernel)[(cdiv(n_rows, block_r), cdiv(head_dim, block_d))](
+            # at least one column block: it stores the LSEs (head dim 0 has rows too)
+            planned(merge_stack_chunks_kernel)[(cdiv(n_rows, block_r), max(1, cdiv(head_dim, block_d)))](
                 *args, BLOCK_R=block_r, BLOCK_D=block_d, CHUNK=chunk, ACC_DTYPE=acc_dtype, ALIGN=align)
         else:
             block_r, block_d = _block_sizes(head_dim, o.device, n_rows)

@@ -167,8 +167,8 @@ def test_triton_stack_merge_over_several_chunks_and_column_blocks(states):
     """From 4 states (INTERPRETER_CHUNKS_FROM_STATES) the stack merges in chunks: under the interpreter
     INTERPRETER_CHUNK (4) states a load over INTERPRETER_COLUMNS (16) columns a program, so 5 and 9 states end in a
     partial chunk and D 41 in a partial column block; 1 and 3 states merge state by state. Against
-    merge_many in float64; an empty state's NaN O adds nothing; one live state among empties comes out bit for bit;
-    and the result does not depend on which states share a chunk (a live state moved across the chunk boundary)."""
+    merge_many in float64; an empty state's NaN O adds nothing; one live state among empties comes out bit for bit.
+    Head dim 0 still gets its LSEs (the column blocks' first program stores them)."""
     from attnbench.kernels import merge_states as kernels
 
     # what the sizes above assume
@@ -189,6 +189,8 @@ def test_triton_stack_merge_over_several_chunks_and_column_blocks(states):
     empty_o[live] = o[live]
     o_one, lse_one = merge_many_triton(empty_o, empty_lse)
     assert torch.equal(o_one, o[live]) and torch.equal(lse_one, lse[live])
+    o_none, lse_none = merge_many_triton(o[..., :0], lse)
+    assert o_none.shape == (3, 5, 0) and torch.allclose(lse_none, torch.logsumexp(lse, 0), rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("args,exc,words", [
