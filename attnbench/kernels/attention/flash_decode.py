@@ -184,8 +184,8 @@ def decode_head_blocks(head_dim: int) -> tuple:
     is at least WIDE_BLOCK wide (160 = 128 + 32, 192 = 128 + 64: shared memory, registers and matmuls for D columns,
     not 256), else one block of the next power of two with its extra columns masked (a second block's masked columns
     are what head_padding.py keeps the pointer kernels away from). Measured on an H200 against one block: 0.90-0.94x
-    the time at the random set's D 160 and 192 shapes, but 1.34x at B19 H8/4 N10x6964 D96 (64 + 32), so narrower
-    heads keep one block (docs/measurements/flash.md)."""
+    the time at the random set's D 160 and 192 shapes, but 1.34x at B19 H8/4 N10x6964 D96 (64 + 32 at 32 rows a
+    program compiles to 255 registers and spills), so narrower heads keep one block (docs/measurements/flash.md)."""
     block_d, block_d2 = head_dim_blocks(head_dim)
     if block_d2 and block_d + block_d2 == head_dim and block_d >= WIDE_BLOCK:
         return block_d, block_d2
