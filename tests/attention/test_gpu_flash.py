@@ -304,3 +304,33 @@ def test_cuda_graph_timing_agrees_with_cuda_events(flash, tuned_kernels):
         graph = measure(fn, "cuda", cuda_graph=True)
         assert graph.method == "cuda-graph" and events.method == "cuda-events"
         assert 0.7 < graph.median_ms / events.median_ms < 1.1, (variant, graph, events)
+
+
+@pytest.mark.perf
+def test_chunked_stack_merge_beats_state_by_state_at_many_states(monkeypatch):
+    """Perf gate for merge_stack_chunks_kernel, which stacks of CHUNKS_FROM_STATES states and more take: at the 25
+    states of B21 H8/1 N4x11616 D96's decode (fp32 states, fp64 LSEs, read from DRAM), it must take <= 0.9x the
+    state-by-state kernel's GPU time, and give the same values to fp32 rounding. Measured on an H200
+    (scripts/decode_study.py): 18.8 against 26.7 us, 0.70x (docs/measurements/flash.md)."""
+    from attnbench.kernels import merge_states
+    from attnbench.kernels.gpu_time import gpu_time_median_ms
+    from attnbench.kernels.launch import forget_plans
+    from attnbench.kernels.precision import STATE_LSE_DTYPE
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    o = torch.randn(25, 21, 8, 4, 96, device="cuda", generator=gen)
+    lse = torch.randn(25, 21, 8, 4, device="cuda", generator=gen, dtype=STATE_LSE_DTYPE) * 3
+
+    def timed(chunks_from):
+        monkeypatch.setattr(merge_states, "CHUNKS_FROM_STATES", chunks_from)
+        forget_plans()  # a plan (or a replay) of the other kernel must not answer
+        run = lambda: merge_states.merge_stack_launch(o, lse, torch.bfloat16, see_from=0, out_lse_dtype=torch.float32,
+                                                      state_lse=True)
+        out = run()
+        return out, gpu_time_median_ms(run)
+
+    (o_chunks, lse_chunks), chunked = timed(1)
+    (o_steps, lse_steps), steps = timed(10 ** 9)
+    torch.testing.assert_close(o_chunks.float(), o_steps.float(), rtol=1e-2, atol=1e-2)  # bf16 outputs
+    torch.testing.assert_close(lse_chunks, lse_steps, rtol=1e-6, atol=1e-6)
+    assert chunked <= 0.9 * steps, f"chunked {chunked * 1e3:.1f} us against state by state {steps * 1e3:.1f} us"
