@@ -41,9 +41,13 @@ def decode_cases(pattern):
         if case.seqlen_q > MAX_NQ or not re.search(pattern, case.label):
             continue
         visible = visible_key_count(case.seqlen_q, case.seqlen_k, case.causal_offset)
-        kv_bytes = 2 * case.batch * case.heads_kv * visible * case.head_dim * torch.finfo(getattr(torch, case.dtype)).bits // 8
+        kv_bytes = 2 * case.batch * case.heads_kv * visible * case.head_dim * _element_bytes(case)
         if kv_bytes / copy >= MIN_COPY_US:
             yield case, visible, kv_bytes, kv_bytes / copy / 1e3
+
+
+def _element_bytes(case):
+    return torch.finfo(getattr(torch, case.dtype)).bits // 8
 
 
 def _copy_bytes_per_us():
@@ -80,8 +84,8 @@ def fits(config, case):
 
     block_m, _, _ = fd.decode_plan(case.batch, case.heads_q, case.seqlen_q, case.heads_kv, case.seqlen_k, "cuda")
     block_d, block_d2 = fd.decode_head_blocks(case.head_dim)
-    element = torch.finfo(getattr(torch, case.dtype)).bits // 8
-    return (fd._decode_shared_bytes(config, element, block_d + block_d2) <= shared_memory_budget(torch.device("cuda"))
+    shared = fd._decode_shared_bytes(config, _element_bytes(case), block_d + block_d2)
+    return (shared <= shared_memory_budget(torch.device("cuda"))
             and fd._accumulator_fits(config, dict(BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_D2=block_d2)))
 
 

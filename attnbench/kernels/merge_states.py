@@ -148,16 +148,26 @@ def merge_stack_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM,
 
 
 @triton.jit
+def _lse_chunk(LS, k, NUM_STATES, s_ls_s, l_rows, row_mask):
+    """The LSEs of states ``k`` (a chunk) at the rows, float64 ([CHUNK, rows]; -inf past the stack and the rows), and
+    that mask: both passes of merge_stack_chunks_kernel read them the same way."""
+    mask = (k < NUM_STATES)[:, None] & row_mask[None, :]
+    lse = tl.load(LS + k.to(tl.int64)[:, None] * s_ls_s + l_rows[None, :], mask=mask, other=float("-inf"))
+    return lse.to(tl.float64), mask
+
+
+@triton.jit
 def merge_stack_chunks_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HEAD_DIM, SEE_FROM,
-                       s_os_s, s_os_x, s_os_y, s_os_z, s_ls_s, s_ls_x, s_ls_y, s_ls_z,
-                       s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
-                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                       ALIGN: tl.constexpr):
+                              s_os_s, s_os_x, s_os_y, s_os_z, s_ls_s, s_ls_x, s_ls_y, s_ls_z,
+                              s_o_x, s_o_y, s_o_z, s_l_x, s_l_y, s_l_z,
+                              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+                              ACC_DTYPE: tl.constexpr, ALIGN: tl.constexpr):
     """merge_stack_kernel for many states (CHUNKS_FROM_STATES and more): a program merges BLOCK_R rows x BLOCK_D
     columns (axis 1 of the grid walks the head dim) over every state, CHUNK states a load. State by state, a decode of
-    25 splits spent 27 us merging 6 MB from DRAM; this kernel, 19 (docs/measurements/flash.md). Two passes: the rows' largest LSE over all states, then each state's
-    weight exp(lse - max) and weighted O, summed chunk by chunk in state order (a chunk's states by a tree of fixed
-    shape): the same bits on every run. A state of LSE -inf adds nothing, whatever its O holds."""
+    25 splits spent 27 us merging 6 MB from DRAM; this kernel, 19 (docs/measurements/flash.md). Two passes: the rows'
+    largest LSE over all states, then each state's weight exp(lse - max) and weighted O, summed chunk by chunk in
+    state order (a chunk's states by a tree of fixed shape): the same bits on every run. A state of LSE -inf adds
+    nothing, whatever its O holds."""
     # the O strides and the head dim are multiples of ALIGN (tiling.aligned: vector loads at D 40 or 72)
     s_os_s, s_os_x = aligned(s_os_s, ALIGN), aligned(s_os_x, ALIGN)
     s_os_y, s_os_z = aligned(s_os_y, ALIGN), aligned(s_os_z, ALIGN)
@@ -170,18 +180,14 @@ def merge_stack_chunks_kernel(OS, LS, O, L, NUM_STATES, N_ROWS, DIM_Y, DIM_Z, HE
     states = tl.arange(0, CHUNK)
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float64)
     for k0 in range(0, NUM_STATES, CHUNK):
-        k = k0 + states
-        lse = tl.load(LS + k.to(tl.int64)[:, None] * s_ls_s + l_rows[None, :],
-                      mask=(k < NUM_STATES)[:, None] & row_mask[None, :], other=float("-inf")).to(tl.float64)
+        lse, _ = _lse_chunk(LS, k0 + states, NUM_STATES, s_ls_s, l_rows, row_mask)
         m = tl.maximum(m, tl.max(lse, 0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # all -inf: no (-inf) - (-inf)
     s = tl.zeros([BLOCK_R], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=ACC_DTYPE)
     for k0 in range(0, NUM_STATES, CHUNK):  # fixed order: the result does not depend on scheduling
         k = k0 + states
-        state_mask = (k < NUM_STATES)[:, None] & row_mask[None, :]
-        lse = tl.load(LS + k.to(tl.int64)[:, None] * s_ls_s + l_rows[None, :], mask=state_mask,
-                      other=float("-inf")).to(tl.float64)
+        lse, state_mask = _lse_chunk(LS, k, NUM_STATES, s_ls_s, l_rows, row_mask)
         w = tl.exp((lse - m_safe[None, :]).to(ACC_DTYPE))  # distances in float64, exponentials in the accumulator's
         o = tl.load(OS + (k.to(tl.int64) * s_os_s)[:, None, None] + o_rows[None, :, None] + offs_d[None, None, :],
                     mask=state_mask[:, :, None] & d_mask[None, None, :], other=0.0).to(ACC_DTYPE)

@@ -79,6 +79,14 @@ def test_copy_heads_of_an_empty_tensor_allocates_only():
     assert copy_heads(torch.empty(0, 3, 4, 8), repeat=2).shape == (0, 6, 4, 8)
 
 
+def _summed_in_order(shares, dim):
+    """The shares along ``dim`` added one after another in index order, in their dtype."""
+    total = shares.select(dim, 0).clone()
+    for i in range(1, shares.shape[dim]):
+        total += shares.select(dim, i)
+    return total
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sum_shares_is_the_sum_in_the_accumulator_dtype_rounded_once(dtype):
     g = torch.Generator().manual_seed(1)
@@ -91,10 +99,7 @@ def test_sum_shares_is_the_sum_in_the_accumulator_dtype_rounded_once(dtype):
         if dtype == torch.float64:  # fp64 shares added in index order, as torch adds a few: exact here
             assert torch.equal(got, shares.sum(dim))
         elif dtype == torch.float32:  # the fp32 adds in index order, bit for bit (four shares loaded at a time)
-            ordered = shares.select(dim, 0).clone()
-            for i in range(1, shares.shape[dim]):
-                ordered += shares.select(dim, i)
-            assert torch.equal(got, ordered), dim
+            assert torch.equal(got, _summed_in_order(shares, dim)), dim
         else:  # fp32 sums of 2-7 terms (a few fp32 roundings), then one rounding to the dtype: within 2 ulp
             ulp = torch.finfo(dtype).eps
             assert torch.allclose(got.double(), want, rtol=2 * ulp, atol=2 * ulp), dim
@@ -148,7 +153,6 @@ def test_the_copy_routes_decline_only_where_they_differ_from_the_default():
     assert "default's route" in _nothing_grouped(case(8, 8, 4, 8192, 64))  # a split's sum: one kernel either way
 
 
-
 def test_a_gpu_sized_sum_spreads_and_keeps_the_order(monkeypatch):
     """The GPU's block rule (two programs an SM, at least SUM_MIN_BLOCK elements; the interpreter's blocks are 64):
     32 shares of a 2688-element dQ were one program on an H200 (10.8 us); each element's adds stay in index order."""
@@ -170,9 +174,5 @@ def test_a_gpu_sized_sum_spreads_and_keeps_the_order(monkeypatch):
     g = torch.Generator().manual_seed(3)
     shares = torch.randn(7, 2688, generator=g)
     got = sum_shares(shares, 0, torch.float32)
-    ordered = shares[0].clone()
-    for i in range(1, 7):
-        ordered += shares[i]
-    assert torch.equal(got, ordered)
+    assert torch.equal(got, _summed_in_order(shares, 0))
     assert blocks == [11]  # 2688 / 264 programs wants blocks of 16: SUM_MIN_BLOCK's 256, 11 of them (was 1 of 4096)
-

@@ -62,8 +62,6 @@ SHAPES = [
 
 
 def test_two_column_blocks_only_where_they_fit_a_wide_head_exactly(monkeypatch):
-    from attnbench.kernels.attention import flash_decode
-
     assert flash_decode.decode_head_blocks(160) == (128, 32) and flash_decode.decode_head_blocks(192) == (128, 64)
     # 96 = 64 + 32 ran slower on the GPU at one shape: one block of 128; 40 = 32 + 16 would mask a second block's
     # columns: one masked block of 64; powers of two stay one block

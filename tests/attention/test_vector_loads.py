@@ -121,8 +121,8 @@ bwd_jvp = {name: ptx(kernel, bwd_values, bwd_constexprs,
 sums = compiled(copies.sum_shares_kernel, dict(SHARES=5, INNER=2688, BLOCKS=11), dict(BLOCK=256, ACC_DTYPE=tl.float32),
                 dict(SRC="*fp32", DST="*fp32"))["ttir"]
 products = [line.strip().split(" loc(")[0] for line in sums.splitlines() if "arith.muli" in line]
-print(json.dumps(dict(align=align, decode=decode, merge=merge, merge_chunks=merge_chunks, copies=repeats, jvp=jvp, bwd_jvp=bwd_jvp,
-                      sum_products=products)))
+print(json.dumps(dict(align=align, decode=decode, merge=merge, merge_chunks=merge_chunks, copies=repeats, jvp=jvp,
+                      bwd_jvp=bwd_jvp, sum_products=products)))
 """
 
 

@@ -172,7 +172,8 @@ def test_triton_stack_merge_over_several_chunks_and_column_blocks(states):
     from attnbench.kernels import merge_states as kernels
 
     # what the sizes above assume
-    assert (kernels.INTERPRETER_CHUNK, kernels.INTERPRETER_COLUMNS, kernels.INTERPRETER_CHUNKS_FROM_STATES) == (4, 16, 4)
+    sizes = (kernels.INTERPRETER_CHUNK, kernels.INTERPRETER_COLUMNS, kernels.INTERPRETER_CHUNKS_FROM_STATES)
+    assert sizes == (4, 16, 4)
     g = _gen(11)
     o = torch.randn(states, 3, 5, 41, generator=g, dtype=torch.float64)
     lse = torch.randn(states, 3, 5, generator=g, dtype=torch.float64) * 3

@@ -116,8 +116,8 @@ def flash_routes(triton):
               "planned Triton kernels (host replays repeat them), a launch a tensor", ALL_MODES,
               declines=_nothing_grouped),
         route("grouped-copies", copy_route, "grouped", "the Triton copies with the pads and cuts of tensors of one "
-              "layout in one launch (at most 4 launches for a padded backward's 5 pads and 3 cuts; the default)", ALL_MODES,
-              declines=_nothing_grouped),
+              "layout in one launch (at most 4 launches for a padded backward's 5 pads and 3 cuts; the default)",
+              ALL_MODES, declines=_nothing_grouped),
         route("torch-copies", copy_route, "torch", "the launchers' head padding, cuts, head repeats and share sums "
               "by PyTorch's ops (the default before the copies were timed)", ALL_MODES,
               declines=_nothing_copied),
