@@ -4,6 +4,7 @@ Each SDPA backend is pinned with ``sdpa_kernel`` so that a backend that cannot r
 (reported as unsupported) instead of silently falling back to another one. A peer is built and run once
 in prepare (``probed``), so that a case it cannot run is a skip with the peer's own reason, not a failure.
 """
+import re
 import warnings
 
 import torch
@@ -27,17 +28,35 @@ def sdpa_unavailable(backend_name, device):
 
 def probe(run):
     """Run a peer once (``run() -> its output tensor``) so an unsupported case raises Unsupported with the
-    backend's own reason (and the warnings it gave), or because the output holds NaN."""
+    backend's own reason (and the warnings it gave: ``_reasons``), or because the output holds NaN."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with torch.no_grad():
                 out = run()
         except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
-            reasons = "; ".join(first_line(w.message) for w in caught)
+            reasons = _reasons(caught)
             raise Unsupported(f"{first_line(exc)}{' (' + reasons + ')' if reasons else ''}") from None
     if torch.isnan(out).any():
         raise Unsupported("returns NaN on this case")
+
+
+# What a pinned SDPA backend's refusal warns besides its reason: where in PyTorch's source the warning came from, a
+# header line per backend ("... kernel not used because:"), and that the backends the pin disables are disabled.
+# A report row kept them all: 1.5 KB for "FLASH takes is_causal only at Nq == Nk".
+_SOURCE = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")
+_NOISE = re.compile(r"(kernel not used because:|has been runtime disabled\.?)$")
+
+
+def _reasons(caught) -> str:
+    """The caught warnings' first lines, less PyTorch's source locations and its lines that say nothing of this
+    case, each once, in order."""
+    kept = []
+    for w in caught:
+        line = _SOURCE.sub("", first_line(w.message)).strip()
+        if line and not _NOISE.search(line) and line not in kept:
+            kept.append(line)
+    return "; ".join(kept)
 
 
 def probed(build, output):

@@ -96,3 +96,36 @@ def test_a_mode_the_variant_lacks_is_refused_by_name():
         case = op.cases("tiny")[0]
         with pytest.raises(Unsupported, match=f"{variant} does not implement mode '{mode}' \\(its modes: "):
             op.variant(variant).prepare(case, op.make_inputs(case, "cpu"), mode)
+
+
+def test_a_peer_refusal_keeps_the_reason_not_pytorchs_noise():
+    """A pinned SDPA backend's refusal, as torch 2.11 words it on a GPU (Flash with is_causal at Nq 9, Nk 79): the
+    skip reason keeps the exception and the one warning that says why, without the source locations, the per-backend
+    headers and the disabled backends (a report row used to carry all 1.5 KB of it)."""
+    import warnings
+
+    from attnbench.bench.registry import Unsupported
+    from attnbench.operators.peers import probe
+
+    where = " (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:{}.)"
+    said = ["Memory efficient kernel not used because:" + where.format(986),
+            "Memory Efficient attention has been runtime disabled." + where.format(552),
+            "Flash attention kernel not used because:" + where.format(988),
+            "Flash attention does not support the is_causal flag when seqlen_q != seqlen_k. Got seqlen_q: 9 "
+            "seqlen_k: 79. If you would like to use causal attention with non-square masks, please see "
+            "CausalAttnMask." + where.format(457),
+            "cuDNN attention has been runtime disabled." + where.format(706)]
+
+    def refuse():
+        for message in said + said[3:4]:  # a reason given twice is kept once
+            warnings.warn(message, UserWarning)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    with pytest.raises(Unsupported) as refused:
+        probe(refuse)
+    assert str(refused.value) == ("No available kernel. Aborting execution. (Flash attention does not support the "
+                                  "is_causal flag when seqlen_q != seqlen_k. Got seqlen_q: 9 seqlen_k: 79. If you "
+                                  "would like to use causal attention with non-square masks, please see "
+                                  "CausalAttnMask.)")
+    with pytest.raises(Unsupported, match=r"^nothing to say$"):  # no warning: the exception alone
+        probe(lambda: (_ for _ in ()).throw(ValueError("nothing to say")))
