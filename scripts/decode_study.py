@@ -47,7 +47,7 @@ def decode_cases(pattern):
 
 
 def _element_bytes(case):
-    return torch.finfo(getattr(torch, case.dtype)).bits // 8
+    return case.torch_dtype.itemsize
 
 
 def _copy_bytes_per_us():
@@ -58,7 +58,7 @@ def _copy_bytes_per_us():
 
 def inputs(case):
     gen = torch.Generator(device="cuda").manual_seed(0)
-    dtype = getattr(torch, case.dtype)
+    dtype = case.torch_dtype
     return tuple(torch.randn(case.batch, heads, n, case.head_dim, device="cuda", generator=gen).to(dtype)
                  for heads, n in ((case.heads_q, case.seqlen_q), (case.heads_kv, case.seqlen_k),
                                   (case.heads_kv, case.seqlen_k)))
@@ -161,7 +161,7 @@ def merge_ms(case, splits):
 
     if splits == 1:
         return 0.0
-    dtype = getattr(torch, case.dtype)
+    dtype = case.torch_dtype
     shape = (splits, case.batch, case.heads_q, case.seqlen_q)
     o = torch.randn(*shape, case.head_dim, device="cuda")
     lse = torch.randn(*shape, device="cuda", dtype=STATE_LSE_DTYPE)
