@@ -158,7 +158,7 @@ PY
   for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper triton@dkdv-per-head triton@dq-split triton@copies triton@grouped-copies" \
       "jvp_attention triton triton_fused" \
       "shared_context triton triton_composed triton@splits1 triton@splits32" \
-      "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do
+      "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@channelwise triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do
     op=${target%% *}
     [[ " $ops " == *" $op "* ]] || continue
     # shellcheck disable=SC2086
@@ -270,6 +270,7 @@ tabpfn|shared_context|--cases tabpfn --variant triton --variant fold_flash --var
 cueq|sparse|--cases anchor --variant triton --variant cuequivariance
 layer|sparse|--cases layer --variant triton --variant cuequivariance
 cueq-routes|sparse|--cases anchor --match ^vecsca.L[23] --variant triton --variant triton@fused-dense --variant cuequivariance
+channelwise|sparse|--cases anchor --match ^vecsca.L[23] --variant triton --variant triton@channelwise --variant cuequivariance
 jvp|jvp_attention|--cases host --mode fwd_jvp --variant triton --variant triton_fused --variant sdpa_math --variant jvp_flash"
   attnbench list 2>&1 | grep -E "^[a-z_]+:|^  (fa4|fa4_deterministic|flashinfer|flashinfer_cascade|cuequivariance|jvp_flash) " \
       | tee "$ART/peers-available.txt"

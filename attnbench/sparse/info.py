@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..kernels.sparse.bilinear import coefficient_splits
+from ..kernels.sparse.channelwise import unrolled_gram, unrolled_pairs
 
 __all__ = [
     "SparseProductInfo", "SparseScaleInfo", "product_infos", "scale_infos", "product_terms", "scale_terms",
@@ -207,6 +208,7 @@ class GatherRows:
     matrix: Optional[Tensor] = None
     matrix32: Optional[Tensor] = None
     splits: dict = field(default_factory=dict, repr=False)
+    unrolled: Optional[object] = field(default=None, repr=False)
 
 
 # The dense route builds a per-sample matrix of rows x (one sparse size) entries; only where that grid is at most
@@ -218,24 +220,27 @@ DENSE_GRID_SMALL = 256
 GATHER_MATRIX_PER_TERM = 16
 
 
-def _gather_rows(key, index, scale, rows, dense_entries, gathered_size, split=False):
+def _gather_rows(key, index, scale, rows, dense_entries, gathered_size, split=False, unroll=None):
     """GatherRows of the terms (key, index, scale) grouped by key in [0, rows), stably (the caller's order within
     a row: a fixed summation order); ``gathered_size`` bounds ``index`` (the matrix form's rows); ``split``: the
-    matrix form's splits too."""
+    matrix form's splits too; ``unroll``: makes the channel-wise kernels' structure from the float64 matrix form
+    on the CPU (``kernels.sparse.channelwise``; None where it is too large)."""
     order = torch.argsort(key, stable=True)
     counts = torch.bincount(key, minlength=rows)
     ends = counts.cumsum(0)
     bounds = torch.stack([ends - counts, ends])
     max_len = int(counts.max()) if rows else 0
-    matrix = matrix32 = None
+    matrix = matrix32 = unrolled = None
     if gathered_size * rows <= max(GATHER_MATRIX_PER_TERM * key.numel(), DENSE_GRID_SMALL):
         # summed in float64 on the CPU: a fixed order for repeated (row, index) terms
         matrix = torch.zeros(gathered_size, rows, dtype=torch.float64)
         matrix.index_put_((index.cpu(), key.cpu()), scale.cpu().double(), accumulate=True)
+        unrolled = unroll(matrix) if unroll is not None else None
+        unrolled = unrolled.on(scale.device) if unrolled is not None else None
         matrix, matrix32 = matrix.to(scale.device), matrix.float().to(scale.device)
     splits = coefficient_splits(matrix32) if split and matrix32 is not None else {}
     return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len, dense_entries,
-                      matrix, matrix32, splits)
+                      matrix, matrix32, splits, unrolled)
 
 
 def _dense_rows(info):
@@ -250,15 +255,16 @@ def _dense_rows(info):
     positions = out.numel()
     budget = max(DENSE_GRID_PER_TERM * positions, DENSE_GRID_SMALL)
     # (name, row key, gathered index, rows, entries of the dense matrix (M's rows for the pairs, G's for gram),
-    # gathered size)
+    # gathered size, the channel-wise kernels' unrolling of the matrix form)
     size12 = info.size1 * info.size2
     layouts = [("pairs1", out * info.size1 + i1, i2, info.out_size * info.size1, info.out_size * info.size1,
-                info.size2),
+                info.size2, lambda m: unrolled_pairs(m, info.out_size, info.size1)),
                ("pairs2", out * info.size2 + i2, i1, info.out_size * info.size2, info.out_size * info.size2,
-                info.size1),
-               ("gram", out, i1 * info.size2 + i2, info.out_size, size12, size12)]
-    return {name: _gather_rows(key, index, scale, rows, entries, gathered, split=name == "gram")
-            for name, key, index, rows, entries, gathered in layouts if entries <= budget}
+                info.size1, lambda m: unrolled_pairs(m, info.out_size, info.size2)),
+               ("gram", out, i1 * info.size2 + i2, info.out_size, size12, size12,
+                lambda m: unrolled_gram(m, info.out_size, info.size2))]
+    return {name: _gather_rows(key, index, scale, rows, entries, gathered, split=name == "gram", unroll=unroll)
+            for name, key, index, rows, entries, gathered, unroll in layouts if entries <= budget}
 
 
 @dataclass(frozen=True, eq=False)

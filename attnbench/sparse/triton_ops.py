@@ -21,6 +21,7 @@ from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.offsets import INT32_MAX
 from ..kernels.sparse.bilinear import MAX_HELD, bilinear_launch
+from ..kernels.sparse.channelwise import channelwise_fits, channelwise_launch, unrolled_by_key
 from ..kernels.sparse.dense import DENSE_OPS, dense_product_launch
 from ..kernels.sparse.dense import FUSED as FUSED_DENSE
 from ..kernels.sparse.fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
@@ -30,7 +31,7 @@ from ..kernels.sparse.segment import (CHANNEL_RANKS, product_out_shape, scale_ou
 from ..kernels.tuning import next_pow2
 
 __all__ = ["sparse_product_triton", "sparse_scale_triton", "unavailable_reason", "dense_route", "gather_by_matmul",
-           "outer_sum_by_dot", "fused_dense", "fold_route", "fold_split_matmul", "bilinear_route"]
+           "outer_sum_by_dot", "fused_dense", "fold_route", "fold_split_matmul", "bilinear_route", "channelwise"]
 
 # vecsca, scavec and inner take the dense route (attnbench/kernels/sparse/dense.py) where the info has its table and the
 # output is not summed over a batch; tests turn it off to check the segment kernel on the same cases.
@@ -41,6 +42,11 @@ DENSE_ROUTE = {"enabled": True}
 # (docs/measurements/sparse.md).
 MIN_DENSITY = 1.0
 
+
+# Within the dense route, vecsca, scavec and inner with the table's structure compiled into the kernel, every term a
+# multiply-add on the CUDA cores (attnbench/kernels/sparse/channelwise.py), where the table is small enough to unroll
+# (Clebsch-Gordan L <= 3); tests and the forced route turn it on.
+CHANNELWISE = {"enabled": False}
 
 # The dense route's per-sample sums (M, and inner's gather from the Gram matrix) as one GEMM on the table's matrix
 # form where it has one, else the CSR gather kernel; tests turn the GEMM off to check the kernel on the same cases.
@@ -100,6 +106,12 @@ def fused_dense(enabled: bool):
     return _switched(FUSED_DENSE, enabled)
 
 
+def channelwise(enabled: bool):
+    """Within the block, the dense route's ops run on the channel-wise kernels where their table unrolls (on) or
+    on the matrix-unit kernels (off)."""
+    return _switched(CHANNELWISE, enabled)
+
+
 def outer_sum_by_dot(enabled: bool):
     """Within the block, outer summed over the batch (both inputs batched, not fp64) runs on the matrix-unit kernel
     (the default) or on the segment kernel."""
@@ -151,7 +163,7 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       dense_matrix: Optional[Tensor] = None, outer_by_dot: bool = False,
                       fold_matrix: Optional[Tensor] = None, bilinear_matrix: Optional[Tensor] = None,
                       bilinear_hi: Optional[Tensor] = None, bilinear_lo: Optional[Tensor] = None,
-                      bilinear_scale: Optional[Tensor] = None) -> Tensor:
+                      bilinear_scale: Optional[Tensor] = None, channelwise_key: int = -1) -> Tensor:
     info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
                            gather_index=gather_index, out_size=out_size)
     if bilinear_matrix is not None:  # sparse_product_triton decided; hi, lo, scale: 16-bit inputs' split
@@ -166,6 +178,11 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
         return _launch(lambda a, b: fold_product_launch(op, a, b, fold_matrix, out_size), x, y)
     if outer_by_dot:  # sparse_product_triton decided
         return _launch(lambda a, b: outer_sum_launch(a, b, info), x, y)
+    if channelwise_key >= 0:  # sparse_product_triton decided; the key names the info table's Unrolled
+        unrolled = unrolled_by_key(channelwise_key)
+        rank_x, rank_y, _ = CHANNEL_RANKS[op]
+        return _launch(lambda a, b: channelwise_launch(op, a, b, unrolled, out_size, a.dim() == rank_x + 1,
+                                                       b.dim() == rank_y + 1), x, y)
     if dense_bounds is not None:  # the dense route (sparse_product_triton decided)
         table = SimpleNamespace(bounds=dense_bounds, index=dense_index, scale=dense_scale, rows=dense_rows,
                                 max_len=dense_max_len, matrix=dense_matrix)
@@ -178,7 +195,8 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
 @sparse_product_op.register_fake
 def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
       dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None, outer_by_dot=False,
-      fold_matrix=None, bilinear_matrix=None, bilinear_hi=None, bilinear_lo=None, bilinear_scale=None):
+      fold_matrix=None, bilinear_matrix=None, bilinear_hi=None, bilinear_lo=None, bilinear_scale=None,
+      channelwise_key=-1):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -270,6 +288,14 @@ def _bilinear_table(op, x, y, info, out_accumulated):
     return table if info.num_terms >= MIN_BILINEAR_DENSITY * macs else None
 
 
+def _channelwise(op, x, y, table):
+    """Whether the dense route's ``op`` runs on the channel-wise kernels (its table unrolled)."""
+    if not CHANNELWISE["enabled"]:
+        return False
+    rank_x, rank_y, _ = CHANNEL_RANKS[op]
+    return channelwise_fits(op, x, y, table.unrolled, x.dim() == rank_x + 1, y.dim() == rank_y + 1)
+
+
 def _batch_summed_outer(op, x, y, out_accumulated):
     """Whether ``op`` is outer summed over the batch with both inputs batched (the FC layer's weight gradient)."""
     return op == "outer" and bool(out_accumulated) and x.dim() == 3 and y.dim() == 3
@@ -294,7 +320,9 @@ def sparse_product_triton(op, x, y, info, out_accumulated=False):
                  "bilinear_lo": lo, "bilinear_scale": split_scale}
     elif _outer_sum(op, x, y, out_accumulated):
         route = {"outer_by_dot": True}
-    elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None:
+    elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None and _channelwise(op, x, y, table):
+        route = {"channelwise_key": table.unrolled.key}
+    elif table is not None:
         matrix = (table.matrix if x.dtype == torch.float64 else table.matrix32) if GATHER_BY_MATMUL["enabled"] else None
         route = {"dense_bounds": table.bounds, "dense_index": table.index, "dense_scale": table.scale,
                  "dense_rows": table.rows, "dense_max_len": table.max_len, "dense_matrix": matrix}

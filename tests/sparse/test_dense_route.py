@@ -16,7 +16,8 @@ from attnbench.kernels import tuning
 from attnbench.sparse import (CHANNEL_RANKS, product_infos, random_product_infos, sparse_product,
                               sparse_product_reference, use_implementation)
 from attnbench.sparse.info import DENSE_GRID_PER_TERM, GATHER_MATRIX_PER_TERM, product_terms
-from attnbench.sparse.triton_ops import dense_route, fused_dense, gather_by_matmul
+from attnbench.sparse import triton_ops
+from attnbench.sparse.triton_ops import channelwise, dense_route, fused_dense, gather_by_matmul
 
 from .helpers import SHARING
 
@@ -37,13 +38,15 @@ def infos():
 @pytest.fixture
 def gathers(monkeypatch):
     """The dense route's launches, one entry each: "fused" for both steps in one program (sparse_fused_dense.py),
-    else its per-sample sums: "gemm" where they ran as a GEMM on the table's matrix form, "gather_kernel" where on
-    the CSR gather kernel."""
+    "channelwise" for the structure compiled into the kernel (sparse/channelwise.py), else its per-sample sums:
+    "gemm" where they ran as a GEMM on the table's matrix form, "gather_kernel" where on the CSR gather kernel."""
     calls = []
     launch, fused = sparse_dense.gather_rows_launch, sparse_dense.fused_dense_launch
+    unrolled = triton_ops.channelwise_launch
     monkeypatch.setattr(sparse_dense, "gather_rows_launch", lambda *a: calls.append(
         "gemm" if getattr(a[1], "matrix", None) is not None else "gather_kernel") or launch(*a))
     monkeypatch.setattr(sparse_dense, "fused_dense_launch", lambda *a: calls.append("fused") or fused(*a))
+    monkeypatch.setattr(triton_ops, "channelwise_launch", lambda *a: calls.append("channelwise") or unrolled(*a))
     return calls
 
 
@@ -58,12 +61,14 @@ def inputs(op, shared_x, shared_y, info, batch=3, channels=3, dtype=torch.float6
     return tensor(shared_x, info.size1, rank_x), tensor(shared_y, info.size2, rank_y)
 
 
-@pytest.fixture(params=["fused", "gemm", "gather_kernel"])
+@pytest.fixture(params=["fused", "gemm", "gather_kernel", "channelwise"])
 def gather_route(request, monkeypatch):
-    """Both steps in one program (the default for fp64 at these sizes; inner's thin Gram grids let in too), or two
-    launches with the per-sample sums as a GEMM on the tables' matrix form or on the CSR gather kernel."""
+    """Both steps in one program (the default for fp64 at these sizes; inner's thin Gram grids let in too), two
+    launches with the per-sample sums as a GEMM on the tables' matrix form or on the CSR gather kernel, or the
+    structure compiled into the kernel (channel-wise; both operands shared go to "fused" there)."""
     monkeypatch.setitem(sparse_fused_dense.FUSED_ROWS, "inner_fill", 0.0)
-    with gather_by_matmul(request.param != "gather_kernel"), fused_dense(request.param == "fused"):
+    with gather_by_matmul(request.param != "gather_kernel"), \
+            fused_dense(request.param in ("fused", "channelwise")), channelwise(request.param == "channelwise"):
         yield request.param
 
 
@@ -103,8 +108,8 @@ def test_tables_regroup_every_term(infos):
 def test_matches_reference_and_segment_kernel(infos, op, sharing, gathers, gather_route):
     x, y = inputs(op, *SHARING[sharing], infos[0])
     z = _triton(op, x, y, infos)
-    # both operands shared: one output matrix, no batch for the fused kernels' programs
-    expected_route = "gemm" if gather_route == "fused" and sharing == "shared_both" else gather_route
+    # both operands shared: one output matrix, no batch for the fused or channel-wise kernels' programs
+    expected_route = "gemm" if gather_route in ("fused", "channelwise") and sharing == "shared_both" else gather_route
     assert gathers and all(g == expected_route for g in gathers), gathers
     with dense_route(False):
         segment = _triton(op, x, y, infos)

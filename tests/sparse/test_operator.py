@@ -301,7 +301,8 @@ def test_the_layer_runs_on_the_routes_of_its_products():
     the unfolded route its mixing, a vecmat with the weight shared) and pass against float64 in every mode; the
     16-bit fold routes need CUDA."""
     case = SparseCase("fc", 1, 3, 2, "float64")
-    routes = ["triton@two-launch", "triton@fused-dense", "triton@gather-kernel", "triton@unfolded", "triton@segment"]
+    routes = ["triton@two-launch", "triton@fused-dense", "triton@channelwise", "triton@gather-kernel", "triton@unfolded",
+              "triton@segment"]
     results = runner.check(OP, [case], "cpu", variants=routes, progress=False)
     assert {(r.variant, r.mode) for r in results if r.passed and not r.skipped} == {
         (v, m) for v in routes for m in OP.modes}

@@ -1,0 +1,161 @@
+"""The channel-wise kernels of vecsca, scavec and inner (attnbench/kernels/sparse/channelwise.py) on the interpreter:
+the unrolled programs against the tables they come from, the Clebsch-Gordan structures they are for (L 2-3) against
+the float64 reference in every mode, strided and odd-sized operands, where a non-finite entry reaches, and the
+cases that keep the other dense kernels. The random small structures of test_dense_route.py run through the route
+too (its ``gather_route`` fixture)."""
+import pytest
+import torch
+
+from attnbench.kernels.sparse import channelwise as cw
+from attnbench.sparse import CHANNEL_RANKS, sparse_product, sparse_product_reference, use_implementation
+from attnbench.sparse import triton_ops
+from attnbench.sparse.info import product_terms
+from attnbench.sparse.tensor_product import cg_product_infos
+from attnbench.sparse.triton_ops import channelwise
+
+pytestmark = pytest.mark.interpreter
+
+OPS = ("vecsca", "scavec", "inner")
+
+
+@pytest.fixture(scope="module")
+def cg2():
+    return cg_product_infos(2, 2, 2)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    launch = triton_ops.channelwise_launch
+    monkeypatch.setattr(triton_ops, "channelwise_launch", lambda *a: calls.append(a[0]) or launch(*a))
+    return calls
+
+
+def _inputs(op, info, batch, channels, dtype=torch.float64, seed=0, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    rank_x, rank_y, _ = CHANNEL_RANKS[op]
+    x = torch.randn((batch, info.size1) + (channels,) * rank_x, generator=generator, dtype=torch.float64)
+    y = torch.randn((batch, info.size2) + (channels,) * rank_y, generator=generator, dtype=torch.float64)
+    return x.to(dtype).requires_grad_(requires_grad), y.to(dtype).requires_grad_(requires_grad)
+
+
+def _run(op, x, y, infos):
+    with channelwise(True), use_implementation("triton"):
+        return sparse_product(op, x, y, infos)
+
+
+def test_programs_hold_every_coefficient_once(cg2):
+    """Each program, read back as a matrix, is its table's float64 matrix form, every entry once; the flags mark
+    each row's and pair's first and last entries, and a pairs row with no terms is a zero row of its own."""
+    for info in cg2:
+        for name in ("pairs1", "pairs2"):
+            table = info.dense_rows[name]
+            vector_rows = info.size1 if name == "pairs1" else info.size2
+            program = table.unrolled.program
+            got = torch.zeros_like(table.matrix)
+            for o, v, a, k, row_first, pair_first, pair_last, row_last in program:
+                if v < 0:
+                    assert (row_first, row_last) == (1, 1)
+                    continue
+                got[a, o * vector_rows + v] += table.unrolled.coef64[k]
+            torch.testing.assert_close(got, table.matrix, rtol=0, atol=0)
+            assert sorted(e[3] for e in program if e[1] >= 0) == list(range(table.unrolled.coef64.numel()))
+            assert [e[0] for e in program if e[4]] == list(range(info.out_size))  # each row opens once, in order
+            assert [e[0] for e in program if e[7]] == list(range(info.out_size))
+            for first, last in zip((e for e in program if e[5] and e[1] >= 0), (e for e in program if e[6])):
+                assert first[:2] == last[:2]
+        table = info.dense_rows["gram"]
+        got = torch.zeros_like(table.matrix)
+        for o, a, b, k, _, _ in table.unrolled.program:
+            got[a * info.size2 + b, o] += table.unrolled.coef64[k]
+        torch.testing.assert_close(got, table.matrix, rtol=0, atol=0)
+
+
+def test_large_structures_are_not_unrolled():
+    """L 4 (25 rows a sparse size) is past UNROLL's 16 rows: no program, and the route keeps the other kernels."""
+    info = cg_product_infos(4, 4, 4)[0]
+    assert all(table.unrolled is None for table in info.dense_rows.values())
+    dense = torch.zeros(4, 4, dtype=torch.float64)
+    dense[0, 1] = 1.0
+    assert cw.unrolled_pairs(dense, 2, 2) is not None
+    many = torch.ones(16, 16 * 16, dtype=torch.float64)  # 4096 coefficients
+    assert cw.unrolled_pairs(many, 16, 16) is None and cw.unrolled_gram(many.reshape(256, 16), 16, 16) is None
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("L", [2, 3])
+def test_clebsch_gordan_matches_reference(op, L, launches):
+    """The structures the route is for, at odd batch and channel counts (programs with ragged sample and channel
+    tiles), in fp64 (exact to rounding) and fp32."""
+    infos = cg_product_infos(L, L, L)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
+        x, y = _inputs(op, infos[0], batch=5, channels=7, dtype=dtype)
+        z = _run(op, x, y, infos)
+        expected = sparse_product_reference(op, x.double(), y.double(), infos[0])
+        assert z.dtype == dtype and z.shape == expected.shape
+        torch.testing.assert_close(z.double(), expected, rtol=tol, atol=tol)
+    assert launches == [op, op]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_strided_and_shared_operands(op, cg2, launches):
+    """Non-contiguous views (a channel slice, a transposed batch) and a shared operand (no batch dim) read through
+    their strides."""
+    x, y = _inputs(op, cg2[0], batch=4, channels=6)
+    x_view = x[..., ::2] if CHANNEL_RANKS[op][0] else x.T.contiguous().T
+    y_view = y[..., 1::2] if CHANNEL_RANKS[op][1] else y.T.contiguous().T
+    torch.testing.assert_close(_run(op, x_view, y_view, cg2), sparse_product_reference(op, x_view, y_view, cg2[0]),
+                               rtol=1e-12, atol=1e-12)
+    x_shared = x[0]
+    torch.testing.assert_close(_run(op, x_shared, y, cg2), sparse_product_reference(op, x_shared, y, cg2[0]),
+                               rtol=1e-12, atol=1e-12)
+    assert launches == [op, op]
+
+
+def test_second_order_on_the_route(cg2, launches, triton_only):
+    """gradcheck and gradgradcheck of vecsca through the route at L 2: its derivatives are scavec and inner, and
+    theirs vecsca again, all on the channel-wise kernels (the other ops' first derivatives on random structures:
+    test_dense_route.py). One op: each gradgradcheck costs ~6 s of the CPU gate."""
+    op = "vecsca"
+    x, y = _inputs(op, cg2[0], batch=2, channels=2, requires_grad=True)
+
+    def f(a, b):
+        return sparse_product(op, a, b, cg2)
+
+    with channelwise(True):
+        assert torch.autograd.gradcheck(f, (x, y), fast_mode=True)
+        assert torch.autograd.gradgradcheck(f, (x, y), fast_mode=True)
+    assert set(launches) == set(OPS)
+
+
+def test_non_finite_entry_reaches_only_the_outputs_that_read_it(cg2):
+    """A NaN in one scalar row of one sample reaches the outputs whose terms read that row, in that sample only
+    (as split computes; the dense route's matrix product spreads it to the whole sample)."""
+    info = cg2[0]
+    x, y = _inputs("vecsca", info, batch=3, channels=4)
+    y[1, 4] = float("nan")
+    z = _run("vecsca", x, y, cg2)
+    i1, i2, out, _ = product_terms(info)
+    reached = set(out[i2 == 4].tolist())
+    assert torch.isnan(z[1, sorted(reached)]).all()
+    assert not torch.isnan(z[[0, 2]]).any()
+    if len(reached) < info.out_size:
+        assert not torch.isnan(z[1, sorted(set(range(info.out_size)) - reached)]).any()
+
+
+def test_deterministic_and_off_by_default(cg2, launches):
+    x, y = _inputs("inner", cg2[0], batch=5, channels=5, seed=3)
+    assert torch.equal(_run("inner", x, y, cg2), _run("inner", x, y, cg2))
+    launches.clear()
+    with use_implementation("triton"):
+        sparse_product("inner", x, y, cg2)
+    assert not launches  # not the default until measured on a GPU
+
+
+def test_inner_past_one_channel_tile_keeps_the_other_kernels(cg2, launches):
+    """inner holds all channels in one tile: past UNROLL's max_channels the dense route's other kernels run."""
+    channels = cw.UNROLL["max_channels"] + 1
+    x, y = _inputs("inner", cg2[0], batch=2, channels=channels)
+    z = _run("inner", x, y, cg2)
+    assert not launches
+    torch.testing.assert_close(z, sparse_product_reference("inner", x, y, cg2[0]), rtol=1e-12, atol=1e-12)
