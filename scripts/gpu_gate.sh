@@ -158,7 +158,7 @@ PY
   for target in "flash triton triton@tiles triton@tma triton@hopper triton@decode triton@dq-atomic triton@dq-tma-atomic triton@dkdv-tiles triton@dkdv-split triton@dkdv-hopper triton@dkdv-per-head triton@dq-split triton@copies triton@grouped-copies" \
       "jvp_attention triton triton_fused" \
       "shared_context triton triton_composed triton@splits1 triton@splits32" \
-      "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@channelwise triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do
+      "sparse triton triton@segment triton@all-rows triton@two-launch triton@fused-dense triton@channelwise triton@matrix-units triton@gather-kernel triton@unfolded triton@cublas-pair triton@split-matmul"; do
     op=${target%% *}
     [[ " $ops " == *" $op "* ]] || continue
     # shellcheck disable=SC2086

@@ -44,9 +44,12 @@ MIN_DENSITY = 1.0
 
 
 # Within the dense route, vecsca, scavec and inner with the table's structure compiled into the kernel, every term a
-# multiply-add on the CUDA cores (attnbench/kernels/sparse/channelwise.py), where the table is small enough to unroll
-# (Clebsch-Gordan L <= 3); tests and the forced route turn it on.
-CHANNELWISE = {"enabled": False}
+# multiply-add on the CUDA cores (attnbench/kernels/sparse/channelwise.py), where the table unrolls (Clebsch-Gordan
+# L <= 3), in fp32 and fp64 at every size and in 16 bits up to MAX_16BIT_ENTRIES entries of the table's dense grid.
+# Measured beside the matrix-unit kernels and cuEquivariance on an H200 (vecsca anchors, every mode; docs/measurements/
+# sparse.md): at L 2 (81 entries) 1.3-2.9x the matrix-unit route's speed in fp32 and bf16; at L 3 (256) 0.94-1.62x in
+# fp32 (against the two-launch route) but 0.46-1.00x in bf16, where the fused dense kernel's 16 x 16 tiles are full.
+CHANNELWISE = {"enabled": True, "max_16bit_entries": 128}
 
 # The dense route's per-sample sums (M, and inner's gather from the Gram matrix) as one GEMM on the table's matrix
 # form where it has one, else the CSR gather kernel; tests turn the GEMM off to check the kernel on the same cases.
@@ -106,10 +109,21 @@ def fused_dense(enabled: bool):
     return _switched(FUSED_DENSE, enabled)
 
 
-def channelwise(enabled: bool):
-    """Within the block, the dense route's ops run on the channel-wise kernels where their table unrolls (on) or
-    on the matrix-unit kernels (off)."""
-    return _switched(CHANNELWISE, enabled)
+def channelwise(enabled: bool, max_16bit_entries=None):
+    """Within the block, the dense route's ops run on the channel-wise kernels where their table unrolls (on: the
+    default, 16-bit inputs up to ``max_16bit_entries`` entries of the table's grid, default as measured) or on the
+    matrix-unit kernels (off)."""
+    @contextlib.contextmanager
+    def scope():
+        before = dict(CHANNELWISE)
+        CHANNELWISE["enabled"] = bool(enabled)
+        if max_16bit_entries is not None:
+            CHANNELWISE["max_16bit_entries"] = max_16bit_entries
+        try:
+            yield
+        finally:
+            CHANNELWISE.update(before)
+    return scope()
 
 
 def outer_sum_by_dot(enabled: bool):
@@ -289,8 +303,10 @@ def _bilinear_table(op, x, y, info, out_accumulated):
 
 
 def _channelwise(op, x, y, table):
-    """Whether the dense route's ``op`` runs on the channel-wise kernels (its table unrolled)."""
+    """Whether the dense route's ``op`` runs on the channel-wise kernels (its table unrolled; see CHANNELWISE)."""
     if not CHANNELWISE["enabled"]:
+        return False
+    if x.dtype in (torch.float16, torch.bfloat16) and table.dense_entries > CHANNELWISE["max_16bit_entries"]:
         return False
     rank_x, rank_y, _ = CHANNEL_RANKS[op]
     return channelwise_fits(op, x, y, table.unrolled, x.dim() == rank_x + 1, y.dim() == rank_y + 1)

@@ -72,7 +72,7 @@ def test_every_operator_registers_its_routes():
                   "triton@dkdv-per-head", "triton@dq-split", "triton@copies"},
         "shared_context": {f"triton@splits{n}" for n in (1, 2, 4, 8, 16, 32)}
         | {f"triton_composed@splits{n}" for n in (1, 2, 8)},
-        "sparse": {"triton@segment", "triton@all-rows", "triton@two-launch", "triton@fused-dense", "triton@channelwise",
+        "sparse": {"triton@segment", "triton@all-rows", "triton@two-launch", "triton@fused-dense", "triton@channelwise", "triton@matrix-units",
                    "triton@gather-kernel", "triton@unfolded", "triton@cublas-pair", "triton@split-matmul"},
     }
     for name, routes in expected.items():

@@ -143,13 +143,32 @@ def test_non_finite_entry_reaches_only_the_outputs_that_read_it(cg2):
         assert not torch.isnan(z[1, sorted(set(range(info.out_size)) - reached)]).any()
 
 
-def test_deterministic_and_off_by_default(cg2, launches):
+def test_deterministic(cg2, launches):
     x, y = _inputs("inner", cg2[0], batch=5, channels=5, seed=3)
     assert torch.equal(_run("inner", x, y, cg2), _run("inner", x, y, cg2))
+    assert launches == ["inner", "inner"]
+
+
+def test_default_takes_it_in_fp32_and_small_16bit_tables(launches, monkeypatch):
+    """The default rule (triton_ops.CHANNELWISE, measured on an H200): fp32 and fp64 wherever the table unrolls;
+    16-bit inputs up to 128 entries of the table's grid (L 2: 81), not at L 3 (256), where the fused dense kernel's
+    tiles are full; ``channelwise(False)`` (the forced route triton@matrix-units) never."""
+    calls = []
+    fused = triton_ops.dense_product_launch
+    monkeypatch.setattr(triton_ops, "dense_product_launch", lambda *a: calls.append(a[0]) or fused(*a))
+    for L, dtype, route in [(2, torch.float32, "channelwise"), (3, torch.float32, "channelwise"),
+                            (3, torch.float64, "channelwise"), (2, torch.float16, "channelwise"),
+                            (3, torch.float16, "dense"), (3, torch.bfloat16, "dense")]:
+        infos = cg_product_infos(L, L, L)
+        x, y = _inputs("vecsca", infos[0], batch=2, channels=3, dtype=dtype)
+        launches.clear(), calls.clear()
+        with use_implementation("triton"):
+            sparse_product("vecsca", x, y, infos)
+        assert (launches, calls) == ((["vecsca"], []) if route == "channelwise" else ([], ["vecsca"])), (L, dtype)
     launches.clear()
-    with use_implementation("triton"):
-        sparse_product("inner", x, y, cg2)
-    assert not launches  # not the default until measured on a GPU
+    with channelwise(False), use_implementation("triton"):
+        sparse_product("vecsca", *_inputs("vecsca", infos[0], batch=2, channels=3), infos)
+    assert not launches
 
 
 def test_inner_past_one_channel_tile_keeps_the_other_kernels(cg2, launches):

@@ -112,10 +112,13 @@ def sparse_routes(triton):
                                                                     fused_dense.FUSED_DTYPES + (torch.float32,))),
                      "the dense route's two steps in one program beyond its caps: fp32 too, up to 32 padded rows "
                      "(L 4)", declines=_only(DENSE_OPS, "the fused dense route")),
-        forced_route(triton, "channelwise", lambda: triton_ops.channelwise(True),
+        forced_route(triton, "channelwise", lambda: triton_ops.channelwise(True, max_16bit_entries=float("inf")),
                      "the dense route's ops with the structure compiled into the kernel, every term a multiply-add "
-                     "on the CUDA cores, where the table unrolls (L <= 3)",
-                     declines=_only(DENSE_OPS, "the channel-wise route")),
+                     "on the CUDA cores, wherever the table unrolls (L <= 3), 16-bit inputs too (the default: up to "
+                     "128 entries of the table's grid, L 2)", declines=_only(DENSE_OPS, "the channel-wise route")),
+        forced_route(triton, "matrix-units", lambda: triton_ops.channelwise(False),
+                     "the dense route's ops on the matrix-unit kernels (fused dense, or the two launches), never the "
+                     "channel-wise ones: the default before them", declines=_only(DENSE_OPS, "the matrix-unit route")),
         forced_route(triton, "gather-kernel", lambda: triton_ops.gather_by_matmul(False),
                      "the dense route's per-sample sums on the CSR gather kernel instead of one GEMM",
                      declines=_only(DENSE_OPS, "the dense route")),
