@@ -10,7 +10,9 @@ import torch
 
 from attnbench.bench.verify import gamma
 from attnbench.kernels.sparse import bilinear as sparse_bilinear
+from attnbench.kernels.sparse import channelwise as sparse_channelwise
 from attnbench.kernels.sparse import fused_dense as sparse_fused_dense
+from attnbench.kernels.sparse.dense import DENSE_OPS as sparse_dense_ops
 from attnbench.sparse import CHANNEL_RANKS, sparse_product, sparse_product_reference, triton_ops
 from attnbench.sparse.tensor_product import cg_product_infos
 
@@ -104,7 +106,8 @@ def test_bilinear_route_matches_float64_to_second_order(case, dtype, gpu_triton_
 
 # vecsca, scavec and inner with both steps of the dense route in one program (attnbench/kernels/sparse/fused_dense.py): CG L 2
 # and 3 (9 and 16 rows: one padded tile), batches not a multiple of a program's samples, channels not a multiple of
-# the channel tile (37, 33) or below it (5). inner at L 2 (a 9 x 9 Gram grid) and fp32 keep the two launches.
+# the channel tile (37, 33) or below it (5). inner at L 2 (a 9 x 9 Gram grid) and fp32 keep the two launches. The
+# channel-wise kernels (the default at L 2 and in fp32) are off in the fused tests and forced on in their own.
 FUSED_CASES = sized([
     ProductCase("vecsca", cg(3), 30_001, (37,), ()),
     ProductCase("scavec", cg(3), 30_001, (), (128,)),
@@ -123,12 +126,26 @@ def test_fused_dense_route_matches_float64_to_second_order(case, dtype, gpu_trit
     to the float64 bound."""
     scaled = spy_kernel(sparse_fused_dense, "scaled_rows_kernel")
     gram = spy_kernel(sparse_fused_dense, "gram_rows_kernel")
-    check_against_oracle(case, dtype, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
+    with triton_ops.channelwise(False):
+        check_against_oracle(case, dtype, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
     fused = scaled.launches + gram.launches
     if dtype == torch.float32:
         assert fused == 0 or DRYRUN  # (the dry run's interpreter upcasts bf16, and its fp32 does not fuse either)
     else:
         assert fused >= 4 or DRYRUN
+
+
+@pytest.mark.parametrize("case,dtype", [(c, d) for c in FUSED_CASES for d in DTYPES + (torch.float16,)],
+                         ids=lambda v: v.label if hasattr(v, "label") else str(v)[6:])
+def test_channelwise_route_matches_float64_to_second_order(case, dtype, gpu_triton_only, spy_kernel):
+    """The same cases on the channel-wise kernels (attnbench/kernels/sparse/channelwise.py), forced on in every dtype:
+    every mode takes them (the forward's launch, one a backward, two a double backward at least), each output held to
+    the float64 bound."""
+    rows = spy_kernel(sparse_channelwise, "channelwise_rows_kernel")
+    gram = spy_kernel(sparse_channelwise, "channelwise_gram_kernel")
+    with triton_ops.channelwise(True, max_16bit_entries=float("inf")):
+        check_against_oracle(case, dtype, PRODUCT_OUTPUTS, PRODUCT_ROUNDINGS)
+    assert rows.launches + gram.launches >= 4 or DRYRUN
 
 
 @pytest.mark.parametrize("op", ["vecsca", "scavec", "inner"])
@@ -146,15 +163,21 @@ def test_fused_dense_route_in_float64_and_against_two_launches(op, gpu_triton_on
     x = randn(16, *(c,) * rank_x, n).movedim(-1, 0)  # [N, 16, C...] with the batch innermost in memory
     y = randn(n, 16, *(c,) * rank_y)
     launches = spy_kernel(sparse_fused_dense, "gram_rows_kernel" if op == "inner" else "scaled_rows_kernel")
-    z = sparse_product(op, x, y, infos)
+    unrolled = spy_kernel(sparse_channelwise, "channelwise_gram_kernel" if op == "inner" else "channelwise_rows_kernel")
     expected = sparse_product_reference(op, x, y, infos[0])
-    torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12)
-    z32 = sparse_product(op, x.float(), y.float(), infos)
-    assert launches.launches == 1  # fp32: two launches
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sparse_fused_dense, "FUSED_DTYPES", sparse_fused_dense.FUSED_DTYPES + (torch.float32,))
-        forced = sparse_product(op, x.float(), y.float(), infos)
-    assert launches.launches == 2
+    with triton_ops.channelwise(False):  # the matrix-unit kernels (fp64 and fp32 take the channel-wise ones by default)
+        z = sparse_product(op, x, y, infos)
+        torch.testing.assert_close(z, expected, rtol=1e-12, atol=1e-12)
+        z32 = sparse_product(op, x.float(), y.float(), infos)
+        assert launches.launches == 1  # fp32: two launches
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sparse_fused_dense, "FUSED_DTYPES", sparse_fused_dense.FUSED_DTYPES + (torch.float32,))
+            forced = sparse_product(op, x.float(), y.float(), infos)
+        assert launches.launches == 2
+    # the default: the channel-wise kernels in fp64 and fp32, on the same strided x
+    torch.testing.assert_close(sparse_product(op, x, y, infos), expected, rtol=1e-12, atol=1e-12)
+    channelwise32 = sparse_product(op, x.float(), y.float(), infos)
+    assert unrolled.launches == 2 and launches.launches == 2
     # fp32 sums along a path of at most (a table row, 16 terms; the contraction, 16 rows or C channels) + 3
     # roundings, the output's one: gamma_m(u32) of the absolute values' result
     info = infos[0]
@@ -162,6 +185,9 @@ def test_fused_dense_route_in_float64_and_against_two_launches(op, gpu_triton_on
     bound = (gamma(16 + max(16, c) + 3, U32) + U32) * magnitude
     for name, got in (("two launches", z32), ("fused", forced)):
         assert ((got.double() - expected).abs() <= bound).all(), name
+    # channel-wise: a table row's terms (max_len) then the pairs (16 at most) or, for inner, the channels
+    chain = info.dense_rows[sparse_dense_ops[op]].max_len + max(16, c) + 3
+    assert ((channelwise32.double() - expected).abs() <= (gamma(chain, U32) + U32) * magnitude).all()
 
 def test_bilinear_route_row_offsets_past_int32(gpu_triton_only):
     """Operands seen as [N, M, C] but stored [M, N, C] (row stride N C = 1.5e8 at N 1.2e6, C 128: row 15's offset
