@@ -178,3 +178,24 @@ def test_inner_past_one_channel_tile_keeps_the_other_kernels(cg2, launches):
     z = _run("inner", x, y, cg2)
     assert not launches
     torch.testing.assert_close(z, sparse_product_reference("inner", x, y, cg2[0]), rtol=1e-12, atol=1e-12)
+
+
+def test_forced_routes_take_their_own_kernels(launches):
+    """The forced routes that name another dense-route path turn the channel-wise kernels off (at L 2 fp32 they
+    would be taken by default), and ``triton@channelwise`` takes them where the default would not (L 3 in 16
+    bits); each passes its float64 check."""
+    import attnbench
+    from attnbench.bench import runner
+    from attnbench.operators.sparse import SparseCase
+
+    op = attnbench.get("sparse")
+    for route, case, expected in [("triton@two-launch", SparseCase("vecsca", 2, 3, 2, "float32"), False),
+                                  ("triton@fused-dense", SparseCase("vecsca", 2, 3, 2, "float32"), False),
+                                  ("triton@gather-kernel", SparseCase("vecsca", 2, 3, 2, "float32"), False),
+                                  ("triton@matrix-units", SparseCase("vecsca", 2, 3, 2, "float32"), False),
+                                  ("triton", SparseCase("vecsca", 2, 3, 2, "float32"), True),
+                                  ("triton@channelwise", SparseCase("vecsca", 3, 3, 2, "float16"), True)]:
+        launches.clear()
+        results = runner.check(op, [case], "cpu", variants=[route], modes=["fwd"], progress=False)
+        assert results and all(r.passed and not r.skipped for r in results), (route, results)
+        assert bool(launches) == expected, (route, launches)

@@ -104,12 +104,14 @@ def sparse_routes(triton):
                                                           ops=every_product),
                      "the segment kernel walking every output row in one program, for every op at every batch "
                      "(the default: mul from N 1e4)", declines=_products),
-        forced_route(triton, "two-launch", lambda: triton_ops.fused_dense(False),
+        forced_route(triton, "two-launch", _all(lambda: triton_ops.fused_dense(False),
+                                                lambda: triton_ops.channelwise(False)),
                      "the dense route as two launches (the per-sample matrices through memory), never fused",
                      declines=_only(DENSE_OPS, "the dense route")),
         forced_route(triton, "fused-dense", _all(lambda: _updated(fused_dense.FUSED_ROWS, max=32),
                                                  lambda: _attribute(fused_dense, "FUSED_DTYPES",
-                                                                    fused_dense.FUSED_DTYPES + (torch.float32,))),
+                                                                    fused_dense.FUSED_DTYPES + (torch.float32,)),
+                                                 lambda: triton_ops.channelwise(False)),
                      "the dense route's two steps in one program beyond its caps: fp32 too, up to 32 padded rows "
                      "(L 4)", declines=_only(DENSE_OPS, "the fused dense route")),
         forced_route(triton, "channelwise", lambda: triton_ops.channelwise(True, max_16bit_entries=float("inf")),
@@ -119,7 +121,8 @@ def sparse_routes(triton):
         forced_route(triton, "matrix-units", lambda: triton_ops.channelwise(False),
                      "the dense route's ops on the matrix-unit kernels (fused dense, or the two launches), never the "
                      "channel-wise ones: the default before them", declines=_only(DENSE_OPS, "the matrix-unit route")),
-        forced_route(triton, "gather-kernel", lambda: triton_ops.gather_by_matmul(False),
+        forced_route(triton, "gather-kernel", _all(lambda: triton_ops.gather_by_matmul(False),
+                                                   lambda: triton_ops.channelwise(False)),
                      "the dense route's per-sample sums on the CSR gather kernel instead of one GEMM",
                      declines=_only(DENSE_OPS, "the dense route")),
         forced_route(triton, "unfolded", lambda: triton_ops.fold_route(False),
