@@ -22,3 +22,15 @@ def slice_needs_copy(t, what: str, per: str, unit_last: bool = False) -> bool:
     if rows * cols > INT32_MAX:
         raise ValueError(f"{what}: {rows} x {cols} = {rows * cols} exceeds 2**31 - 1 elements per {per}")
     return True
+
+
+def sample_int32(t, shared: bool):
+    """``t``, or its compact copy where offsets inside one sample (int32 in the kernels) would overflow: the per-sample
+    kernels (sparse/fused_dense.py, sparse/channelwise.py) hold a few rows of channels a sample, so a compact one fits.
+    ``shared``: ``t`` has no batch dim."""
+    return t.contiguous() if offset_span(t, t.dim() - (0 if shared else 1)) > INT32_MAX else t
+
+
+def sample_strides(t, shared: bool) -> tuple:
+    """The batch stride (0 when ``t`` is shared: no batch dim) and the in-sample strides of an operand."""
+    return (0,) + t.stride() if shared else t.stride()

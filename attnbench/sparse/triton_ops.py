@@ -21,7 +21,7 @@ from ..attention.ops import interpreter_upcasts
 from ..kernels import unavailable_reason as kernels_unavailable_reason
 from ..kernels.offsets import INT32_MAX
 from ..kernels.sparse.bilinear import MAX_HELD, bilinear_launch
-from ..kernels.sparse.channelwise import channelwise_fits, channelwise_launch, unrolled_by_key
+from ..kernels.sparse.channelwise import channelwise_fits, channelwise_launch, program_of
 from ..kernels.sparse.dense import DENSE_OPS, dense_product_launch
 from ..kernels.sparse.dense import FUSED as FUSED_DENSE
 from ..kernels.sparse.fold import FOLD_OPS, SPLIT_MATMUL, fold_outer_sum_launch, fold_product_launch, folded_entries
@@ -177,7 +177,8 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
                       dense_matrix: Optional[Tensor] = None, outer_by_dot: bool = False,
                       fold_matrix: Optional[Tensor] = None, bilinear_matrix: Optional[Tensor] = None,
                       bilinear_hi: Optional[Tensor] = None, bilinear_lo: Optional[Tensor] = None,
-                      bilinear_scale: Optional[Tensor] = None, channelwise_key: int = -1) -> Tensor:
+                      bilinear_scale: Optional[Tensor] = None, channelwise_program: Optional[Tensor] = None,
+                      channelwise_coefficients: Optional[Tensor] = None) -> Tensor:
     info = SimpleNamespace(scale=scale, index1=index1, index2=index2, row_bounds=row_bounds,
                            gather_index=gather_index, out_size=out_size)
     if bilinear_matrix is not None:  # sparse_product_triton decided; hi, lo, scale: 16-bit inputs' split
@@ -192,11 +193,11 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
         return _launch(lambda a, b: fold_product_launch(op, a, b, fold_matrix, out_size), x, y)
     if outer_by_dot:  # sparse_product_triton decided
         return _launch(lambda a, b: outer_sum_launch(a, b, info), x, y)
-    if channelwise_key >= 0:  # sparse_product_triton decided; the key names the info table's Unrolled
-        unrolled = unrolled_by_key(channelwise_key)
+    if channelwise_program is not None:  # sparse_product_triton decided: the table's structure as a CPU tensor
+        program = program_of(channelwise_program)
         rank_x, rank_y, _ = CHANNEL_RANKS[op]
-        return _launch(lambda a, b: channelwise_launch(op, a, b, unrolled, out_size, a.dim() == rank_x + 1,
-                                                       b.dim() == rank_y + 1), x, y)
+        return _launch(lambda a, b: channelwise_launch(op, a, b, program, channelwise_coefficients, out_size,
+                                                       a.dim() == rank_x + 1, b.dim() == rank_y + 1), x, y)
     if dense_bounds is not None:  # the dense route (sparse_product_triton decided)
         table = SimpleNamespace(bounds=dense_bounds, index=dense_index, scale=dense_scale, rows=dense_rows,
                                 max_len=dense_max_len, matrix=dense_matrix)
@@ -210,7 +211,7 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
 def _(x, y, scale, index1, index2, row_bounds, gather_index, out_size, op, out_accumulated, dense_bounds=None,
       dense_index=None, dense_scale=None, dense_rows=0, dense_max_len=0, dense_matrix=None, outer_by_dot=False,
       fold_matrix=None, bilinear_matrix=None, bilinear_hi=None, bilinear_lo=None, bilinear_scale=None,
-      channelwise_key=-1):
+      channelwise_program=None, channelwise_coefficients=None):
     return x.new_empty(product_out_shape(op, x.shape, y.shape, out_size, out_accumulated))
 
 
@@ -302,14 +303,15 @@ def _bilinear_table(op, x, y, info, out_accumulated):
     return table if info.num_terms >= MIN_BILINEAR_DENSITY * macs else None
 
 
-def _channelwise(op, x, y, table):
+def _channelwise(op, x, y, table, out_size):
     """Whether the dense route's ``op`` runs on the channel-wise kernels (its table unrolled; see CHANNELWISE)."""
     if not CHANNELWISE["enabled"]:
         return False
     if x.dtype in (torch.float16, torch.bfloat16) and table.dense_entries > CHANNELWISE["max_16bit_entries"]:
         return False
     rank_x, rank_y, _ = CHANNEL_RANKS[op]
-    return channelwise_fits(op, x, y, table.unrolled, x.dim() == rank_x + 1, y.dim() == rank_y + 1)
+    return channelwise_fits(op, x, y, table.unrolled, out_size, x.dim() == rank_x + 1,
+                            y.dim() == rank_y + 1)
 
 
 def _batch_summed_outer(op, x, y, out_accumulated):
@@ -336,8 +338,10 @@ def sparse_product_triton(op, x, y, info, out_accumulated=False):
                  "bilinear_lo": lo, "bilinear_scale": split_scale}
     elif _outer_sum(op, x, y, out_accumulated):
         route = {"outer_by_dot": True}
-    elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None and _channelwise(op, x, y, table):
-        route = {"channelwise_key": table.unrolled.key}
+    elif (table := _dense_table(op, x, y, info, out_accumulated)) is not None and \
+            _channelwise(op, x, y, table, info.out_size):
+        route = {"channelwise_program": table.unrolled.program_tensor,
+                 "channelwise_coefficients": table.unrolled.coefficients(x.dtype)}
     elif table is not None:
         matrix = (table.matrix if x.dtype == torch.float64 else table.matrix32) if GATHER_BY_MATMUL["enabled"] else None
         route = {"dense_bounds": table.bounds, "dense_index": table.index, "dense_scale": table.scale,

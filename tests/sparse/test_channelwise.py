@@ -65,10 +65,14 @@ def test_programs_hold_every_coefficient_once(cg2):
             for first, last in zip((e for e in program if e[5] and e[1] >= 0), (e for e in program if e[6])):
                 assert first[:2] == last[:2]
         table = info.dense_rows["gram"]
+        program = table.unrolled.program
         got = torch.zeros_like(table.matrix)
-        for o, a, b, k, _, _ in table.unrolled.program:
+        for o, a, b, k, _, _ in program:
             got[a * info.size2 + b, o] += table.unrolled.coef64[k]
         torch.testing.assert_close(got, table.matrix, rtol=0, atol=0)
+        outs = [e[0] for e in program]
+        assert outs == sorted(outs)  # each output's entries together, so first/last open and close it once
+        assert [e[0] for e in program if e[4]] == [e[0] for e in program if e[5]] == sorted(set(outs))
 
 
 def test_large_structures_are_not_unrolled():
@@ -106,10 +110,12 @@ def test_strided_and_shared_operands(op, cg2, launches):
     y_view = y[..., 1::2] if CHANNEL_RANKS[op][1] else y.T.contiguous().T
     torch.testing.assert_close(_run(op, x_view, y_view, cg2), sparse_product_reference(op, x_view, y_view, cg2[0]),
                                rtol=1e-12, atol=1e-12)
-    x_shared = x[0]
+    x_shared, y_shared = x[0], y[0]
     torch.testing.assert_close(_run(op, x_shared, y, cg2), sparse_product_reference(op, x_shared, y, cg2[0]),
                                rtol=1e-12, atol=1e-12)
-    assert launches == [op, op]
+    torch.testing.assert_close(_run(op, x, y_shared, cg2), sparse_product_reference(op, x, y_shared, cg2[0]),
+                               rtol=1e-12, atol=1e-12)
+    assert launches == [op, op, op]
 
 
 def test_second_order_on_the_route(cg2, launches, triton_only):
@@ -199,3 +205,56 @@ def test_forced_routes_take_their_own_kernels(launches):
         results = runner.check(op, [case], "cpu", variants=[route], modes=["fwd"], progress=False)
         assert results and all(r.passed and not r.skipped for r in results), (route, results)
         assert bool(launches) == expected, (route, launches)
+
+
+def test_program_tensor_reads_back_without_its_tuple(cg2):
+    """The custom op takes the structure as a CPU int64 tensor: one loaded from an exported or pickled graph has
+    lost the tuple kept on it, and reads the same program back from its values."""
+    unrolled = cg2[0].dense_rows["pairs1"].unrolled
+    copy = unrolled.program_tensor.clone()  # a clone carries no Python attribute
+    assert not hasattr(copy, "_attnbench_program")
+    assert cw.program_of(copy) == unrolled.program and cw.program_of(unrolled.program_tensor) is unrolled.program
+
+
+def test_compiled_backward_outlives_the_callers_infos(triton_only):
+    """A compiled graph holds the structure (the program tensor and coefficients are its constants), not a name for
+    it: its backward runs after the caller dropped the infos (a key into a registry of live infos raised KeyError
+    here; found by review)."""
+    import gc
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b, i: sparse_product("vecsca", a, b, i), backend="aot_eager")
+    x, y = _inputs("vecsca", cg_product_infos(1, 1, 1)[0], batch=2, channels=3, requires_grad=True)
+    with channelwise(True):
+        z = compiled(x, y, cg_product_infos(1, 1, 1))
+        gc.collect()
+        z.sum().backward()
+    infos = cg_product_infos(1, 1, 1)
+    gx, gy = torch.autograd.grad(sparse_product_reference("vecsca", x, y, infos[0]).sum(), (x, y))
+    torch.testing.assert_close(x.grad, gx, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y.grad, gy, rtol=1e-12, atol=1e-12)
+
+
+def test_exported_program_keeps_its_structure(tmp_path, triton_only):
+    """torch.export saves the structure with the program: loaded beside another structure of the same sizes, the
+    exported one still computes its own (a process-local key had named whichever table held it at load time)."""
+    from attnbench.sparse import random_product_infos
+
+    class Product(torch.nn.Module):
+        def __init__(self, seed):
+            super().__init__()
+            self.infos = random_product_infos(3, 3, 3, 40, torch.Generator().manual_seed(seed))
+
+        def forward(self, x, y):
+            return sparse_product("vecsca", x, y, self.infos)
+
+    x, y = _inputs("vecsca", Product(1).infos[0], batch=2, channels=4)
+    with channelwise(True):
+        exported = Product(1)
+        torch.export.save(torch.export.export(exported, (x, y)), tmp_path / "product.pt2")
+        expected = sparse_product_reference("vecsca", x, y, exported.infos[0])
+        del exported
+        other = Product(2)
+        loaded = torch.export.load(tmp_path / "product.pt2")
+        torch.testing.assert_close(loaded.module()(x, y), expected, rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(other(x, y), expected)

@@ -21,21 +21,18 @@ the rows its terms name, so a non-finite entry reaches only those outputs (as th
 Structures are unrolled only while small (``UNROLL``): every sparse size at most 16 rows (the vector rows stay in
 registers) and at most 1024 coefficients (compile time grows with them).
 """
-import itertools
-import weakref
-
 import torch
 import triton
 import triton.language as tl
 
 from ..launch import on_device
-from ..offsets import INT32_MAX, offset_span
+from ..offsets import INT32_MAX, sample_int32, sample_strides
 from ..outputs import new_output
 from ..precision import accumulator_dtype
 from .. import interpreting
 from ..tuning import autotune, autotune_enabled, cdiv, cfg, config_list, next_pow2, registers_per_thread, tile_pruner
 
-__all__ = ["UNROLL", "Unrolled", "unrolled_pairs", "unrolled_gram", "unrolled_by_key", "channelwise_fits",
+__all__ = ["UNROLL", "Unrolled", "unrolled_pairs", "unrolled_gram", "program_of", "channelwise_fits",
            "channelwise_launch", "channelwise_rows_kernel", "channelwise_gram_kernel"]
 
 UNROLL = {"max_rows": 16, "max_coefficients": 1024, "max_channels": 256}
@@ -52,23 +49,18 @@ _CONFIGS = config_list(
 )
 
 
-# The custom op (sparse/triton_ops.py) takes no Python structures: it names an Unrolled by its key, alive as long as
-# the info's table that holds it.
-_BY_KEY = weakref.WeakValueDictionary()
-_KEYS = itertools.count()
-
-
 class Unrolled:
     """A table's structure for the kernels here: ``program``, the kernel's constexpr (a flat tuple of int tuples:
-    Triton 3.6 cannot index a constexpr tuple three deep nor take the length of a nested one), and the coefficients
-    it indexes as a float64 and a float32 tensor on the table's device; ``key`` names it to ``unrolled_by_key``."""
+    Triton 3.6 cannot index a constexpr tuple three deep nor take the length of a nested one), the same as an int64
+    CPU tensor (``program_tensor``: what the custom op takes, so that a compiled or exported graph holds the structure
+    itself, not a name for it), and the coefficients it indexes as a float64 and a float32 tensor on the table's
+    device."""
 
     def __init__(self, program, coefficients):
         self.program = program
+        self.program_tensor = _encoded(program)
         self.coef64 = coefficients
         self.coef32 = coefficients.float()
-        self.key = next(_KEYS)
-        _BY_KEY[self.key] = self
 
     def on(self, device):
         return Unrolled(self.program, self.coef64.to(device))
@@ -77,9 +69,21 @@ class Unrolled:
         return self.coef64 if dtype == torch.float64 else self.coef32
 
 
-def unrolled_by_key(key):
-    """The live ``Unrolled`` of this key (KeyError once its table is gone)."""
-    return _BY_KEY[key]
+def _encoded(program):
+    width = len(program[0]) if program else 1
+    tensor = torch.tensor(program, dtype=torch.int64).reshape(-1, width)
+    tensor._attnbench_program = program  # read back without a pass over the values (program_of)
+    return tensor
+
+
+def program_of(tensor):
+    """The constexpr program a ``program_tensor`` holds: the tuple kept on it where it was made, else (a tensor
+    loaded from an exported or pickled graph) read from its values once and kept on it."""
+    program = getattr(tensor, "_attnbench_program", None)
+    if program is None:
+        program = tuple(tuple(row) for row in tensor.tolist())
+        tensor._attnbench_program = program
+    return program
 
 
 def _nonzeros(matrix):
@@ -232,31 +236,23 @@ def channelwise_gram_kernel(X, Y, COEF, Z, N, C, OUT, s_xn, s_xp, s_xc, s_yn, s_
              mask=n_mask[:, None] & (offs_o < OUT)[None, :])
 
 
-def channelwise_fits(op, x, y, unrolled, x_shared, y_shared):
+def channelwise_fits(op, x, y, unrolled, out_size, x_shared, y_shared):
     """Whether the kernels here take these operands: the table unrolled (``Unrolled``, not None), at least one
-    operand batched, and channels present; inner's at most ``UNROLL["max_channels"]`` (one tile of them)."""
+    operand batched, channels present, inner's at most ``UNROLL["max_channels"]`` (one tile of them), and one
+    sample's compact rows within int32 offsets (the kernels' in-sample offsets; the output's too)."""
     channels = x.shape[-1] if op != "scavec" else y.shape[-1]
+    rows = max(x.shape[-2 if op != "scavec" else -1], y.shape[-2 if op != "vecsca" else -1], out_size)
     return unrolled is not None and not (x_shared and y_shared) and channels > 0 and (
-        op != "inner" or channels <= UNROLL["max_channels"])
+        op != "inner" or channels <= UNROLL["max_channels"]) and rows * channels <= INT32_MAX
 
 
-def _sample_int32(t, shared):
-    """``t``, or its compact copy where offsets inside one sample (int32 in the kernels) would overflow."""
-    return t.contiguous() if offset_span(t, t.dim() - (0 if shared else 1)) > INT32_MAX else t
-
-
-def _strides(t, shared):
-    """The batch stride (0 when shared) and the in-sample strides of an operand."""
-    return (0,) + t.stride() if shared else t.stride()
-
-
-def channelwise_launch(op, x, y, unrolled, out_size, x_shared, y_shared):
+def channelwise_launch(op, x, y, program, coefficients, out_size, x_shared, y_shared):
     """z of vecsca, scavec or inner (not accumulated over the batch) in x's dtype; the caller checked
-    ``channelwise_fits``. x, y: [N, M, C] (or [M, C] shared) for the vectors, [N, M] (or [M]) for the scalars."""
-    x, y = _sample_int32(x, x_shared), _sample_int32(y, y_shared)
+    ``channelwise_fits``. x, y: [N, M, C] (or [M, C] shared) for the vectors, [N, M] (or [M]) for the scalars;
+    ``program``: an ``Unrolled``'s program, ``coefficients``: its coefficients in x's accumulator precision."""
+    x, y = sample_int32(x, x_shared), sample_int32(y, y_shared)
     batch = y.shape[0] if x_shared else x.shape[0]
     acc = accumulator_dtype(x.dtype)
-    coefficients = unrolled.coefficients(x.dtype)
     if op == "inner":
         channels = x.shape[-1]
         out = new_output((batch, out_size), x.dtype, x.device)
@@ -264,8 +260,8 @@ def channelwise_launch(op, x, y, unrolled, out_size, x_shared, y_shared):
             return out
         with on_device(out):
             channelwise_gram_kernel[lambda meta: (cdiv(batch, meta["BLOCK_N"]),)](
-                x, y, coefficients, out, batch, channels, out_size, *_strides(x, x_shared), *_strides(y, y_shared),
-                *out.stride(), PROGRAM=unrolled.program, ROWS_V=x.shape[-2], ROWS_Y=y.shape[-2], ACC_DTYPE=acc,
+                x, y, coefficients, out, batch, channels, out_size, *sample_strides(x, x_shared),
+                *sample_strides(y, y_shared),                *out.stride(), PROGRAM=program, ROWS_V=x.shape[-2], ROWS_Y=y.shape[-2], ACC_DTYPE=acc,
                 BLOCK_O=max(2, next_pow2(out_size)), BLOCK_C=max(2, next_pow2(channels)))
         return out
     scalars, vectors, s_shared, v_shared = (y, x, y_shared, x_shared) if op == "vecsca" else (x, y, x_shared, y_shared)
@@ -275,7 +271,7 @@ def channelwise_launch(op, x, y, unrolled, out_size, x_shared, y_shared):
         return out
     with on_device(out):
         channelwise_rows_kernel[lambda meta: (cdiv(batch, meta["BLOCK_N"]), cdiv(channels, meta["BLOCK_C"]))](
-            scalars, vectors, coefficients, out, batch, channels, *_strides(scalars, s_shared),
-            *_strides(vectors, v_shared), *out.stride(), PROGRAM=unrolled.program, ROWS_S=scalars.shape[-1],
+            scalars, vectors, coefficients, out, batch, channels, *sample_strides(scalars, s_shared),
+            *sample_strides(vectors, v_shared), *out.stride(), PROGRAM=program, ROWS_S=scalars.shape[-1],
             ROWS_V=vectors.shape[-2], ACC_DTYPE=acc)
     return out

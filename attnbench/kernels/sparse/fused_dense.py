@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..launch import on_device
-from ..offsets import INT32_MAX, offset_span
+from ..offsets import sample_int32, sample_strides
 from ..outputs import new_output
 from ..precision import accumulator_dtype, dot_precision
 from ..tuning import autotune, cdiv, cfg, config_list, next_pow2, registers_per_thread, tile_pruner
@@ -155,21 +155,10 @@ def fused_dense_fits(op, x, y, matrix, out_size, x_shared, y_shared):
     return op != "inner" or sizes[0] * sizes[1] >= FUSED_ROWS["inner_fill"] * _padded(sizes[0]) * _padded(sizes[1])
 
 
-def _in_sample_int32(t, shared):
-    """``t``, or its compact copy where offsets inside one sample (int32 in the kernels: attnbench/kernels/offsets.py) would
-    overflow; a compact sample holds at most 16 rows of channels."""
-    return t.contiguous() if offset_span(t, t.dim() - (0 if shared else 1)) > INT32_MAX else t
-
-
-def _sample_strides(t, shared):
-    """The batch stride (0 when shared) and the in-sample strides of an operand."""
-    return (0,) + t.stride() if shared else t.stride()
-
-
 def fused_dense_launch(op, x, y, matrix, out_size, x_shared, y_shared):
     """z of vecsca, scavec or inner (not accumulated over the batch) in one launch, in x's dtype; the caller
     checked ``fused_dense_fits``. ``matrix``: the table's matrix form (its fp32 copy for fp32 and 16-bit inputs)."""
-    x, y = _in_sample_int32(x, x_shared), _in_sample_int32(y, y_shared)
+    x, y = sample_int32(x, x_shared), sample_int32(y, y_shared)
     batch = y.shape[0] if x_shared else x.shape[0]
     acc = accumulator_dtype(x.dtype)
     if op == "inner":  # x [N, P1, C], y [N, P2, C] -> z [N, OUT]
@@ -179,8 +168,8 @@ def fused_dense_launch(op, x, y, matrix, out_size, x_shared, y_shared):
             return out
         with on_device(out):
             gram_rows_kernel[lambda meta: (cdiv(batch, meta["BLOCK_N"]),)](
-                x, y, matrix, out, batch, p1, p2, out_size, channels, *_sample_strides(x, x_shared),
-                *_sample_strides(y, y_shared), *out.stride(), DOT_PRECISION=dot_precision(x.dtype), ACC_DTYPE=acc,
+                x, y, matrix, out, batch, p1, p2, out_size, channels, *sample_strides(x, x_shared),
+                *sample_strides(y, y_shared), *out.stride(), DOT_PRECISION=dot_precision(x.dtype), ACC_DTYPE=acc,
                 BLOCK_1=_padded(p1), BLOCK_2=_padded(p2), BLOCK_O=_padded(out_size))
         return out
     # vecsca: M from y's scalars times x's vectors; scavec: from x's scalars times y's vectors
@@ -191,8 +180,8 @@ def fused_dense_launch(op, x, y, matrix, out_size, x_shared, y_shared):
         return out
     with on_device(out):
         scaled_rows_kernel[lambda meta: (cdiv(batch, meta["BLOCK_N"]),)](
-            scalars, vectors, matrix, out, batch, ms, mv, out_size, channels, *_sample_strides(scalars, s_shared),
-            *_sample_strides(vectors, v_shared), *out.stride(), SPLIT=x.dtype in (torch.float16, torch.bfloat16),
+            scalars, vectors, matrix, out, batch, ms, mv, out_size, channels, *sample_strides(scalars, s_shared),
+            *sample_strides(vectors, v_shared), *out.stride(), SPLIT=x.dtype in (torch.float16, torch.bfloat16),
             DOT_PRECISION=dot_precision(x.dtype), ACC_DTYPE=acc, BLOCK_S=_padded(ms), BLOCK_V=_padded(mv),
             BLOCK_O=_padded(out_size))
     return out
