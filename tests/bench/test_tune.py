@@ -16,7 +16,8 @@ def test_every_operator_names_its_tunable_kernels():
     for name, kernels in {"flash": {"fwd", "fwd_tma", "decode", "dkdv", "dq"},
                           "jvp_attention": {"jvp", "bwd_jvp_dkdv", "bwd_jvp_dq"},
                           "shared_context": {"fused", "context", "buffer"},
-                          "sparse": {"product", "scale", "bilinear", "small_matmul", "split_matmul"}}.items():
+                          "sparse": {"product", "scale", "bilinear", "small_matmul", "split_matmul", "channelwise_rows",
+                                     "channelwise_gram"}}.items():
         op = attnbench.get(name)
         tunables = op.tunables()
         assert kernels <= set(tunables), name

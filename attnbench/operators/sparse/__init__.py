@@ -526,8 +526,14 @@ class SparseOperator(Operator, cases=CASE_SETS):
             ("split_matmul", "the fold route's 16-bit products, both halves in one program",
              "split_matmul.split_matmul_kernel", "fwd", "triton@split-matmul"),
             ("bilinear", "mul's bilinear route", "bilinear.bilinear_kernel", "fwd"),
-            ("scaled_rows", "the fused dense route of vecsca and scavec", "fused_dense.scaled_rows_kernel", "fwd"),
-            ("gram_rows", "the fused dense route of inner", "fused_dense.gram_rows_kernel", "fwd"),
+            ("scaled_rows", "the fused dense route of vecsca and scavec", "fused_dense.scaled_rows_kernel", "fwd",
+             "triton@matrix-units"),
+            ("gram_rows", "the fused dense route of inner", "fused_dense.gram_rows_kernel", "fwd",
+             "triton@matrix-units"),
+            ("channelwise_rows", "the channel-wise route of vecsca and scavec", "channelwise.channelwise_rows_kernel",
+             "fwd", "triton@channelwise"),
+            ("channelwise_gram", "the channel-wise route of inner (vecsca's backward: gy)",
+             "channelwise.channelwise_gram_kernel", "bwd", "triton@channelwise"),
         ])
 
     def make_inputs(self, case, device, seed=0):
