@@ -194,7 +194,7 @@ def sparse_product_op(x: Tensor, y: Tensor, scale: Optional[Tensor], index1: Ten
     if outer_by_dot:  # sparse_product_triton decided
         return _launch(lambda a, b: outer_sum_launch(a, b, info), x, y)
     if channelwise_program is not None:  # sparse_product_triton decided: the table's structure as a CPU tensor
-        program = program_of(channelwise_program)
+        program = program_of(channelwise_program, channelwise_coefficients)
         rank_x, rank_y, _ = CHANNEL_RANKS[op]
         return _launch(lambda a, b: channelwise_launch(op, a, b, program, channelwise_coefficients, out_size,
                                                        a.dim() == rank_x + 1, b.dim() == rank_y + 1), x, y)

@@ -258,3 +258,15 @@ def test_exported_program_keeps_its_structure(tmp_path, triton_only):
         loaded = torch.export.load(tmp_path / "product.pt2")
         torch.testing.assert_close(loaded.module()(x, y), expected, rtol=1e-12, atol=1e-12)
         assert not torch.allclose(other(x, y), expected)
+
+
+def test_op_refuses_coefficients_shorter_than_its_program(cg2):
+    """The custom op's channel-wise arguments come from one table; given apart (the op is public through
+    torch.ops), fewer coefficients than the program indexes are refused before a kernel reads past them."""
+    info = cg2[0]
+    unrolled = info.dense_rows["pairs1"].unrolled
+    x, y = _inputs("vecsca", info, batch=2, channels=3)
+    with pytest.raises(ValueError, match="indexes 137 coefficients, 3 given"):
+        triton_ops.sparse_product_op(x, y, info.scale, info.index1, info.index2, info.row_bounds, info.gather_index,
+                                     info.out_size, "vecsca", False, channelwise_program=unrolled.program_tensor,
+                                     channelwise_coefficients=unrolled.coef64[:3])

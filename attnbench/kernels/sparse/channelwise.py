@@ -76,13 +76,19 @@ def _encoded(program):
     return tensor
 
 
-def program_of(tensor):
+def program_of(tensor, coefficients=None):
     """The constexpr program a ``program_tensor`` holds: the tuple kept on it where it was made, else (a tensor
-    loaded from an exported or pickled graph) read from its values once and kept on it."""
+    loaded from an exported or pickled graph) read from its values once and kept on it. With ``coefficients``, raises
+    ValueError unless they hold every coefficient the program indexes (a kernel would read past them)."""
     program = getattr(tensor, "_attnbench_program", None)
     if program is None:
         program = tuple(tuple(row) for row in tensor.tolist())
         tensor._attnbench_program = program
+    if coefficients is not None:
+        needed = sum(1 for entry in program if entry[3] >= 0)  # k is each coefficient's place, 0 .. needed - 1
+        if coefficients.numel() < needed:
+            raise ValueError(f"sparse_product: the channel-wise program indexes {needed} coefficients, "
+                             f"{coefficients.numel()} given")
     return program
 
 
