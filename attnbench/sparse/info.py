@@ -223,8 +223,8 @@ GATHER_MATRIX_PER_TERM = 16
 def _gather_rows(key, index, scale, rows, dense_entries, gathered_size, split=False, unroll=None):
     """GatherRows of the terms (key, index, scale) grouped by key in [0, rows), stably (the caller's order within
     a row: a fixed summation order); ``gathered_size`` bounds ``index`` (the matrix form's rows); ``split``: the
-    matrix form's splits too; ``unroll``: makes the channel-wise kernels' structure from the float64 matrix form
-    on the CPU (``kernels.sparse.channelwise``; None where it is too large)."""
+    matrix form's splits too; ``unroll(matrix, device)``: the channel-wise kernels' structure from the float64 matrix
+    form on the CPU (``kernels.sparse.channelwise``; None where it is too large)."""
     order = torch.argsort(key, stable=True)
     counts = torch.bincount(key, minlength=rows)
     ends = counts.cumsum(0)
@@ -235,8 +235,7 @@ def _gather_rows(key, index, scale, rows, dense_entries, gathered_size, split=Fa
         # summed in float64 on the CPU: a fixed order for repeated (row, index) terms
         matrix = torch.zeros(gathered_size, rows, dtype=torch.float64)
         matrix.index_put_((index.cpu(), key.cpu()), scale.cpu().double(), accumulate=True)
-        unrolled = unroll(matrix) if unroll is not None else None
-        unrolled = unrolled.on(scale.device) if unrolled is not None else None
+        unrolled = unroll(matrix, scale.device) if unroll is not None else None
         matrix, matrix32 = matrix.to(scale.device), matrix.float().to(scale.device)
     splits = coefficient_splits(matrix32) if split and matrix32 is not None else {}
     return GatherRows(bounds, index[order].contiguous(), scale[order].contiguous(), rows, max_len, dense_entries,
@@ -258,11 +257,11 @@ def _dense_rows(info):
     # gathered size, the channel-wise kernels' unrolling of the matrix form)
     size12 = info.size1 * info.size2
     layouts = [("pairs1", out * info.size1 + i1, i2, info.out_size * info.size1, info.out_size * info.size1,
-                info.size2, lambda m: unrolled_pairs(m, info.out_size, info.size1)),
+                info.size2, lambda m, device: unrolled_pairs(m, info.out_size, info.size1, device)),
                ("pairs2", out * info.size2 + i2, i1, info.out_size * info.size2, info.out_size * info.size2,
-                info.size1, lambda m: unrolled_pairs(m, info.out_size, info.size2)),
+                info.size1, lambda m, device: unrolled_pairs(m, info.out_size, info.size2, device)),
                ("gram", out, i1 * info.size2 + i2, info.out_size, size12, size12,
-                lambda m: unrolled_gram(m, info.out_size, info.size2))]
+                lambda m, device: unrolled_gram(m, info.out_size, info.size2, device))]
     return {name: _gather_rows(key, index, scale, rows, entries, gathered, split=name == "gram", unroll=unroll)
             for name, key, index, rows, entries, gathered, unroll in layouts if entries <= budget}
 

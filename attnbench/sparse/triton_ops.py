@@ -82,13 +82,14 @@ FP32_MIN_TERMS_PER_ROW = 24
 
 
 @contextlib.contextmanager
-def _switched(switch, enabled):
-    before = switch["enabled"]
-    switch["enabled"] = bool(enabled)
+def _switched(switch, enabled, **values):
+    """``switch["enabled"]`` and the given keys (those not None) set for the block."""
+    before = dict(switch)
+    switch.update({"enabled": bool(enabled)}, **{k: v for k, v in values.items() if v is not None})
     try:
         yield
     finally:
-        switch["enabled"] = before
+        switch.update(before)
 
 
 def dense_route(enabled: bool):
@@ -113,17 +114,7 @@ def channelwise(enabled: bool, max_16bit_entries=None):
     """Within the block, the dense route's ops run on the channel-wise kernels where their table unrolls (on: the
     default, 16-bit inputs up to ``max_16bit_entries`` entries of the table's grid, default as measured) or on the
     matrix-unit kernels (off)."""
-    @contextlib.contextmanager
-    def scope():
-        before = dict(CHANNELWISE)
-        CHANNELWISE["enabled"] = bool(enabled)
-        if max_16bit_entries is not None:
-            CHANNELWISE["max_16bit_entries"] = max_16bit_entries
-        try:
-            yield
-        finally:
-            CHANNELWISE.update(before)
-    return scope()
+    return _switched(CHANNELWISE, enabled, max_16bit_entries=max_16bit_entries)
 
 
 def outer_sum_by_dot(enabled: bool):

@@ -81,9 +81,10 @@ def test_large_structures_are_not_unrolled():
     assert all(table.unrolled is None for table in info.dense_rows.values())
     dense = torch.zeros(4, 4, dtype=torch.float64)
     dense[0, 1] = 1.0
-    assert cw.unrolled_pairs(dense, 2, 2) is not None
+    assert cw.unrolled_pairs(dense, 2, 2, "cpu") is not None
     many = torch.ones(16, 16 * 16, dtype=torch.float64)  # 4096 coefficients
-    assert cw.unrolled_pairs(many, 16, 16) is None and cw.unrolled_gram(many.reshape(256, 16), 16, 16) is None
+    assert cw.unrolled_pairs(many, 16, 16, "cpu") is None
+    assert cw.unrolled_gram(many.reshape(256, 16), 16, 16, "cpu") is None
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -134,19 +135,23 @@ def test_second_order_on_the_route(cg2, launches, triton_only):
     assert set(launches) == set(OPS)
 
 
-def test_non_finite_entry_reaches_only_the_outputs_that_read_it(cg2):
+def test_non_finite_entry_reaches_only_the_outputs_that_read_it():
     """A NaN in one scalar row of one sample reaches the outputs whose terms read that row, in that sample only
-    (as split computes; the dense route's matrix product spreads it to the whole sample)."""
-    info = cg2[0]
+    (as split computes; the dense route's matrix product spreads it to the whole sample). A random structure: in the
+    Clebsch-Gordan ones every scalar row reaches every output."""
+    from attnbench.sparse import random_product_infos
+
+    infos = random_product_infos(4, 3, 5, 48, torch.Generator().manual_seed(11))
+    info = infos[0]
     x, y = _inputs("vecsca", info, batch=3, channels=4)
-    y[1, 4] = float("nan")
-    z = _run("vecsca", x, y, cg2)
+    y[1, 1] = float("nan")
+    z = _run("vecsca", x, y, infos)
     i1, i2, out, _ = product_terms(info)
-    reached = set(out[i2 == 4].tolist())
-    assert torch.isnan(z[1, sorted(reached)]).all()
-    assert not torch.isnan(z[[0, 2]]).any()
-    if len(reached) < info.out_size:
-        assert not torch.isnan(z[1, sorted(set(range(info.out_size)) - reached)]).any()
+    reached = sorted(set(out[i2 == 1].tolist()))
+    unreached = sorted(set(range(info.out_size)) - set(reached))
+    assert reached and unreached  # the structure leaves both kinds
+    assert torch.isnan(z[1, reached]).all()
+    assert not torch.isnan(z[1, unreached]).any() and not torch.isnan(z[[0, 2]]).any()
 
 
 def test_deterministic(cg2, launches):

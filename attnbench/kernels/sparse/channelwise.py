@@ -30,7 +30,8 @@ from ..offsets import INT32_MAX, sample_int32, sample_strides
 from ..outputs import new_output
 from ..precision import accumulator_dtype
 from .. import interpreting
-from ..tuning import autotune, autotune_enabled, cdiv, cfg, config_list, next_pow2, registers_per_thread, tile_pruner
+from ..tuning import (autotune, autotune_enabled, cdiv, cfg, config_list, next_pow2, registers_per_thread,
+                      tile_pruner)
 
 __all__ = ["UNROLL", "Unrolled", "unrolled_pairs", "unrolled_gram", "program_of", "channelwise_fits",
            "channelwise_launch", "channelwise_rows_kernel", "channelwise_gram_kernel"]
@@ -53,42 +54,43 @@ class Unrolled:
     """A table's structure for the kernels here: ``program``, the kernel's constexpr (a flat tuple of int tuples:
     Triton 3.6 cannot index a constexpr tuple three deep nor take the length of a nested one), the same as an int64
     CPU tensor (``program_tensor``: what the custom op takes, so that a compiled or exported graph holds the structure
-    itself, not a name for it), and the coefficients it indexes as a float64 and a float32 tensor on the table's
-    device."""
+    itself, not a name for it), and the coefficients it indexes as a float64 and a float32 tensor on ``device``."""
 
-    def __init__(self, program, coefficients):
+    def __init__(self, program, coefficients, device):
         self.program = program
         self.program_tensor = _encoded(program)
-        self.coef64 = coefficients
-        self.coef32 = coefficients.float()
-
-    def on(self, device):
-        return Unrolled(self.program, self.coef64.to(device))
+        self.coef64 = coefficients.to(device)
+        self.coef32 = self.coef64.float()
 
     def coefficients(self, dtype):
         return self.coef64 if dtype == torch.float64 else self.coef32
 
 
+def _coefficient_count(program):
+    """The coefficients a program indexes: k is each one's place, 0 .. count - 1 (-1 in a row without terms)."""
+    return sum(1 for entry in program if entry[3] >= 0)
+
+
 def _encoded(program):
     width = len(program[0]) if program else 1
     tensor = torch.tensor(program, dtype=torch.int64).reshape(-1, width)
-    tensor._attnbench_program = program  # read back without a pass over the values (program_of)
+    # read back without a pass over the values (program_of), its coefficient count with it
+    tensor._attnbench_program = program, _coefficient_count(program)
     return tensor
 
 
 def program_of(tensor, coefficients=None):
-    """The constexpr program a ``program_tensor`` holds: the tuple kept on it where it was made, else (a tensor
-    loaded from an exported or pickled graph) read from its values once and kept on it. With ``coefficients``, raises
+    """The constexpr program a ``program_tensor`` holds: the one kept on it where it was made, else (a tensor loaded
+    from an exported or pickled graph) read from its values once and kept on it. With ``coefficients``, raises
     ValueError unless they hold every coefficient the program indexes (a kernel would read past them)."""
-    program = getattr(tensor, "_attnbench_program", None)
-    if program is None:
+    kept = getattr(tensor, "_attnbench_program", None)
+    if kept is None:
         program = tuple(tuple(row) for row in tensor.tolist())
-        tensor._attnbench_program = program
-    if coefficients is not None:
-        needed = sum(1 for entry in program if entry[3] >= 0)  # k is each coefficient's place, 0 .. needed - 1
-        if coefficients.numel() < needed:
-            raise ValueError(f"sparse_product: the channel-wise program indexes {needed} coefficients, "
-                             f"{coefficients.numel()} given")
+        kept = tensor._attnbench_program = program, _coefficient_count(program)
+    program, needed = kept
+    if coefficients is not None and coefficients.numel() < needed:
+        raise ValueError(f"sparse_product: the channel-wise program indexes {needed} coefficients, "
+                         f"{coefficients.numel()} given")
     return program
 
 
@@ -104,10 +106,10 @@ def _flags(index, group):
                                                                      group[index + 1] != group[index])
 
 
-def unrolled_pairs(matrix, out_size, vector_rows):
+def unrolled_pairs(matrix, out_size, vector_rows, device):
     """The pairs table (matrix [scalar rows, out_size x vector_rows] in float64 on the CPU: M[n, o, v] =
-    sum_a matrix[a, o vector_rows + v] S[n, a]) unrolled for ``channelwise_rows_kernel``, or None where it is larger
-    than ``UNROLL``. One entry a coefficient, by output row then vector row: (o, v, a, k, first of the row, first of
+    sum_a matrix[a, o vector_rows + v] S[n, a]) unrolled for ``channelwise_rows_kernel`` (coefficients on ``device``),
+    or None where it is larger than ``UNROLL``. One entry a coefficient, by output row then vector row: (o, v, a, k, first of the row, first of
     the pair, last of the pair, last of the row), and (o, -1, -1, -1, 1, 0, 0, 1) for a row with none."""
     if max(matrix.shape[0], vector_rows, out_size) > UNROLL["max_rows"]:
         return None
@@ -125,20 +127,22 @@ def unrolled_pairs(matrix, out_size, vector_rows):
             pair_first, pair_last = _flags(index, cols)
             program.append((o, cols[index] % vector_rows, a[index], index, row_first, pair_first, pair_last,
                             row_last))
-    return Unrolled(tuple(program), values.contiguous())
+    return Unrolled(tuple(program), values, device)
 
 
-def unrolled_gram(matrix, out_size, size2):
+def unrolled_gram(matrix, out_size, size2, device):
     """The gram table (matrix [size1 x size2, out_size] in float64 on the CPU: z[n, o] = sum_{a, b}
-    matrix[a size2 + b, o] G[n, a, b]) unrolled for ``channelwise_gram_kernel``, or None where it is larger than
-    ``UNROLL``: one entry a coefficient, by output row: (o, a, b, k, first of the row, last of the row)."""
+    matrix[a size2 + b, o] G[n, a, b]) unrolled for ``channelwise_gram_kernel`` (coefficients on ``device``), or None
+    where it is larger than ``UNROLL``: one entry a coefficient, by output row: (o, a, b, k, first of the row, last
+    of the row)."""
     if max(matrix.shape[0] // max(size2, 1), size2, out_size) > UNROLL["max_rows"]:
         return None
     outs, pairs, values = _nonzeros(matrix.T.contiguous())
     if len(outs) > UNROLL["max_coefficients"]:
         return None
-    program = tuple((o, pair // size2, pair % size2, k, *_flags(k, outs)) for k, (o, pair) in enumerate(zip(outs, pairs)))
-    return Unrolled(program, values.contiguous())
+    program = tuple((o, pair // size2, pair % size2, k, *_flags(k, outs))
+                    for k, (o, pair) in enumerate(zip(outs, pairs)))
+    return Unrolled(program, values, device)
 
 
 def _rows_fit(config, constexprs):

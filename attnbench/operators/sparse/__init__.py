@@ -343,8 +343,9 @@ def _odd():
     splits a batch sum (a shared operand's gradient) over several ranges with a ragged last one (a range is 256
     items at least on a GPU); odd channel counts (17, 33) cut every channel tile; mul at L 4 and 6 pads its
     bilinear route's held operand from 25 to 32 and 49 to 64 rows; vecsca, scavec and inner take the channel-wise
-    kernels at L 2 and the fused dense ones at L 3 in 16 bits; SparseScale on odd M with row widths that fold into channel lines (48, 96, 2048)
-    and one that does not (17), its random CSR's transpose (the backward) with empty rows."""
+    kernels at L 2 and the fused dense ones at L 3 in 16 bits; SparseScale on odd M with row widths that fold into
+    channel lines (48, 96, 2048) and one that does not (17), its random CSR's transpose (the backward) with empty
+    rows."""
     cases = []
     for dtype in ("float32", "bfloat16"):
         cases += [SparseCase(op, 2, 3001, channels, dtype, shared) for op in PRODUCTS
